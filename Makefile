@@ -1,0 +1,83 @@
+# gpushare developer entry points.  `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+include tests/controlplane/versions.mk
+
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+CONTROLPLANE_DIR := .cache/controlplane/$(CONTROLPLANE_VERSION)
+CONTROLPLANE_BIN := $(CONTROLPLANE_DIR)/bin
+KUBECTL := $(CONTROLPLANE_BIN)/kubectl
+DEV_DIR := .dev-cluster
+DEV_KUBECONFIG := $(DEV_DIR)/kubeconfig
+CLUSTER ?= dev
+PYTEST_ARGS ?=
+
+export GPUSHARE_CONTROLPLANE_BIN := $(abspath $(CONTROLPLANE_BIN))
+
+.PHONY: help
+help: ## List the targets with what they do.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-20s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	$(VPY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed ## Create .venv with the package and its test extra.
+
+.PHONY: controlplane
+controlplane: ## Build etcd, kube-apiserver and kubectl from the Go module proxy (cached).
+	@bash tests/controlplane/build.sh $(CONTROLPLANE_DIR) $(KUBERNETES_VERSION) $(ETCD_VERSION)
+
+.PHONY: lint
+lint: venv ## ruff, mypy --strict and the import-linter layer contracts.
+	$(VENV)/bin/ruff check operator tests
+	$(VENV)/bin/ruff format --check operator tests
+	$(VENV)/bin/mypy --strict operator/gpushare_operator
+	$(VENV)/bin/lint-imports
+
+.PHONY: fmt
+fmt: venv ## Format and auto-fix with ruff.
+	$(VENV)/bin/ruff format operator tests
+	$(VENV)/bin/ruff check --fix operator tests
+
+.PHONY: unit
+unit: venv ## Unit tests only (no control plane).
+	$(VPY) -m pytest tests/unit $(PYTEST_ARGS)
+
+.PHONY: test
+test: venv controlplane lint ## Every check and every test, against a real local control plane.
+	$(VPY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: crds
+crds: venv ## Regenerate crds/ and the chart's crds/ from the pydantic models.
+	$(VPY) -m gpushare_operator.app.crdgen crds charts/gpushare-operator/crds
+
+.PHONY: dev-cluster
+dev-cluster: venv controlplane ## Start the local control plane in the background; kubeconfig in .dev-cluster/.
+	$(VPY) -m gpushare_operator.testing.devcluster up --dir $(DEV_DIR) --bin $(CONTROLPLANE_BIN)
+	@echo "kubeconfig: $(DEV_KUBECONFIG)"
+
+.PHONY: dev-cluster-down
+dev-cluster-down: venv ## Stop the background control plane.
+	$(VPY) -m gpushare_operator.testing.devcluster down --dir $(DEV_DIR)
+
+.PHONY: run
+run: venv ## Run the operator in the foreground (dev cluster unless CLUSTER=current).
+ifeq ($(CLUSTER),current)
+	$(KUBECTL) apply -f crds/
+	$(VPY) -m gpushare_operator run --log-format console
+else
+	$(MAKE) --no-print-directory dev-cluster
+	$(KUBECTL) --kubeconfig $(DEV_KUBECONFIG) apply -f crds/
+	KUBECONFIG=$(abspath $(DEV_KUBECONFIG)) $(VPY) -m gpushare_operator run --log-format console
+endif
+
+.PHONY: clean
+clean: ## Remove the venv and caches (not the control-plane build).
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

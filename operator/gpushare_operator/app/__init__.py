@@ -1,0 +1,1 @@
+"""kopf handlers, settings, startup wiring, metrics and health endpoints, logging, CLI."""

@@ -1,0 +1,1 @@
+"""Slim informer records and the indexes over them; fed by events, read-only above."""

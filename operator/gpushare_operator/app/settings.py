@@ -1,0 +1,134 @@
+"""The operator's settings: one frozen record, filled from flags and ``GPUSHARE_<FLAG>`` variables.
+
+Every flag has an environment variable so that the Helm chart can set all of them the same way,
+and so that a flag given on the command line always wins over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+LogFormat = Literal["json", "console"]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    namespace: str
+    device_plugin_namespace: str
+    device_plugin_configmap: str
+    http_port: int
+    identity: str
+    write_qps: float
+    write_burst: int
+    config_propagation_delay: float
+    config_key_grace_period: float
+    mismatch_timeout: float
+    log_format: LogFormat
+    lease_duration: float
+    renew_deadline: float
+    retry_period: float
+
+
+def _env_name(flag: str) -> str:
+    return "GPUSHARE_" + flag.upper().replace("-", "_")
+
+
+def _env_default(env: Mapping[str, str], flag: str, default: str) -> str:
+    return env.get(_env_name(flag), default)
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]) -> None:
+    """Declare every ``run`` flag with its ``GPUSHARE_*`` environment default."""
+
+    def flag(name: str, default: str, help_text: str, kind: object = str) -> None:
+        parser.add_argument(
+            f"--{name}",
+            default=_env_default(env, name, default),
+            type=kind,  # type: ignore[arg-type]
+            help=f"{help_text} (env {_env_name(name)}; default {default!r})",
+        )
+
+    flag(
+        "namespace",
+        env.get("POD_NAMESPACE", "gpushare-system"),
+        "namespace of the Lease and Events",
+    )
+    flag("device-plugin-namespace", "gpu-operator", "namespace of the device-plugin ConfigMap")
+    flag(
+        "device-plugin-configmap", "gpushare-device-plugin-configs", "device-plugin ConfigMap name"
+    )
+    flag("http-port", "8080", "port for /metrics, /healthz and /readyz", _positive_int)
+    flag("identity", socket.gethostname(), "this replica's identity in the Lease")
+    flag("write-qps", "20", "sustained API writes per second", _positive_float)
+    flag("write-burst", "50", "API writes allowed in a burst", _positive_int)
+    flag(
+        "config-propagation-delay",
+        "75",
+        "seconds before a new config key is put on nodes",
+        _positive_float,
+    )
+    flag("config-key-grace-period", "300", "seconds an unused config key is kept", _positive_float)
+    flag(
+        "mismatch-timeout",
+        "300",
+        "seconds Applied may last before it is a Mismatch",
+        _positive_float,
+    )
+    flag("lease-duration", "15", "leader Lease duration in seconds", _positive_float)
+    flag("renew-deadline", "10", "seconds the leader may go without renewing", _positive_float)
+    flag("retry-period", "2", "seconds between Lease attempts", _positive_float)
+    parser.add_argument(
+        "--log-format",
+        choices=["json", "console"],
+        default=_env_default(env, "log-format", "json"),
+        help="log format (env GPUSHARE_LOG_FORMAT; default 'json')",
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Build and cross-check the settings; argparse already checked each value on its own."""
+    settings = Settings(
+        namespace=args.namespace,
+        device_plugin_namespace=args.device_plugin_namespace,
+        device_plugin_configmap=args.device_plugin_configmap,
+        http_port=args.http_port,
+        identity=args.identity,
+        write_qps=args.write_qps,
+        write_burst=args.write_burst,
+        config_propagation_delay=args.config_propagation_delay,
+        config_key_grace_period=args.config_key_grace_period,
+        mismatch_timeout=args.mismatch_timeout,
+        log_format=args.log_format,
+        lease_duration=args.lease_duration,
+        renew_deadline=args.renew_deadline,
+        retry_period=args.retry_period,
+    )
+    if not settings.retry_period < settings.renew_deadline < settings.lease_duration:
+        raise ValueError("need retry-period < renew-deadline < lease-duration")
+    return settings
+
+
+def parse_settings(argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Settings:
+    """Parse ``run`` flags alone (tests use this to check the env/flag precedence)."""
+    parser = argparse.ArgumentParser(prog="gpushare-operator run")
+    add_run_arguments(parser, env=os.environ if env is None else env)
+    return settings_from_args(parser.parse_args(list(argv)))

@@ -1,4 +1,4 @@
-"""Wiring: connect, run until told to stop, shut down cleanly."""
+"""Connect, assemble the operator's parts, run kopf until told to stop, shut down cleanly."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import asyncio
 import structlog
 
 from gpushare_operator import __version__
+from gpushare_operator.app.assembly import Assembly
+from gpushare_operator.app.handlers import run_kopf
 from gpushare_operator.app.settings import Settings
 from gpushare_operator.kube import connection
 
@@ -14,15 +16,15 @@ log = structlog.get_logger("gpushare")
 
 
 async def run_operator(*, settings: Settings, stop: asyncio.Event) -> None:
-    configuration = await connection.load_configuration()
-    async with connection.api_client(configuration) as api:
-        cluster = await connection.server_version(api)
+    async with await connection.open_handle() as handle:
+        cluster = await connection.server_version(handle.api)
         log.info(
-            "connected",
+            "starting",
             operator_version=__version__,
             cluster_version=cluster,
-            server=configuration.host,
+            server=handle.server,
             identity=settings.identity,
         )
-        await stop.wait()
+        assembly = Assembly(settings=settings, handle=handle)
+        await run_kopf(assembly=assembly, stop=stop)
     log.info("stopped cleanly")

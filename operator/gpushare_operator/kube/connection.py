@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
 
 from kubernetes_asyncio import client, config
 
@@ -25,3 +28,50 @@ def api_client(configuration: client.Configuration) -> client.ApiClient:
 async def server_version(api: client.ApiClient) -> str:
     info = await client.VersionApi(api).get_code()
     return str(info.git_version)
+
+
+@dataclass
+class ApiHandle:
+    """An open API client plus what kopf needs to log in with the same identity."""
+
+    configuration: client.Configuration
+    api: client.ApiClient
+
+    @property
+    def server(self) -> str:
+        return str(self.configuration.host)
+
+    def credentials(self) -> dict[str, Any]:
+        """Keyword arguments for ``kopf.ConnectionInfo`` (kopf sits above this layer)."""
+        c = self.configuration
+        token = (c.api_key or {}).get("BearerToken") or (c.api_key or {}).get("authorization")
+        scheme = None
+        if token:
+            scheme, _, token = (
+                str(token).partition(" ") if " " in str(token) else ("Bearer", "", token)
+            )
+        return {
+            "server": c.host,
+            "ca_path": c.ssl_ca_cert,
+            "insecure": not c.verify_ssl,
+            "certificate_path": c.cert_file,
+            "private_key_path": c.key_file,
+            "scheme": scheme,
+            "token": token or None,
+        }
+
+    async def __aenter__(self) -> ApiHandle:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.api.close()
+
+
+async def open_handle(*, kubeconfig: str | None = None) -> ApiHandle:
+    configuration = await load_configuration(kubeconfig=kubeconfig)
+    return ApiHandle(configuration=configuration, api=api_client(configuration))

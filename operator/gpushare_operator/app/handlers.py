@@ -1,0 +1,65 @@
+"""kopf handlers: policies in, lifecycle of the informers and the writer.
+
+Policy handlers are ``@kopf.on.event`` handlers that return nothing, so kopf stores no progress,
+annotations or finalizers on the policy: the only writes to a policy are our status writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+
+from gpushare_operator.app.assembly import Assembly
+from gpushare_operator.core import models
+
+logger = logging.getLogger(__name__)
+
+
+def build_registry(assembly: Assembly) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return assembly.connection_info()
+
+    @kopf.on.startup(registry=registry)
+    async def start(**_: Any) -> None:
+        await assembly.start()
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop(**_: Any) -> None:
+        await assembly.stop()
+
+    @kopf.on.event(models.GROUP, models.VERSION, models.POLICY_PLURAL, registry=registry)
+    def policy_event(*, event: kopf.RawEvent, **_: Any) -> None:
+        obj: dict[str, Any] = dict(event.get("object") or {})
+        if event.get("type") == "DELETED":
+            assembly.state.delete_policy(str(obj.get("metadata", {}).get("name")))
+        else:
+            assembly.state.upsert_policy(obj)
+
+    return registry
+
+
+def configure_kopf(settings: kopf.OperatorSettings) -> None:
+    settings.peering.standalone = True  # Lease-based election instead (DESIGN.md §6)
+    settings.posting.enabled = False  # our own rate-limited Events only
+    settings.scanning.disabled = True  # no CRD/namespace scanning: less RBAC, nothing to find
+    settings.watching.server_timeout = 270
+    settings.watching.client_timeout = 300
+    settings.networking.error_backoffs = [1, 2, 5, 10]
+
+
+async def run_kopf(*, assembly: Assembly, stop: asyncio.Event) -> None:
+    settings = kopf.OperatorSettings()
+    configure_kopf(settings)
+    await kopf.operator(
+        registry=build_registry(assembly),
+        settings=settings,
+        standalone=True,
+        clusterwide=True,
+        stop_flag=stop,
+    )

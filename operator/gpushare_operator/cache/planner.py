@@ -1,0 +1,249 @@
+"""Desired output from current state: what each write should say, and only if it differs.
+
+Level-based, in the controller-runtime sense: a plan never looks at the event that made an
+object dirty; it reads the caches, computes the whole desired object with the pure builders of
+``core``, and compares it with what the API server last showed us (and with what we wrote and
+have not yet seen back).  An empty plan means no API call at all.
+"""
+
+from __future__ import annotations
+
+import datetime
+import heapq
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.core import devconfigs, nodestates, policystatus, resolution
+from gpushare_operator.core.models import NodePhase
+from gpushare_operator.core.nodes import NodeRecord
+from gpushare_operator.core.policies import CompiledPolicy
+
+# Keys this operator renders: `default` and `<policy>-<ts|mps><replicas>-<6 hex>`.
+_OUR_KEY = re.compile(r"^(default|([a-z0-9.-]+-)?(ts|mps)\d+-[0-9a-f]{6})$")
+
+
+def rfc3339_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    name: str
+    uid: str
+    labels: nodestates.Labels | None  # SSA of our two labels; None: no label write
+    status: dict[str, Any] | None  # GPUNodeState status; None: no status write
+    create_state: bool  # the GPUNodeState object does not exist yet
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    propagation_delay: float
+    key_grace_period: float
+    mismatch_timeout: float
+
+
+class Planner:
+    def __init__(
+        self,
+        state: ClusterState,
+        *,
+        timings: Timings,
+        wallclock: Callable[[], str] = rfc3339_now,
+    ) -> None:
+        self.state = state
+        self.timings = timings
+        self._wallclock = wallclock
+        self._applied_since: dict[str, tuple[str, float]] = {}
+        self._unused_since: dict[str, float] = {}
+        self._rechecks: list[tuple[float, str, str]] = []  # (when, kind, name)
+        # Set by the writer while the ConfigMap cannot be written (e.g. namespace missing).
+        self.config_error: str | None = None
+
+    # -- time ------------------------------------------------------------------------------------
+
+    def _recheck(self, when: float | None, kind: str, name: str) -> None:
+        if when is not None:
+            heapq.heappush(self._rechecks, (when, kind, name))
+
+    def due(self) -> float | None:
+        """Re-dirty whatever a timer has come due for; return when the next timer fires."""
+        now = self.state.clock()
+        while self._rechecks and self._rechecks[0][0] <= now:
+            _, kind, name = heapq.heappop(self._rechecks)
+            if kind == "node":
+                self.state.dirty.node(name)
+            elif kind == "config":
+                self.state.dirty.config()
+        return self._rechecks[0][0] if self._rechecks else None
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    def governing(self, node: str) -> CompiledPolicy | None:
+        policies = self.state.policies
+        candidates = [policies[p] for p in self.state.index.policies_of(node) if p in policies]
+        return resolution.winner(p for p in candidates if p.valid)
+
+    def key_state(self, key: str | None) -> nodestates.KeyState:
+        data = self.state.config_data
+        if key is None or data is None or key not in data:
+            return nodestates.KeyState(present=False)
+        seen = self.state.key_seen_at.get(key, float("-inf"))
+        return nodestates.KeyState(present=True, ready_at=seen + self.timings.propagation_delay)
+
+    def decide(self, record: NodeRecord) -> nodestates.NodeDecision:
+        policy = self.governing(record.name)
+        applied = self._applied_since.get(record.name)
+        since = applied[1] if applied and policy and applied[0] == policy.config_key else None
+        return nodestates.decide(
+            record=record,
+            policy=policy,
+            key=self.key_state(policy.config_key if policy else None),
+            applied_since=since,
+            now=self.state.clock(),
+            mismatch_timeout=self.timings.mismatch_timeout,
+        )
+
+    def _track_applied(self, name: str, decision: nodestates.NodeDecision) -> None:
+        policy = decision.policy
+        if decision.phase in (NodePhase.APPLIED, NodePhase.MISMATCH) and policy is not None:
+            key = policy.config_key or ""
+            current = self._applied_since.get(name)
+            if current is None or current[0] != key:
+                self._applied_since[name] = (key, self.state.clock())
+        elif decision.phase is NodePhase.VERIFIED:
+            pass  # keep: a later disagreement counts from the original application
+        else:
+            self._applied_since.pop(name, None)
+
+    def plan_node(self, name: str) -> NodePlan | None:
+        state = self.state
+        record = state.nodes.get(name)
+        if record is None:
+            return None  # gone: its GPUNodeState follows through the ownerReference
+        decision = self.decide(record)
+        self._track_applied(name, decision)
+        self._recheck(decision.recheck_at, "node", name)
+        labels = decision.labels
+        if labels is not None and nodestates.labels_satisfied(record, labels):
+            labels = None
+        if labels is not None and state.in_flight.get(("node", name)) == labels:
+            labels = None
+        status = self._node_status(record, decision)
+        if labels is None and status is None:
+            return None
+        return NodePlan(name, record.uid, labels, status, name not in state.node_states)
+
+    def _node_status(
+        self, record: NodeRecord, decision: nodestates.NodeDecision
+    ) -> dict[str, Any] | None:
+        state = self.state
+        exists = record.name in state.node_states
+        if not exists and decision.policy is None and not state.index.policies_of(record.name):
+            return None  # never matched by any policy: no GPUNodeState at all
+        previous = state.node_states.get(record.name)
+        status = nodestates.render_status(
+            record=record, decision=decision, previous=previous, now=self._wallclock()
+        )
+        if previous == status or state.in_flight.get(("nodestate", record.name)) == status:
+            return None
+        return status
+
+    # -- policies ----------------------------------------------------------------------------------
+
+    def tally(self, policy: CompiledPolicy) -> policystatus.PolicyTally:
+        tally = policystatus.PolicyTally()
+        for node in sorted(self.state.index.nodes_of(policy.name)):
+            record = self.state.nodes.get(node)
+            if record is None:
+                continue
+            tally.matched += 1
+            decision = self.decide(record)
+            winner = decision.policy
+            if winner is None or winner.name != policy.name:
+                tally.conflicts.append((node, winner.name if winner else "none"))
+                continue
+            self._count(tally, record, decision, policy)
+        return tally
+
+    @staticmethod
+    def _count(
+        tally: policystatus.PolicyTally,
+        record: NodeRecord,
+        decision: nodestates.NodeDecision,
+        policy: CompiledPolicy,
+    ) -> None:
+        tally.governed += 1
+        phase = decision.phase
+        if phase is NodePhase.UNSUPPORTED:
+            tally.unsupported += 1
+            return
+        gpus = record.gpus or 0
+        tally.gpus += gpus
+        tally.capacity += gpus * (policy.replicas or 0)
+        if phase in (NodePhase.APPLIED, NodePhase.VERIFIED, NodePhase.MISMATCH):
+            tally.applied += 1
+        if phase is NodePhase.VERIFIED:
+            tally.verified += 1
+        elif phase is NodePhase.MISMATCH:
+            tally.mismatched += 1
+        elif phase is NodePhase.PENDING:
+            tally.pending += 1
+
+    def plan_policy(self, name: str) -> dict[str, Any] | None:
+        policy = self.state.policies.get(name)
+        if policy is None:
+            return None
+        previous = self.state.policy_status.get(name)
+        status = policystatus.render_policy_status(
+            policy=policy,
+            tally=self.tally(policy),
+            previous=previous,
+            now=self._wallclock(),
+            config_problem=self.config_error,
+        )
+        if _same_status(previous, status) or self.state.in_flight.get(("policy", name)) == status:
+            return None
+        return status
+
+    # -- the device-plugin ConfigMap -------------------------------------------------------------
+
+    def desired_config(self) -> dict[str, str]:
+        state = self.state
+        wanted = {devconfigs.DEFAULT_KEY: devconfigs.render_default_text()}
+        for policy in state.policies.values():
+            if policy.config_key and policy.config_text:
+                wanted[policy.config_key] = policy.config_text
+        now = state.clock()
+        for key, text in (state.config_data or {}).items():
+            if key in wanted or not _OUR_KEY.match(key):
+                self._unused_since.pop(key, None)
+                continue
+            if state.config_label_counts.get(key):
+                self._unused_since.pop(key, None)
+                wanted[key] = text  # a node still names it
+                continue
+            since = self._unused_since.setdefault(key, now)
+            expires = since + self.timings.key_grace_period
+            if now < expires:
+                wanted[key] = text
+                self._recheck(expires, "config", "")
+        return wanted
+
+    def plan_config(self) -> dict[str, str] | None:
+        """The ConfigMap data to apply, or None when the cluster already shows it."""
+        if not self.state.config_synced:
+            return None
+        wanted = self.desired_config()
+        actual = {k: v for k, v in (self.state.config_data or {}).items() if _OUR_KEY.match(k)}
+        if self.state.config_data is not None and wanted == actual:
+            return None
+        if self.state.in_flight.get(("configmap", "")) == wanted:
+            return None
+        return wanted
+
+
+def _same_status(previous: Mapping[str, Any] | None, status: Mapping[str, Any]) -> bool:
+    return previous is not None and dict(previous) == dict(status)

@@ -1,0 +1,172 @@
+"""Slim Node records: what the operator needs of a Node, and nothing else.
+
+A realistic GPU Node is ~15 KB of JSON and ~54 KiB decoded (managedFields, 40 images,
+conditions, nodeInfo).  We keep name, uid, the resourceVersion of the last change that
+mattered, labels and two capacities; every GPU fact is derived from those on demand.  Label
+keys and common values are interned, so 5,000 nodes share one copy of ``nvidia.com/gpu.product``
+and of ``NVIDIA-H100-80GB-HBM3``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+POLICY_LABEL = "gpushare.dev/policy"
+OWNED_LABELS = (CONFIG_LABEL, POLICY_LABEL)
+
+GPU_PRESENT = "nvidia.com/gpu.present"
+GPU_COUNT = "nvidia.com/gpu.count"
+GPU_PRODUCT = "nvidia.com/gpu.product"
+GPU_MEMORY = "nvidia.com/gpu.memory"
+GPU_REPLICAS = "nvidia.com/gpu.replicas"
+GPU_SHARING = "nvidia.com/gpu.sharing-strategy"
+MIG_STRATEGY = "nvidia.com/mig.strategy"
+GPU_RESOURCE = "nvidia.com/gpu"
+SHARED_RESOURCE = "nvidia.com/gpu.shared"
+
+_intern = sys.intern
+
+
+def _int_or_none(text: object) -> int | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """An immutable projection of a Node; shared by every index and snapshot, never copied."""
+
+    name: str
+    uid: str
+    resource_version: str
+    labels: Mapping[str, str]
+    gpu_capacity: int | None
+    shared_capacity: int | None
+
+    @property
+    def is_gpu_node(self) -> bool:
+        labels = self.labels
+        return (
+            labels.get(GPU_PRESENT) == "true"
+            or GPU_COUNT in labels
+            or self.gpu_capacity is not None
+            or self.shared_capacity is not None
+        )
+
+    @property
+    def gpu_count_error(self) -> str | None:
+        """Why the GFD count label cannot be used, for a condition; None when it is fine."""
+        raw = self.labels.get(GPU_COUNT)
+        if raw is None:
+            return None
+        count = _int_or_none(raw)
+        if count is None or count < 0:
+            return f"label {GPU_COUNT}={raw!r} is not a non-negative integer"
+        return None
+
+    @property
+    def reported_replicas(self) -> int | None:
+        return _int_or_none(self.labels.get(GPU_REPLICAS))
+
+    @property
+    def gpus(self) -> int | None:
+        """Physical GPUs: the GFD count label, else advertised capacity ÷ reported replicas."""
+        raw = self.labels.get(GPU_COUNT)
+        if raw is not None:
+            count = _int_or_none(raw)
+            return count if count is not None and count >= 0 else None
+        advertised = self.gpu_capacity or self.shared_capacity
+        if advertised is None:
+            return None
+        replicas = self.reported_replicas or 1
+        return advertised // replicas if replicas > 0 else None
+
+    @property
+    def product(self) -> str | None:
+        return self.labels.get(GPU_PRODUCT)
+
+    @property
+    def memory_mib(self) -> int | None:
+        return _int_or_none(self.labels.get(GPU_MEMORY))
+
+    @property
+    def sharing_strategy(self) -> str | None:
+        return self.labels.get(GPU_SHARING)
+
+    @property
+    def mig_strategy(self) -> str | None:
+        return self.labels.get(MIG_STRATEGY)
+
+    @property
+    def config_label(self) -> str | None:
+        return self.labels.get(CONFIG_LABEL)
+
+    @property
+    def policy_label(self) -> str | None:
+        return self.labels.get(POLICY_LABEL)
+
+
+def _capacity(status: Mapping[str, Any], resource: str) -> int | None:
+    capacity = status.get("capacity")
+    if not isinstance(capacity, Mapping):
+        return None
+    return _int_or_none(capacity.get(resource))
+
+
+def slim_labels(raw: object) -> dict[str, str]:
+    """A fresh label dict with interned keys and values (values repeat across a pool)."""
+    if not isinstance(raw, Mapping):
+        return {}
+    return {_intern(str(k)): _intern(str(v)) for k, v in raw.items()}
+
+
+def labels_equal(record: NodeRecord, raw: object) -> bool:
+    """Compare without building anything: the heartbeat fast path."""
+    if not isinstance(raw, Mapping):
+        return not record.labels
+    return record.labels == raw
+
+
+def project_node(obj: Mapping[str, Any]) -> NodeRecord:
+    """The one copy: decoded Node → slim record (managedFields and the rest are left behind)."""
+    metadata = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    return NodeRecord(
+        name=_intern(str(metadata.get("name", ""))),
+        uid=str(metadata.get("uid", "")),
+        resource_version=str(metadata.get("resourceVersion", "")),
+        labels=slim_labels(metadata.get("labels")),
+        gpu_capacity=_capacity(status, GPU_RESOURCE),
+        shared_capacity=_capacity(status, SHARED_RESOURCE),
+    )
+
+
+def content_unchanged(record: NodeRecord, obj: Mapping[str, Any]) -> bool:
+    """True when a Node event changes nothing the operator reads (e.g. a heartbeat)."""
+    metadata = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    return (
+        labels_equal(record, metadata.get("labels"))
+        and record.gpu_capacity == _capacity(status, GPU_RESOURCE)
+        and record.shared_capacity == _capacity(status, SHARED_RESOURCE)
+        and record.uid == metadata.get("uid")
+    )
+
+
+def is_gpu_node_body(obj: Mapping[str, Any]) -> bool:
+    """Cheap pre-filter on a decoded body, so non-GPU nodes are never projected at all."""
+    metadata = obj.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    if labels.get(GPU_PRESENT) == "true" or GPU_COUNT in labels or POLICY_LABEL in labels:
+        return True
+    status = obj.get("status") or {}
+    capacity = status.get("capacity") or {}
+    return GPU_RESOURCE in capacity or SHARED_RESOURCE in capacity

@@ -1,0 +1,168 @@
+"""What a GPU node should look like: the labels we own on it, and its GPUNodeState status.
+
+``decide`` is the whole phase machine of DESIGN.md §3, as a pure function of the node's record,
+the policy that won it, what is known of its config key, and the clock.  ``render_status`` turns
+the decision into the status dict that is compared with what the API server holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpushare_operator.core import conditions, devconfigs
+from gpushare_operator.core.models import NodePhase
+from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL, NodeRecord
+from gpushare_operator.core.policies import CompiledPolicy
+
+Labels = dict[str, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyState:
+    """What the writer knows of a config key: in the ConfigMap, and usable from when."""
+
+    present: bool
+    ready_at: float | None = None  # monotonic time from which nodes may name it
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDecision:
+    policy: CompiledPolicy | None
+    phase: NodePhase
+    reason: str
+    message: str
+    labels: Labels | None  # our two labels as wanted (None value = remove); None = leave as is
+    recheck_at: float | None = None  # when the decision may change by time alone
+
+
+def _release(record: NodeRecord) -> NodeDecision:
+    # Only a node carrying our policy label is ours to clean; a config label set by someone else
+    # without it is theirs, and SSA could not remove it anyway.
+    labels: Labels | None = None
+    if record.policy_label is not None:
+        labels = {CONFIG_LABEL: None, POLICY_LABEL: None}
+    message = "no GPUSharingPolicy selects this node"
+    return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, labels)
+
+
+def _unsupported(record: NodeRecord, policy: CompiledPolicy) -> tuple[str, str] | None:
+    count_error = record.gpu_count_error
+    if count_error is not None:
+        return "InvalidNodeLabel", count_error
+    if policy.strategy == "MPS" and record.mig_strategy == "mixed":
+        return (
+            "MPSWithMixedMIG",
+            "MPS cannot share GPUs on a node with nvidia.com/mig.strategy=mixed",
+        )
+    return None
+
+
+def _applied(
+    record: NodeRecord,
+    policy: CompiledPolicy,
+    *,
+    applied_since: float | None,
+    now: float,
+    mismatch_timeout: float,
+) -> NodeDecision:
+    assert policy.sharing is not None
+    strategy = devconfigs.sharing_strategy_label(policy.sharing)
+    if record.reported_replicas == policy.replicas and record.sharing_strategy == strategy:
+        message = f"GPU Feature Discovery reports {policy.replicas} replicas, {strategy}"
+        return NodeDecision(policy, NodePhase.VERIFIED, "Verified", message, None)
+    since = now if applied_since is None else applied_since
+    deadline = since + mismatch_timeout
+    seen = f"replicas={record.reported_replicas}, sharing-strategy={record.sharing_strategy}"
+    if now >= deadline:
+        message = f"after {mismatch_timeout:.0f} s GPU Feature Discovery still reports {seen}"
+        return NodeDecision(policy, NodePhase.MISMATCH, "NotConfirmed", message, None)
+    message = f"label applied; waiting for GPU Feature Discovery (now {seen})"
+    return NodeDecision(policy, NodePhase.APPLIED, "Applied", message, None, recheck_at=deadline)
+
+
+def decide(
+    *,
+    record: NodeRecord,
+    policy: CompiledPolicy | None,
+    key: KeyState,
+    applied_since: float | None,
+    now: float,
+    mismatch_timeout: float,
+) -> NodeDecision:
+    """The node's phase and the labels we want on it, from current state alone (level-based)."""
+    if policy is None or policy.config_key is None:
+        return _release(record)
+    problem = _unsupported(record, policy)
+    if problem is not None:
+        return NodeDecision(policy, NodePhase.UNSUPPORTED, problem[0], problem[1], None)
+    if record.config_label == policy.config_key and record.policy_label == policy.name:
+        return _applied(
+            record, policy, applied_since=applied_since, now=now, mismatch_timeout=mismatch_timeout
+        )
+    if policy.paused:
+        message = "policy is paused: the node is left as it is"
+        return NodeDecision(policy, NodePhase.PENDING, "Paused", message, None)
+    if not key.present:
+        message = f"config key {policy.config_key} is not in the device-plugin ConfigMap yet"
+        return NodeDecision(policy, NodePhase.PENDING, "ConfigNotWritten", message, None)
+    if key.ready_at is not None and now < key.ready_at:
+        message = f"waiting {key.ready_at - now:.0f} s for the kubelet to propagate the new config"
+        return NodeDecision(
+            policy,
+            NodePhase.PENDING,
+            "WaitingForConfigPropagation",
+            message,
+            None,
+            recheck_at=key.ready_at,
+        )
+    labels: Labels = {CONFIG_LABEL: policy.config_key, POLICY_LABEL: policy.name}
+    message = f"labelling the node with config key {policy.config_key}"
+    return NodeDecision(policy, NodePhase.PENDING, "LabelPending", message, labels)
+
+
+def labels_satisfied(record: NodeRecord, labels: Labels) -> bool:
+    """Whether the node already shows what we want (removal = absent)."""
+    return all(record.labels.get(key) == value for key, value in labels.items())
+
+
+def render_status(
+    *,
+    record: NodeRecord,
+    decision: NodeDecision,
+    previous: Mapping[str, Any] | None,
+    now: str,
+    allocated: int = 0,
+    pods: int = 0,
+) -> dict[str, Any]:
+    """The GPUNodeState status, with transition times kept while nothing changes."""
+    policy = decision.policy
+    gpus = record.gpus or 0
+    governed = policy is not None and decision.phase is not NodePhase.UNSUPPORTED
+    capacity = gpus * (policy.replicas or 0) if governed and policy is not None else 0
+    previous = previous or {}
+    since = previous.get("lastTransitionTime")
+    if previous.get("phase") != decision.phase or not since:
+        since = now
+    ready = "True" if decision.phase is NodePhase.VERIFIED else "False"
+    status: dict[str, Any] = {
+        "policy": policy.name if policy else None,
+        "strategy": str(policy.strategy) if policy and policy.strategy else None,
+        "configKey": policy.config_key if policy else None,
+        "phase": str(decision.phase),
+        "gpus": gpus,
+        "product": record.product,
+        "memoryMiBPerGPU": record.memory_mib,
+        "replicas": policy.replicas if policy else None,
+        "slots": {"capacity": capacity, "allocated": allocated},
+        "slotsSummary": f"{allocated}/{capacity}",
+        "pods": pods,
+        "conditions": conditions.render_conditions(
+            [conditions.Cond("Ready", ready, decision.reason, decision.message)],
+            previous=previous.get("conditions"),
+            now=now,
+        ),
+        "lastTransitionTime": since,
+    }
+    return {k: v for k, v in status.items() if v is not None}

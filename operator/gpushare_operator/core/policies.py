@@ -1,0 +1,121 @@
+"""A GPUSharingPolicy compiled once per (uid, generation): validated spec, matcher, config key.
+
+Everything expensive about a policy (pydantic validation, selector compilation, rendering and
+hashing its device-plugin config) happens here, once per spec generation.  Status-only updates
+(our own writes) keep the generation, so they never recompile anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic
+
+from gpushare_operator.core import devconfigs, selectors
+from gpushare_operator.core.models import GPUSharingPolicySpec, SharingStrategy
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledPolicy:
+    name: str
+    uid: str
+    generation: int
+    priority: int
+    spec: GPUSharingPolicySpec | None
+    selector: selectors.CompiledSelector | None
+    sharing: devconfigs.SharingConfig | None
+    config_key: str | None
+    config_text: str | None
+    error: str | None  # why the policy cannot be used; None when it is valid
+    error_reason: str | None = None  # CamelCase reason for conditions and Events
+
+    @property
+    def valid(self) -> bool:
+        return self.error is None
+
+    @property
+    def paused(self) -> bool:
+        return self.spec is not None and self.spec.paused
+
+    @property
+    def strategy(self) -> SharingStrategy | None:
+        return self.spec.strategy if self.spec is not None else None
+
+    @property
+    def replicas(self) -> int | None:
+        return self.spec.replicas if self.spec is not None else None
+
+
+def _validation_message(exc: pydantic.ValidationError) -> str:
+    parts = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in error["loc"]) or "spec"
+        parts.append(f"spec.{where}: {error['msg']}")
+    return "; ".join(parts)
+
+
+def _invalid(*, name: str, uid: str, generation: int, message: str, reason: str) -> CompiledPolicy:
+    return CompiledPolicy(
+        name=name,
+        uid=uid,
+        generation=generation,
+        priority=0,
+        spec=None,
+        selector=None,
+        sharing=None,
+        config_key=None,
+        config_text=None,
+        error=message,
+        error_reason=reason,
+    )
+
+
+def sharing_config(spec: GPUSharingPolicySpec) -> devconfigs.SharingConfig:
+    return devconfigs.SharingConfig(
+        strategy=str(spec.strategy),
+        replicas=spec.replicas,
+        resource_name=spec.resourceName,
+        rename_by_default=spec.renameByDefault,
+        fail_requests_greater_than_one=spec.failRequestsGreaterThanOne,
+    )
+
+
+def compile_policy(
+    *, name: str, uid: str, generation: int, spec: Mapping[str, Any] | None
+) -> CompiledPolicy:
+    """Validate and compile; an invalid policy compiles too, carrying its error for status."""
+    raw = dict(spec or {})
+    try:
+        selector = selectors.compile_selector(raw.get("nodeSelector"))
+    except selectors.SelectorError as exc:
+        return _invalid(
+            name=name, uid=uid, generation=generation, message=str(exc), reason="InvalidSelector"
+        )
+    try:
+        parsed = GPUSharingPolicySpec.model_validate(raw)
+        sharing = sharing_config(parsed)
+        text = devconfigs.render_config_text(sharing)
+        key = devconfigs.config_key(policy_name=name, config=sharing)
+    except pydantic.ValidationError as exc:
+        message = _validation_message(exc)
+        return _invalid(
+            name=name, uid=uid, generation=generation, message=message, reason="InvalidSpec"
+        )
+    except devconfigs.ConfigError as exc:
+        return _invalid(
+            name=name, uid=uid, generation=generation, message=str(exc), reason="InvalidConfig"
+        )
+    return CompiledPolicy(
+        name=name,
+        uid=uid,
+        generation=generation,
+        priority=parsed.priority,
+        spec=parsed,
+        selector=selector,
+        sharing=sharing,
+        config_key=key,
+        config_text=text,
+        error=None,
+    )

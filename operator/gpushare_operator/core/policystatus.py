@@ -1,0 +1,115 @@
+"""A GPUSharingPolicy's status from per-node tallies: counts, slots and conditions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpushare_operator.core import conditions
+from gpushare_operator.core.conditions import Cond
+from gpushare_operator.core.policies import CompiledPolicy
+
+MAX_LISTED_NODES = 10
+
+
+@dataclass(slots=True)
+class PolicyTally:
+    """Per-policy numbers gathered over the nodes it matches."""
+
+    matched: int = 0
+    governed: int = 0
+    applied: int = 0
+    verified: int = 0
+    pending: int = 0
+    mismatched: int = 0
+    unsupported: int = 0
+    gpus: int = 0
+    capacity: int = 0
+    allocated: int = 0
+    conflicts: list[tuple[str, str]] = field(default_factory=list)  # (node, winning policy)
+
+
+def _listed(pairs: Sequence[tuple[str, str]]) -> str:
+    shown = ", ".join(f"{node} (won by {winner})" for node, winner in pairs[:MAX_LISTED_NODES])
+    more = len(pairs) - MAX_LISTED_NODES
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def _ready(policy: CompiledPolicy, tally: PolicyTally, config_problem: str | None) -> Cond:
+    if not policy.valid:
+        return Cond("Ready", "False", policy.error_reason or "Invalid", policy.error or "")
+    if config_problem is not None:
+        return Cond("Ready", "False", "DevicePluginConfigUnavailable", config_problem)
+    if tally.mismatched:
+        message = f"{tally.mismatched} node(s) never confirmed the config"
+        return Cond("Ready", "False", "NodesMismatched", message)
+    if tally.pending or tally.governed > tally.applied + tally.unsupported:
+        waiting = tally.governed - tally.applied - tally.unsupported
+        return Cond("Ready", "False", "NodesPending", f"{waiting} node(s) not configured yet")
+    if tally.governed == 0:
+        return Cond("Ready", "True", "NoNodes", "no GPU node is governed by this policy")
+    message = f"{tally.applied} node(s) applied, {tally.verified} verified"
+    return Cond("Ready", "True", "Applied", message)
+
+
+def policy_conditions(
+    policy: CompiledPolicy, tally: PolicyTally, *, config_problem: str | None
+) -> list[Cond]:
+    wanted = [_ready(policy, tally, config_problem)]
+    if policy.valid:
+        wanted.append(Cond("SelectorValid", "True", "Valid", "selector and spec are valid"))
+    else:
+        wanted.append(
+            Cond("SelectorValid", "False", policy.error_reason or "Invalid", policy.error or "")
+        )
+    if tally.conflicts:
+        message = f"{len(tally.conflicts)} matched node(s) governed by higher-priority policies: "
+        wanted.append(
+            Cond("Conflicting", "True", "LowerPriority", message + _listed(tally.conflicts))
+        )
+    else:
+        wanted.append(
+            Cond("Conflicting", "False", "NoConflict", "this policy wins every node it matches")
+        )
+    paused = policy.paused
+    wanted.append(
+        Cond(
+            "Paused",
+            "True" if paused else "False",
+            "Paused" if paused else "Active",
+            "no node is changed while paused" if paused else "",
+        )
+    )
+    return wanted
+
+
+def render_policy_status(
+    *,
+    policy: CompiledPolicy,
+    tally: PolicyTally,
+    previous: Mapping[str, Any] | None,
+    now: str,
+    config_problem: str | None = None,
+) -> dict[str, Any]:
+    """The status dict, with transition times kept while conditions hold."""
+    previous = previous or {}
+    wanted = policy_conditions(policy, tally, config_problem=config_problem)
+    status: dict[str, Any] = {
+        "observedGeneration": policy.generation,
+        "matchedNodes": tally.matched,
+        "appliedNodes": tally.applied,
+        "verifiedNodes": tally.verified,
+        "conflictingNodes": len(tally.conflicts),
+        "gpus": tally.gpus,
+        "slots": {"capacity": tally.capacity, "allocated": tally.allocated},
+        "slotsSummary": f"{tally.allocated}/{tally.capacity}",
+        "configKey": policy.config_key,
+        "conditions": conditions.render_conditions(
+            wanted,
+            previous=previous.get("conditions"),
+            now=now,
+            generation=policy.generation,
+        ),
+    }
+    return {k: v for k, v in status.items() if v is not None}

@@ -1,0 +1,99 @@
+"""Kubernetes Events about policies and nodes, rate-limited so a flapping state cannot flood.
+
+Events are posted in the operator's namespace (DESIGN.md §6: least privilege); ``kubectl
+describe`` of a cluster-scoped object searches every namespace, so they show up there.  The same
+(object, reason, message) is posted at most once per ``dedupe_window``, and all events together at
+most ``per_second`` per second; what is over the limit is dropped and counted, never queued.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kubernetes_asyncio import client
+
+from gpushare_operator.kube import http
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+
+class EventRecorder:
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        namespace: str,
+        component: str = "gpushare-operator",
+        dedupe_window: float = 600.0,
+        per_second: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api = api
+        self._namespace = namespace
+        self._component = component
+        self._window = dedupe_window
+        self._interval = 1.0 / per_second
+        self._clock = clock
+        self._last: dict[tuple[str, str, str], float] = {}
+        self._next_free = 0.0
+        self.posted = 0
+        self.dropped = 0
+
+    def _admit(self, key: tuple[str, str, str]) -> bool:
+        now = self._clock()
+        if now - self._last.get(key, float("-inf")) < self._window or now < self._next_free:
+            self.dropped += 1
+            return False
+        self._last[key] = now
+        self._next_free = now + self._interval
+        return True
+
+    async def post(self, *, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
+        """Post one Event; failures are logged, never raised (events are best effort)."""
+        if not self._admit((ref.uid or ref.name, reason, message)):
+            return
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        digest = hashlib.sha256(f"{ref.uid}{reason}{message}{now}".encode()).hexdigest()[:10]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{ref.name[:200]}.{digest}", "namespace": self._namespace},
+            "involvedObject": {
+                "apiVersion": ref.api_version,
+                "kind": ref.kind,
+                "name": ref.name,
+                "uid": ref.uid,
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": self._component},
+            "reportingComponent": self._component,
+            "reportingInstance": self._component,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await http.request(
+                self._api,
+                method="POST",
+                path=f"/api/v1/namespaces/{self._namespace}/events",
+                body=body,
+            )
+            self.posted += 1
+        except (http.ApiError, OSError) as exc:
+            logger.warning("could not post event %s on %s/%s: %s", reason, ref.kind, ref.name, exc)

@@ -1,0 +1,221 @@
+"""List/watch informers on raw JSON: paged lists, bookmarks, 410 Gone → re-list with replace.
+
+Deliberately not kopf's per-object pipeline (which deep-copies and diffs every event body) and
+not the generated API models (which build a second copy of every object): each line is decoded
+once with orjson, ``metadata.managedFields`` is dropped, and the sink projects what it keeps.
+A re-list replaces the sink's contents page by page, so objects deleted while the watch was
+down leave the cache, and at most one page of full bodies is ever alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+from kubernetes_asyncio import client
+
+from gpushare_operator.kube import http
+
+logger = logging.getLogger(__name__)
+
+
+class Sink(Protocol):
+    """Where an informer delivers objects (a cache in the ``cache`` layer)."""
+
+    def begin_relist(self) -> None: ...
+    def relist_item(self, obj: dict[str, Any]) -> None: ...
+    def end_relist(self) -> None: ...
+    def apply(self, event_type: str, obj: dict[str, Any]) -> None: ...
+
+
+class Gone(Exception):
+    """The resourceVersion we watch from has been compacted away: re-list."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What to list and watch."""
+
+    path: str  # e.g. /api/v1/nodes
+    kind: str  # for logs and metrics
+    field_selector: str | None = None
+    label_selector: str | None = None
+    page_size: int = 500
+    watch_timeout: int = 290  # server-side; we reconnect from the last resourceVersion
+
+
+@dataclass
+class InformerStats:
+    events: int = 0
+    bookmarks: int = 0
+    relists: int = 0
+    reconnects: int = 0
+    last_activity: float = field(default_factory=time.monotonic)
+
+
+def drop_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    metadata = obj.get("metadata")
+    if isinstance(metadata, dict):
+        metadata.pop("managedFields", None)
+    return obj
+
+
+class LineSplitter:
+    """Split a chunked HTTP body into lines without a size limit (a Node can exceed 64 KiB)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        self._buffer += chunk
+        if b"\n" not in chunk:
+            return []
+        *lines, rest = self._buffer.split(b"\n")
+        self._buffer = bytearray(rest)
+        return [bytes(line) for line in lines if line.strip()]
+
+
+class Informer:
+    """Keeps one sink in step with one resource collection, forever."""
+
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        target: Target,
+        sink: Sink,
+        on_event: Callable[[str], None] | None = None,
+        max_backoff: float = 30.0,
+    ) -> None:
+        self._api = api
+        self._target = target
+        self._sink = sink
+        self._on_event = on_event
+        self._max_backoff = max_backoff
+        self.synced = asyncio.Event()
+        self.stats = InformerStats()
+        self.resource_version: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return self._target.kind
+
+    async def run(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                self.resource_version = await self._list()
+                self.synced.set()
+                backoff = 0.2
+                await self._watch_until_gone()
+            except Gone:
+                logger.info("%s watch expired (410 Gone): re-listing", self._target.kind)
+            except (TimeoutError, aiohttp.ClientError, http.ApiError, OSError) as exc:
+                logger.warning(
+                    "%s list failed (%s); retrying in %.1f s", self._target.kind, exc, backoff
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+
+    def _query(self, **extra: str) -> list[tuple[str, str]]:
+        query = list(extra.items())
+        if self._target.field_selector:
+            query.append(("fieldSelector", self._target.field_selector))
+        if self._target.label_selector:
+            query.append(("labelSelector", self._target.label_selector))
+        return query
+
+    async def _list(self) -> str:
+        """A paged list that replaces the sink's contents; returns the list's resourceVersion."""
+        self.stats.relists += 1
+        self._sink.begin_relist()
+        token = ""
+        while True:
+            query = self._query(limit=str(self._target.page_size))
+            if token:
+                query.append(("continue", token))
+            try:
+                page = await http.request(
+                    self._api, method="GET", path=self._target.path, query=query, timeout=120
+                )
+            except http.ApiError as exc:
+                if exc.status == 410 and token:
+                    # The continue token expired mid-list: start the listing over.
+                    self._sink.begin_relist()
+                    token = ""
+                    continue
+                raise
+            for item in page.get("items") or ():
+                self._sink.relist_item(drop_managed_fields(item))
+            self.stats.last_activity = time.monotonic()
+            metadata = page.get("metadata") or {}
+            token = metadata.get("continue") or ""
+            if not token:
+                self._sink.end_relist()
+                return str(metadata.get("resourceVersion", ""))
+
+    async def _watch_until_gone(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                await self._watch_once()
+                backoff = 0.2
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                self.stats.reconnects += 1
+                logger.warning(
+                    "%s watch broke (%s); resuming in %.1f s", self._target.kind, exc, backoff
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+
+    async def _watch_once(self) -> None:
+        query = self._query(
+            watch="1",
+            allowWatchBookmarks="true",
+            resourceVersion=self.resource_version or "",
+            timeoutSeconds=str(self._target.watch_timeout),
+        )
+        response = await http.open_request(
+            self._api,
+            method="GET",
+            path=self._target.path,
+            query=query,
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=self._target.watch_timeout + 30),
+        )
+        async with response:
+            if response.status == 410:
+                raise Gone()
+            if response.status != 200:
+                body = await response.read()
+                raise http.ApiError(status=response.status, reason=response.reason or "", body=body)
+            splitter = LineSplitter()
+            async for chunk in response.content.iter_any():
+                for line in splitter.feed(chunk):
+                    self._handle_line(line)
+
+    def _handle_line(self, line: bytes) -> None:
+        event = orjson.loads(line)
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        self.stats.last_activity = time.monotonic()
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise Gone()
+            raise http.ApiError(status=int(obj.get("code") or 500), reason="watch", body=obj)
+        metadata = obj.get("metadata") or {}
+        version = metadata.get("resourceVersion")
+        if version:
+            self.resource_version = str(version)
+        if kind == "BOOKMARK":
+            self.stats.bookmarks += 1
+            return
+        self.stats.events += 1
+        self._sink.apply(str(kind), drop_managed_fields(obj))
+        if self._on_event is not None:
+            self._on_event(self._target.kind)

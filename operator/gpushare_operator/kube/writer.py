@@ -1,0 +1,361 @@
+"""The one place that writes: drains dirty sets through the planner, at a bounded rate.
+
+Order per round: the device-plugin ConfigMap first (a key is written before any label names it),
+then nodes (labels by server-side apply, GPUNodeState status), then policy statuses, which count
+what the node writes achieved.  Every write waits for the leader gate and for a token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client
+
+from gpushare_operator.cache.planner import NodePlan, Planner
+from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.core import models
+from gpushare_operator.kube import http
+from gpushare_operator.kube.events import EventRecorder, ObjectRef
+from gpushare_operator.kube.leadership import LeaderGate
+from gpushare_operator.kube.ratelimit import TokenBucket
+
+logger = logging.getLogger(__name__)
+
+FIELD_MANAGER = "gpushare-operator"
+JSON_PATCH = "application/json-patch+json"
+_API = f"/apis/{models.GROUP}/{models.VERSION}"
+RETRY_AFTER = 5.0
+
+# Condition transitions on a policy that deserve an Event: (type, status, reason or None for
+# any reason) → (event type, event reason).  Pending nodes are routine and get none.
+_POLICY_EVENTS = {
+    ("SelectorValid", "False", None): ("Warning", "InvalidPolicy"),
+    ("Conflicting", "True", None): ("Warning", "Conflict"),
+    ("Ready", "False", "DevicePluginConfigUnavailable"): (
+        "Warning",
+        "DevicePluginConfigUnavailable",
+    ),
+    ("Ready", "False", "NodesMismatched"): ("Warning", "NodesMismatched"),
+}
+
+
+def _policy_event(cond: Mapping[str, Any]) -> tuple[str, str] | None:
+    kind, status, reason = str(cond["type"]), str(cond["status"]), str(cond["reason"])
+    return _POLICY_EVENTS.get((kind, status, reason)) or _POLICY_EVENTS.get((kind, status, None))
+
+
+class LostLeadership(Exception):
+    """The gate closed between planning and writing: drop the write, resync when leading."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigTarget:
+    namespace: str
+    name: str
+
+
+@dataclass
+class WriteCounters:
+    ok: dict[str, int]
+    failed: dict[str, int]
+
+    def count(self, kind: str, *, ok: bool) -> None:
+        bucket = self.ok if ok else self.failed
+        bucket[kind] = bucket.get(kind, 0) + 1
+
+
+class Writer:
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        state: ClusterState,
+        planner: Planner,
+        gate: LeaderGate,
+        bucket: TokenBucket,
+        recorder: EventRecorder,
+        config: ConfigTarget,
+    ) -> None:
+        self._api = api
+        self._state = state
+        self._planner = planner
+        self._gate = gate
+        self._bucket = bucket
+        self._recorder = recorder
+        self._config = config
+        self._wake = asyncio.Event()
+        self.counters = WriteCounters(ok={}, failed={})
+        state.dirty.set_waker(self._wake.set)
+
+    async def run(self) -> None:
+        leading = False
+        while True:
+            if not self._gate.is_leader():
+                leading = False
+                await self._gate.wait_leader()
+            if not leading:
+                # Gaining leadership: look at everything once; only differences get written.
+                leading = True
+                self.resync()
+            next_due = self._planner.due()
+            try:
+                drained = await self._drain_one()
+            except LostLeadership:
+                continue
+            if not drained:
+                await self._sleep_until(next_due)
+
+    def resync(self) -> None:
+        dirty = self._state.dirty
+        dirty.config()
+        dirty.many_nodes(self._state.nodes)
+        dirty.many_policies(self._state.policies)
+
+    async def _sleep_until(self, when: float | None) -> None:
+        self._wake.clear()
+        if self._state.dirty:
+            return
+        timeout = None if when is None else max(0.0, when - self._state.clock())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+
+    async def _drain_one(self) -> bool:
+        """Plan and write one dirty object; False when nothing was dirty."""
+        dirty = self._state.dirty
+        if dirty.pop_config():
+            await self._write_config()
+            return True
+        node = dirty.pop_node()
+        if node is not None:
+            plan = self._planner.plan_node(node)
+            if plan is not None:
+                await self._write_node(plan)
+            return True
+        policy = dirty.pop_policy()
+        if policy is not None:
+            await self._write_policy(policy)
+            return True
+        return False
+
+    async def _write(self, kind: str, **request: Any) -> Any:
+        await self._bucket.take()
+        if not self._gate.is_leader():
+            raise LostLeadership()
+        try:
+            result = await http.request(self._api, **request)
+        except (http.ApiError, aiohttp.ClientError, OSError, TimeoutError):
+            self.counters.count(kind, ok=False)
+            raise
+        self.counters.count(kind, ok=True)
+        return result
+
+    # -- ConfigMap -----------------------------------------------------------------------------
+
+    async def _write_config(self) -> None:
+        data = self._planner.plan_config()
+        if data is None:
+            return
+        target = self._config
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": target.name,
+                "namespace": target.namespace,
+                "labels": {"app.kubernetes.io/managed-by": FIELD_MANAGER},
+            },
+            "data": data,
+        }
+        new_keys = set(data) - set(self._state.config_data or {})
+        try:
+            await self._write(
+                "configmap",
+                method="PATCH",
+                path=f"/api/v1/namespaces/{target.namespace}/configmaps/{target.name}",
+                query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+                body=body,
+                content_type=http.APPLY_PATCH,
+            )
+        except http.ApiError as exc:
+            self._config_failed(exc)
+            return
+        self._state.in_flight[("configmap", "")] = data
+        if self._planner.config_error is not None:
+            self._planner.config_error = None
+            self._state.dirty.many_policies(self._state.policies)
+        await self._announce_keys(new_keys)
+
+    def _config_failed(self, exc: http.ApiError) -> None:
+        target = self._config
+        if exc.status == 404:
+            problem = (
+                f"namespace {target.namespace} does not exist: install the GPU Operator (or create"
+                f" the namespace) so that ConfigMap {target.name} can be written; retrying"
+            )
+        else:
+            problem = f"cannot write ConfigMap {target.namespace}/{target.name}: {exc}"
+        if self._planner.config_error != problem:
+            logger.warning("%s", problem)
+            self._planner.config_error = problem
+            self._state.dirty.many_policies(self._state.policies)
+        self._retry_later("config", "")
+
+    def _retry_later(self, kind: str, name: str) -> None:
+        self._planner._recheck(self._state.clock() + RETRY_AFTER, kind, name)
+
+    async def _announce_keys(self, keys: set[str]) -> None:
+        for policy in self._state.policies.values():
+            if policy.config_key in keys:
+                await self._recorder.post(
+                    ref=_policy_ref(policy.name, policy.uid),
+                    type_="Normal",
+                    reason="ConfigKeyWritten",
+                    message=f"device-plugin config key {policy.config_key} written",
+                )
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    async def _write_node(self, plan: NodePlan) -> None:
+        try:
+            if plan.labels is not None:
+                await self._apply_labels(plan)
+            if plan.status is not None:
+                await self._write_node_state(plan)
+        except (http.ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            logger.warning("write for node %s failed: %s; retrying", plan.name, exc)
+            self._retry_later("node", plan.name)
+
+    async def _apply_labels(self, plan: NodePlan) -> None:
+        assert plan.labels is not None
+        wanted = {k: v for k, v in plan.labels.items() if v is not None}
+        metadata: dict[str, Any] = {"name": plan.name}
+        if wanted:
+            metadata["labels"] = wanted
+        await self._write(
+            "node-labels",
+            method="PATCH",
+            path=f"/api/v1/nodes/{plan.name}",
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            body={"apiVersion": "v1", "kind": "Node", "metadata": metadata},
+            content_type=http.APPLY_PATCH,
+        )
+        self._state.in_flight[("node", plan.name)] = plan.labels
+
+    async def _write_node_state(self, plan: NodePlan) -> None:
+        assert plan.status is not None
+        if plan.create_state:
+            await self._create_node_state(plan)
+        await self._write(
+            "nodestate-status",
+            method="PATCH",
+            path=f"{_API}/{models.NODE_STATE_PLURAL}/{plan.name}/status",
+            body=[{"op": "add", "path": "/status", "value": plan.status}],
+            content_type=JSON_PATCH,
+        )
+        self._state.in_flight[("nodestate", plan.name)] = plan.status
+        await self._node_events(plan)
+
+    async def _create_node_state(self, plan: NodePlan) -> None:
+        body = {
+            "apiVersion": f"{models.GROUP}/{models.VERSION}",
+            "kind": models.NODE_STATE_KIND,
+            "metadata": {
+                "name": plan.name,
+                "labels": {"app.kubernetes.io/managed-by": FIELD_MANAGER},
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": plan.name, "uid": plan.uid}
+                ],
+            },
+        }
+        try:
+            await self._write(
+                "nodestate-create",
+                method="POST",
+                path=f"{_API}/{models.NODE_STATE_PLURAL}",
+                body=body,
+                query=[("fieldManager", FIELD_MANAGER)],
+            )
+        except http.ApiError as exc:
+            if exc.status != 409:
+                raise
+
+    async def _node_events(self, plan: NodePlan) -> None:
+        assert plan.status is not None
+        previous = self._state.node_states.get(plan.name) or {}
+        ready = _condition(plan.status, "Ready")
+        before = _condition(previous, "Ready")
+        if ready is None or ready.get("reason") == (before or {}).get("reason"):
+            return
+        if ready.get("reason") in ("InvalidNodeLabel", "MPSWithMixedMIG", "NotConfirmed"):
+            await self._recorder.post(
+                ref=ObjectRef("v1", "Node", plan.name, plan.uid),
+                type_="Warning",
+                reason=str(ready["reason"]),
+                message=str(ready.get("message", "")),
+            )
+
+    # -- policies --------------------------------------------------------------------------------
+
+    async def _write_policy(self, name: str) -> None:
+        status = self._planner.plan_policy(name)
+        if status is None:
+            return
+        policy = self._state.policies[name]
+        previous = self._state.policy_status.get(name) or {}
+        try:
+            await self._write(
+                "policy-status",
+                method="PATCH",
+                path=f"{_API}/{models.POLICY_PLURAL}/{name}/status",
+                body=[{"op": "add", "path": "/status", "value": status}],
+                content_type=JSON_PATCH,
+            )
+        except http.ApiError as exc:
+            if exc.status == 404:
+                return  # deleted meanwhile; its DELETED event removes it from the cache
+            logger.warning("status write for policy %s failed: %s; retrying", name, exc)
+            self._retry_later("policy", name)
+            return
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            logger.warning("status write for policy %s failed: %s; retrying", name, exc)
+            self._retry_later("policy", name)
+            return
+        self._state.in_flight[("policy", name)] = status
+        await self._policy_events(policy.name, policy.uid, previous, status)
+
+    async def _policy_events(
+        self, name: str, uid: str, previous: Mapping[str, Any], status: Mapping[str, Any]
+    ) -> None:
+        for cond in status.get("conditions") or ():
+            before = _condition(previous, str(cond["type"]))
+            if before is not None and (before["status"], before["reason"]) == (
+                cond["status"],
+                cond["reason"],
+            ):
+                continue
+            event = _policy_event(cond)
+            if event is None:
+                continue
+            await self._recorder.post(
+                ref=_policy_ref(name, uid),
+                type_=event[0],
+                reason=event[1],
+                message=str(cond.get("message") or cond["reason"]),
+            )
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for cond in status.get("conditions") or ():
+        if isinstance(cond, Mapping) and cond.get("type") == kind:
+            return cond
+    return None
+
+
+def _policy_ref(name: str, uid: str) -> ObjectRef:
+    return ObjectRef(f"{models.GROUP}/{models.VERSION}", models.POLICY_KIND, name, uid)

@@ -1,0 +1,276 @@
+"""The cache and planner without any API: events in, desired writes out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpushare_operator.cache.planner import Planner, Timings
+from gpushare_operator.cache.state import ClusterState, ConfigMapSink, NodeSink
+from gpushare_operator.core.models import NodePhase
+from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def node(name: str, *, pool: str = "a", count: str = "4", **extra: str) -> dict[str, Any]:
+    labels = {"pool": pool, "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": count}
+    labels.update(extra)
+    return {
+        "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1", "labels": labels},
+        "status": {"capacity": {"nvidia.com/gpu": count}, "conditions": [{"type": "Ready"}]},
+    }
+
+
+def policy(
+    name: str,
+    *,
+    pool: str = "a",
+    priority: int = 0,
+    replicas: int = 4,
+    generation: int = 1,
+    **spec: Any,
+) -> dict[str, Any]:
+    body_spec = {
+        "nodeSelector": {"matchLabels": {"pool": pool}},
+        "priority": priority,
+        "strategy": "TimeSlicing",
+        "replicas": replicas,
+    }
+    body_spec.update(spec)
+    return {
+        "metadata": {"name": name, "uid": f"uid-{name}", "generation": generation},
+        "spec": body_spec,
+    }
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def state(clock: Clock) -> ClusterState:
+    return ClusterState(clock=clock)
+
+
+@pytest.fixture
+def planner(state: ClusterState) -> Planner:
+    timings = Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60)
+    return Planner(state, timings=timings, wallclock=lambda: "2026-11-29T00:00:00Z")
+
+
+def drain(state: ClusterState) -> None:
+    while state.dirty.pop_node() or state.dirty.pop_policy() or state.dirty.pop_config():
+        pass
+
+
+def sync_config(state: ClusterState, data: dict[str, str] | None, *, initial: bool) -> None:
+    sink = ConfigMapSink(state)
+    if initial:
+        sink.begin_relist()
+        if data is not None:
+            sink.relist_item({"data": data})
+        sink.end_relist()
+    else:
+        sink.apply("MODIFIED", {"data": data})
+
+
+def test_new_key_waits_for_propagation_then_labels(
+    state: ClusterState, planner: Planner, clock: Clock
+) -> None:
+    sync_config(state, None, initial=True)
+    state.upsert_node(node("n1"))
+    state.upsert_policy(policy("p"))
+    key = state.policies["p"].config_key
+    assert key is not None
+    plan = planner.plan_node("n1")
+    assert plan is not None and plan.labels is None
+    assert plan.status is not None and plan.status["conditions"][0]["reason"] == "ConfigNotWritten"
+
+    data = planner.plan_config()
+    assert data is not None and key in data and "default" in data
+    sync_config(state, data, initial=False)  # the write comes back through the watch
+    plan = planner.plan_node("n1")
+    assert plan is not None and plan.labels is None
+    assert plan.status is not None
+    assert plan.status["conditions"][0]["reason"] == "WaitingForConfigPropagation"
+
+    clock.now += 75
+    plan = planner.plan_node("n1")
+    assert plan is not None
+    assert plan.labels == {CONFIG_LABEL: key, POLICY_LABEL: "p"}
+
+
+def test_keys_present_at_startup_are_used_at_once(state: ClusterState, planner: Planner) -> None:
+    state.upsert_policy(policy("p"))
+    key = state.policies["p"].config_key
+    assert key is not None
+    sync_config(state, {key: "x"}, initial=True)
+    state.upsert_node(node("n1"))
+    plan = planner.plan_node("n1")
+    assert plan is not None and plan.labels == {CONFIG_LABEL: key, POLICY_LABEL: "p"}
+
+
+def test_heartbeat_marks_nothing_dirty(state: ClusterState) -> None:
+    body = node("n1")
+    state.upsert_node(body)
+    drain(state)
+    heartbeat = node("n1")
+    heartbeat["metadata"]["resourceVersion"] = "2"
+    heartbeat["status"]["conditions"] = [{"type": "Ready", "lastHeartbeatTime": "later"}]
+    record = state.nodes["n1"]
+    state.upsert_node(heartbeat)
+    assert len(state.dirty) == 0
+    assert state.nodes["n1"] is record  # not even re-projected
+
+
+def test_highest_priority_wins_then_name(state: ClusterState, planner: Planner) -> None:
+    state.upsert_node(node("n1"))
+    state.upsert_policy(policy("b-low", priority=1))
+    state.upsert_policy(policy("z-high", priority=9))
+    state.upsert_policy(policy("a-high", priority=9))
+    governing = planner.governing("n1")
+    assert governing is not None and governing.name == "a-high"
+    tally = planner.tally(state.policies["b-low"])
+    assert tally.matched == 1 and tally.governed == 0
+    assert tally.conflicts == [("n1", "a-high")]
+
+
+def test_release_removes_only_our_labels(state: ClusterState, planner: Planner) -> None:
+    ours = node("n1", **{CONFIG_LABEL: "p-ts4-abcdef", POLICY_LABEL: "p"})
+    theirs = node("n2", **{CONFIG_LABEL: "hand-made"})
+    state.upsert_node(ours)
+    state.upsert_node(theirs)
+    plan = planner.plan_node("n1")
+    assert plan is not None and plan.labels == {CONFIG_LABEL: None, POLICY_LABEL: None}
+    assert planner.plan_node("n2") is None  # not ours, never matched: no write, no state
+
+
+def test_relabel_out_of_selector_goes_unmanaged(state: ClusterState, planner: Planner) -> None:
+    state.upsert_policy(policy("p"))
+    key = state.policies["p"].config_key
+    assert key is not None
+    sync_config(state, {key: "x"}, initial=True)
+    state.upsert_node(node("n1", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
+    state.node_states["n1"] = {"phase": "Applied"}
+    state.upsert_node(node("n1", pool="elsewhere", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
+    plan = planner.plan_node("n1")
+    assert plan is not None and plan.labels == {CONFIG_LABEL: None, POLICY_LABEL: None}
+    assert plan.status is not None and plan.status["phase"] == NodePhase.UNMANAGED
+    assert "policy" not in plan.status
+
+
+def test_applied_then_verified_then_mismatch(
+    state: ClusterState, planner: Planner, clock: Clock
+) -> None:
+    state.upsert_policy(policy("p"))
+    key = state.policies["p"].config_key
+    assert key is not None
+    sync_config(state, {key: "x"}, initial=True)
+    state.upsert_node(node("n1", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
+    assert planner.decide(state.nodes["n1"]).phase is NodePhase.APPLIED
+    planner.plan_node("n1")
+    clock.now += 61
+    assert planner.decide(state.nodes["n1"]).phase is NodePhase.MISMATCH
+    confirmed = {
+        CONFIG_LABEL: key,
+        POLICY_LABEL: "p",
+        "nvidia.com/gpu.replicas": "4",
+        "nvidia.com/gpu.sharing-strategy": "time-slicing",
+    }
+    state.upsert_node(node("n1", **confirmed))
+    assert planner.decide(state.nodes["n1"]).phase is NodePhase.VERIFIED
+
+
+def test_status_equal_to_cluster_is_not_written(state: ClusterState, planner: Planner) -> None:
+    state.upsert_node(node("n1"))
+    state.upsert_policy(policy("p"))
+    sync_config(state, {}, initial=True)
+    plan = planner.plan_node("n1")
+    assert plan is not None and plan.status is not None
+    state.node_states["n1"] = plan.status  # as if the write came back through the watch
+    assert planner.plan_node("n1") is None
+
+
+def test_unused_key_is_kept_for_the_grace_period(
+    state: ClusterState, planner: Planner, clock: Clock
+) -> None:
+    state.upsert_policy(policy("p", replicas=4))
+    old_key = state.policies["p"].config_key
+    assert old_key is not None
+    sync_config(state, {old_key: "x", "default": "y", "someone-elses": "z"}, initial=True)
+    state.upsert_policy(policy("p", replicas=8, generation=2))
+    new_key = state.policies["p"].config_key
+    data = planner.plan_config()
+    assert data is not None and old_key in data and new_key in data
+    assert "someone-elses" not in data  # never ours to write or delete
+    clock.now += 301
+    data = planner.plan_config()
+    assert data is not None and old_key not in data
+
+
+def test_key_still_named_by_a_node_is_kept(
+    state: ClusterState, planner: Planner, clock: Clock
+) -> None:
+    state.upsert_policy(policy("p", replicas=4))
+    old_key = state.policies["p"].config_key
+    assert old_key is not None
+    sync_config(state, {old_key: "x"}, initial=True)
+    state.upsert_node(node("n1", **{CONFIG_LABEL: old_key, POLICY_LABEL: "p"}))
+    state.upsert_policy(policy("p", replicas=8, generation=2))
+    clock.now += 10_000
+    data = planner.plan_config()
+    assert data is not None and old_key in data
+
+
+def test_status_only_policy_update_does_not_recompile(state: ClusterState) -> None:
+    state.upsert_policy(policy("p"))
+    compiled = state.policies["p"]
+    drain(state)
+    state.upsert_policy({**policy("p"), "status": {"matchedNodes": 0}})
+    assert state.policies["p"] is compiled
+    assert list(state.dirty.nodes) == []
+
+
+def test_selector_change_reindexes_and_priority_change_does_not(state: ClusterState) -> None:
+    for name, pool in (("n1", "a"), ("n2", "b")):
+        state.upsert_node(node(name, pool=pool))
+    state.upsert_policy(policy("p", pool="a"))
+    assert state.index.nodes_of("p") == {"n1"}
+    state.upsert_policy(policy("p", pool="b", generation=2))
+    assert state.index.nodes_of("p") == {"n2"}
+    assert state.index.policies_of("n1") == frozenset()
+
+
+def test_relist_replaces_contents(state: ClusterState) -> None:
+    sink = NodeSink(state)
+    sink.begin_relist()
+    for name in ("n1", "n2"):
+        sink.relist_item(node(name))
+    sink.end_relist()
+    sink.begin_relist()
+    sink.relist_item(node("n2"))
+    sink.end_relist()
+    assert set(state.nodes) == {"n2"}
+
+
+def test_invalid_gpu_count_is_unsupported_without_label_write(
+    state: ClusterState, planner: Planner
+) -> None:
+    state.upsert_policy(policy("p"))
+    key = state.policies["p"].config_key
+    assert key is not None
+    sync_config(state, {key: "x"}, initial=True)
+    state.upsert_node(node("n1", count="abc"))
+    plan = planner.plan_node("n1")
+    assert plan is not None and plan.labels is None
+    assert plan.status is not None and plan.status["phase"] == "Unsupported"
+    assert "abc" in plan.status["conditions"][0]["message"]

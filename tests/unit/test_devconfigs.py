@@ -1,0 +1,374 @@
+"""Device-plugin config rendering, content-addressed keys and validation."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import hashlib
+import re
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpushare_operator.core.devconfigs import (
+    DEFAULT_KEY,
+    ConfigError,
+    SharingConfig,
+    advertised_resource,
+    config_key,
+    render_config,
+    render_config_text,
+    render_default_text,
+    sharing_strategy_label,
+    validate_config,
+)
+from gpushare_operator.core.labels import is_valid_label_value
+
+CONFIGMAP_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+KEY_SHAPE = re.compile(
+    r"(?:(?P<policy>.+)-)?(?P<kind>ts|mps)(?P<replicas>\d+)-(?P<hash>[0-9a-f]{6})"
+)
+
+TS = SharingConfig(strategy="TimeSlicing", replicas=4, fail_requests_greater_than_one=True)
+MPS = SharingConfig(strategy="MPS", replicas=8, rename_by_default=True)
+
+TS_TEXT = """\
+version: v1
+flags:
+  migStrategy: none
+sharing:
+  timeSlicing:
+    renameByDefault: false
+    failRequestsGreaterThanOne: true
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+"""
+
+MPS_TEXT = """\
+version: v1
+flags:
+  migStrategy: none
+sharing:
+  mps:
+    renameByDefault: true
+    failRequestsGreaterThanOne: false
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 8
+"""
+
+
+class Strategy(enum.StrEnum):
+    """Stands in for the models' SharingStrategy enum."""
+
+    TIME_SLICING = "TimeSlicing"
+    MPS = "MPS"
+
+
+def policy_names() -> st.SearchStrategy[str]:
+    """DNS-subdomain object names up to the 253-character maximum."""
+    label = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True)
+    return st.lists(label, min_size=1, max_size=5).map(".".join).filter(lambda n: len(n) <= 253)
+
+
+def sharing_configs() -> st.SearchStrategy[SharingConfig]:
+    label = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,18}[a-z0-9])?", fullmatch=True)
+    short_names = st.lists(label, min_size=1, max_size=2).map(".".join)
+    return st.builds(
+        SharingConfig,
+        strategy=st.sampled_from(["TimeSlicing", "MPS"]),
+        replicas=st.integers(2, 64),
+        resource_name=st.just("nvidia.com/gpu") | short_names.map("nvidia.com/{}".format),
+        rename_by_default=st.booleans(),
+        fail_requests_greater_than_one=st.booleans(),
+    ).filter(_renders)
+
+
+def _renders(config: SharingConfig) -> bool:
+    try:
+        render_config(config)
+    except ConfigError:
+        return False
+    return True
+
+
+# --- rendering ----------------------------------------------------------------------------------
+
+
+def test_time_slicing_golden_text() -> None:
+    assert render_config_text(TS) == TS_TEXT
+
+
+def test_mps_golden_text() -> None:
+    assert render_config_text(MPS) == MPS_TEXT
+
+
+def test_default_text_shares_nothing() -> None:
+    assert render_default_text() == "version: v1\nflags:\n  migStrategy: none\n"
+    assert "sharing" not in yaml.safe_load(render_default_text())
+    assert DEFAULT_KEY == "default"
+
+
+def test_text_is_the_dict_as_yaml() -> None:
+    assert yaml.safe_load(render_config_text(TS)) == render_config(TS)
+    assert render_config(TS)["sharing"]["timeSlicing"]["resources"] == [
+        {"name": "nvidia.com/gpu", "replicas": 4}
+    ]
+
+
+def test_a_str_enum_strategy_renders_like_the_string() -> None:
+    as_enum = dataclasses.replace(TS, strategy=Strategy.TIME_SLICING)
+    assert render_config_text(as_enum) == TS_TEXT
+    assert config_key(policy_name="p", config=as_enum) == config_key(policy_name="p", config=TS)
+    assert sharing_strategy_label(dataclasses.replace(MPS, strategy=Strategy.MPS)) == "mps"
+
+
+def test_rendering_is_fresh_each_time() -> None:
+    first = render_config(TS)
+    first["sharing"]["timeSlicing"]["resources"][0]["replicas"] = 99
+    first["flags"]["migStrategy"] = "mixed"
+    assert render_config_text(TS) == TS_TEXT
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (SharingConfig(strategy="Hybrid", replicas=4), "strategy 'Hybrid' is not supported"),
+        (SharingConfig(strategy="MPS", replicas=1), "replicas must be an integer of at least 2"),
+        (
+            SharingConfig(strategy="TimeSlicing", replicas=4, resource_name="example.com/gpu"),
+            "must be named nvidia.com/<name>",
+        ),
+        (
+            SharingConfig(strategy="TimeSlicing", replicas=4, resource_name="nvidia.com/GPU"),
+            "lowercase DNS subdomain",
+        ),
+    ],
+)
+def test_rendering_refuses_configs_the_plugin_would_not_apply(
+    config: SharingConfig, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        render_config_text(config)
+    with pytest.raises(ConfigError):
+        config_key(policy_name="p", config=config)
+
+
+# --- keys ---------------------------------------------------------------------------------------
+
+
+def test_key_format() -> None:
+    text_hash = hashlib.sha256(TS_TEXT.encode()).hexdigest()[:6]
+    assert config_key(policy_name="inference", config=TS) == f"inference-ts4-{text_hash}"
+    mps_hash = hashlib.sha256(MPS_TEXT.encode()).hexdigest()[:6]
+    assert config_key(policy_name="batch", config=MPS) == f"batch-mps8-{mps_hash}"
+
+
+def test_key_is_deterministic() -> None:
+    again = SharingConfig(strategy="TimeSlicing", replicas=4, fail_requests_greater_than_one=True)
+    assert config_key(policy_name="inference", config=again) == config_key(
+        policy_name="inference", config=TS
+    )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"strategy": "MPS"},
+        {"replicas": 5},
+        {"resource_name": "nvidia.com/mig-1g.10gb"},
+        {"rename_by_default": True},
+        {"fail_requests_greater_than_one": False},
+    ],
+)
+def test_every_field_changes_the_text_and_the_hash(change: dict[str, Any]) -> None:
+    changed = dataclasses.replace(TS, **change)
+    assert render_config_text(changed) != TS_TEXT
+    before = KEY_SHAPE.fullmatch(config_key(policy_name="p", config=TS))
+    after = KEY_SHAPE.fullmatch(config_key(policy_name="p", config=changed))
+    assert before is not None
+    assert after is not None
+    assert before["hash"] != after["hash"]
+
+
+def test_the_policy_name_does_not_change_the_hash() -> None:
+    # Content addressing: the same content under another policy is the same text.
+    first = KEY_SHAPE.fullmatch(config_key(policy_name="a", config=TS))
+    second = KEY_SHAPE.fullmatch(config_key(policy_name="b", config=TS))
+    assert first is not None
+    assert second is not None
+    assert first["hash"] == second["hash"]
+    assert first["policy"] == "a"
+    assert second["policy"] == "b"
+
+
+def test_longest_policy_name_is_cut_to_fit_a_label_value() -> None:
+    name = "p" * 253
+    key = config_key(policy_name=name, config=SharingConfig(strategy="MPS", replicas=64))
+    assert len(key) == 63
+    assert is_valid_label_value(key)
+    assert CONFIGMAP_KEY.fullmatch(key)
+    assert key.startswith("p" * 50 + "-mps64-")
+
+
+def test_cut_policy_names_end_on_a_letter_or_digit() -> None:
+    # "-ts4-xxxxxx" takes 11 characters, leaving 52: the cut lands right after ".-".
+    name = "a" * 50 + ".-" + "b" * 100
+    key = config_key(policy_name=name, config=TS)
+    found = KEY_SHAPE.fullmatch(key)
+    assert found is not None
+    assert found["policy"] == "a" * 50
+    assert is_valid_label_value(key)
+
+
+def test_names_with_nothing_usable_leave_only_the_content_part() -> None:
+    key = config_key(policy_name="---", config=TS)
+    assert re.fullmatch(r"ts4-[0-9a-f]{6}", key)
+    assert is_valid_label_value(key)
+
+
+@given(policy_names(), sharing_configs())
+def test_keys_are_valid_everywhere_they_are_used(name: str, config: SharingConfig) -> None:
+    key = config_key(policy_name=name, config=config)
+    assert len(key) <= 63
+    assert is_valid_label_value(key)
+    assert CONFIGMAP_KEY.fullmatch(key)
+    assert key != DEFAULT_KEY
+    found = KEY_SHAPE.fullmatch(key)
+    assert found is not None
+    assert name.startswith(found["policy"])
+    assert found["kind"] == ("ts" if config.strategy == "TimeSlicing" else "mps")
+    assert int(found["replicas"]) == config.replicas
+    digest = hashlib.sha256(render_config_text(config).encode()).hexdigest()
+    assert found["hash"] == digest[:6]
+
+
+@given(policy_names(), st.integers(2, 10**6))
+def test_keys_fit_with_any_replica_count(name: str, replicas: int) -> None:
+    key = config_key(policy_name=name, config=SharingConfig(strategy="MPS", replicas=replicas))
+    assert len(key) <= 63
+    assert is_valid_label_value(key)
+
+
+@given(sharing_configs())
+def test_everything_rendered_passes_validation(config: SharingConfig) -> None:
+    validate_config(yaml.safe_load(render_config_text(config)))
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+
+DELETE = object()
+RESOURCE = "sharing.timeSlicing.resources.0"
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    """The time-slicing config with one field, addressed like ``a.b.0.c``, set (or deleted)."""
+    config = copy.deepcopy(render_config(TS))
+    *parents, last = path.split(".")
+    node: Any = config
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    key: Any = int(last) if isinstance(node, list) else last
+    if value is DELETE:
+        del node[key]
+    else:
+        node[key] = value
+    return config
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (_with("version", "v2"), "version must be 'v1', not 'v2'"),
+        (_with("version", DELETE), "version must be 'v1', not None"),
+        (_with("resources", {"gpus": []}), "unknown field(s) 'resources'"),
+        (_with("flags", DELETE), "flags must be an object"),
+        (_with("flags.migStrategy", "all"), "migStrategy must be one of none, single, mixed"),
+        (_with("flags.failOnInitError", True), "flags: unknown field(s) 'failOnInitError'"),
+        (_with("sharing", []), "sharing must be an object"),
+        (_with("sharing.mps", {"resources": []}), "exactly one of timeSlicing or mps"),
+        (_with("sharing.timeSlicing", DELETE), "not neither"),
+        (_with("sharing.timeSlicing", None), "not neither"),
+        (_with("sharing.timeSlicing", "yes"), "sharing.timeSlicing must be an object"),
+        (_with("sharing.timeSlicing.strategy", "packed"), "unknown field(s) 'strategy'"),
+        (_with("sharing.timeSlicing.renameByDefault", "false"), "renameByDefault must be true"),
+        (_with("sharing.timeSlicing.failRequestsGreaterThanOne", 1), "must be true or false"),
+        (_with("sharing.timeSlicing.resources", []), "resources must be a non-empty list"),
+        (_with("sharing.timeSlicing.resources", DELETE), "resources must be a non-empty list"),
+        (_with("sharing.timeSlicing.resources", "nvidia.com/gpu"), "must be a non-empty list"),
+        (_with(RESOURCE, "nvidia.com/gpu"), "resources[0] must be an object"),
+        (
+            _with(f"{RESOURCE}.rename", "nvidia.com/gpu.shared"),
+            "resources[0].rename is not supported",
+        ),
+        (_with(f"{RESOURCE}.devices", "all"), "resources[0].devices is not supported"),
+        (_with(f"{RESOURCE}.memoryGB", 2), "resources[0]: unknown field(s) 'memoryGB'"),
+        (_with(f"{RESOURCE}.replicas", 1), "replicas must be an integer of at least 2, not 1"),
+        (_with(f"{RESOURCE}.replicas", 0), "at least 2, not 0"),
+        (_with(f"{RESOURCE}.replicas", True), "at least 2, not True"),
+        (_with(f"{RESOURCE}.replicas", "4"), "at least 2, not '4'"),
+        (_with(f"{RESOURCE}.replicas", DELETE), "at least 2, not None"),
+        (_with(f"{RESOURCE}.name", DELETE), "name must be a resource name string"),
+        (_with(f"{RESOURCE}.name", "gpu"), "must be named nvidia.com/<name>"),
+        (_with(f"{RESOURCE}.name", "amd.com/gpu"), "must be named nvidia.com/<name>"),
+        (_with(f"{RESOURCE}.name", "nvidia.com/"), "after '/' must not be empty"),
+        (_with(f"{RESOURCE}.name", "nvidia.com/gpu_x"), "lowercase DNS subdomain"),
+        (_with(f"{RESOURCE}.name", "nvidia.com/" + "g" * 53), "at most 63 characters, not 64"),
+    ],
+)
+def test_validation_rejects(config: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate_config(config)
+
+
+def test_validation_rejects_a_resource_listed_twice() -> None:
+    config = _with(RESOURCE.rsplit(".", 1)[0], [{"name": "nvidia.com/gpu", "replicas": 2}] * 2)
+    with pytest.raises(ConfigError, match="more than once"):
+        validate_config(config)
+
+
+def test_the_longest_resource_name_may_be_renamed() -> None:
+    # 63 characters is the plugin's limit; with ".shared" the name part is 59 characters,
+    # still a valid extended-resource name for Kubernetes.
+    config = SharingConfig(
+        strategy="TimeSlicing", replicas=2, resource_name="nvidia.com/" + "g" * 52
+    )
+    validate_config(render_config(config))
+    renamed = dataclasses.replace(config, rename_by_default=True)
+    validate_config(render_config(renamed))
+    assert advertised_resource(renamed) == "nvidia.com/" + "g" * 52 + ".shared"
+
+
+def test_validation_accepts_the_default_and_both_strategies() -> None:
+    validate_config(yaml.safe_load(render_default_text()))
+    validate_config(render_config(TS))
+    validate_config(render_config(MPS))
+    validate_config(_with("flags.migStrategy", "mixed"))
+
+
+# --- what nodes will show -----------------------------------------------------------------------
+
+
+def test_advertised_resource() -> None:
+    assert advertised_resource(TS) == "nvidia.com/gpu"
+    assert advertised_resource(MPS) == "nvidia.com/gpu.shared"
+    renamed = SharingConfig(
+        strategy="TimeSlicing",
+        replicas=2,
+        resource_name="nvidia.com/mig-1g.10gb",
+        rename_by_default=True,
+    )
+    assert advertised_resource(renamed) == "nvidia.com/mig-1g.10gb.shared"
+
+
+def test_sharing_strategy_label() -> None:
+    assert sharing_strategy_label(TS) == "time-slicing"
+    assert sharing_strategy_label(MPS) == "mps"
+    with pytest.raises(ConfigError):
+        sharing_strategy_label(SharingConfig(strategy="None", replicas=2))

@@ -1,0 +1,345 @@
+"""The gpushare.dev/v1alpha1 API: GPUSharingPolicy and GPUNodeState, as pydantic models.
+
+These models are the single source of the API: the CRDs in ``crds/`` are generated from them
+(``core.crds``), and the operator re-validates what it reads with them. Every admission rule of the
+CRD is therefore checked here too, with a readable message, so that an object which reached the
+operator some other way (an older CRD, a status written by hand) fails loudly instead of being
+half-understood. What JSON schema can say (bounds, enums, patterns, lengths) is declared here;
+``core.crds`` adds the Kubernetes extensions: the CEL rules (``x-kubernetes-validations``) that
+mirror the checks JSON schema cannot express, and the list and map types.
+
+Attribute names are the Kubernetes camelCase field names (no aliases), so ``model_dump()`` yields
+API-shaped dicts; attribute docstrings become the CRD descriptions that ``kubectl explain`` shows.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import re
+from collections.abc import Callable
+from typing import Annotated, Final, Literal, Self
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    computed_field,
+    model_validator,
+)
+from pydantic.json_schema import WithJsonSchema
+
+# One implementation of the label syntax, shared with the selector compiler.
+from gpushare_operator.core.labels import dns_subdomain_error as dns_subdomain_error
+from gpushare_operator.core.labels import is_valid_label_key as is_valid_label_key
+from gpushare_operator.core.labels import is_valid_label_value as is_valid_label_value
+from gpushare_operator.core.labels import label_key_error as label_key_error
+from gpushare_operator.core.labels import label_value_error as label_value_error
+
+GROUP: Final = "gpushare.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+CATEGORIES: Final = ("gpushare",)
+
+POLICY_KIND: Final = "GPUSharingPolicy"
+POLICY_PLURAL: Final = "gpusharingpolicies"
+POLICY_SINGULAR: Final = "gpusharingpolicy"
+POLICY_SHORT_NAMES: Final = ("gsp",)
+
+NODE_STATE_KIND: Final = "GPUNodeState"
+NODE_STATE_PLURAL: Final = "gpunodestates"
+NODE_STATE_SINGULAR: Final = "gpunodestate"
+NODE_STATE_SHORT_NAMES: Final = ("gns",)
+
+DEFAULT_RESOURCE_NAME: Final = "nvidia.com/gpu"
+MIN_REPLICAS: Final = 2
+MAX_REPLICAS: Final = 64
+MAX_PRIORITY: Final = 1_000_000_000
+
+# A policy's name goes into the `gpushare.dev/policy` node label and into its config key
+# `<name>-<ts|mps><replicas>-<6 hex>`, which is itself a node label value (63 characters at most);
+# the longest suffix is "-mps64-abcdef" (13 characters), which leaves 50 for the name.
+POLICY_NAME_MAX_LENGTH: Final = 50
+
+# Bounds on selector collections: Kubernetes has none, but CEL rules iterate over them, and the
+# apiserver refuses a CRD whose rules have an unbounded estimated cost.
+MAX_MATCH_LABELS: Final = 64
+MAX_MATCH_EXPRESSIONS: Final = 64
+MAX_SELECTOR_VALUES: Final = 256
+MAX_CONDITIONS: Final = 32
+
+# The patterns below are RE2 and ECMA-262 compatible, written without backslashes (`[.]`, not an
+# escaped dot) so that the same text works in Python, in an OpenAPI `pattern` and inside a CEL
+# string literal. They are unanchored: anchor them (or use `re.fullmatch`) where they are used.
+DNS_SUBDOMAIN_PATTERN: Final = "[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+DNS_SUBDOMAIN_MAX_LENGTH: Final = 253
+# The name part of a qualified name (a label key); the repetition bound makes it at most 63 long.
+LABEL_NAME_PATTERN: Final = "[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+LABEL_NAME_MAX_LENGTH: Final = 63
+LABEL_KEY_PATTERN: Final = f"({DNS_SUBDOMAIN_PATTERN}/)?{LABEL_NAME_PATTERN}"
+LABEL_KEY_MAX_LENGTH: Final = DNS_SUBDOMAIN_MAX_LENGTH + 1 + LABEL_NAME_MAX_LENGTH
+# A label value may be empty; otherwise as a name part, at most 63 long.
+LABEL_VALUE_PATTERN: Final = "(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?"
+LABEL_VALUE_MAX_LENGTH: Final = 63
+RESOURCE_NAME_PATTERN: Final = f"{DNS_SUBDOMAIN_PATTERN}/{DNS_SUBDOMAIN_PATTERN}"
+RESOURCE_NAME_MAX_LENGTH: Final = 63
+
+_RFC3339_RE: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)")
+_CONDITION_REASON_PATTERN: Final = "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+
+def resource_name_error(name: str) -> str | None:
+    """Why `name` cannot be the shared extended resource, or None.
+
+    The rule is the intersection of what Kubernetes accepts as an extended resource name and what
+    the NVIDIA device plugin accepts in its config: `<prefix>/<name>`, at most 63 characters in
+    all (the plugin's limit, so the name part and the quota name "requests.<name>" fit too), the
+    prefix a DNS subdomain outside the "kubernetes.io/" namespace and not starting "requests.",
+    and the name a DNS subdomain as well (the plugin checks it so: lowercase, no '_').
+    """
+    if len(name) > RESOURCE_NAME_MAX_LENGTH:
+        return f"must be at most {RESOURCE_NAME_MAX_LENGTH} characters"
+    prefix, slash, rest = name.partition("/")
+    if not slash:
+        return "must be domain-prefixed: <domain>/<name>"
+    if "kubernetes.io/" in name:
+        return "must not be in the kubernetes.io namespace"
+    if name.startswith("requests."):
+        return "must not start with 'requests.'"
+    if (error := dns_subdomain_error(prefix)) is not None:
+        return f"domain {error}"
+    if (error := dns_subdomain_error(rest)) is not None:
+        return f"name part {error}"
+    return None
+
+
+def is_valid_resource_name(name: str) -> bool:
+    return resource_name_error(name) is None
+
+
+def is_valid_policy_name(name: str) -> bool:
+    """Whether `name` fits everywhere a policy name goes (see POLICY_NAME_MAX_LENGTH)."""
+    return len(name) <= POLICY_NAME_MAX_LENGTH and dns_subdomain_error(name) is None
+
+
+def _checked(check: Callable[[str], str | None], what: str) -> AfterValidator:
+    """A pydantic validator raising a readable "<what> 'x' <reason>" from an error function."""
+
+    def validate(value: str) -> str:
+        error = check(value)
+        if error is not None:
+            # The label checks already name what they checked; the others say only why.
+            raise ValueError(error if error.startswith(what) else f"{what} {value!r} {error}")
+        return value
+
+    return AfterValidator(validate)
+
+
+def _string_schema(*, pattern: str, max_length: int) -> WithJsonSchema:
+    return WithJsonSchema({"type": "string", "maxLength": max_length, "pattern": f"^{pattern}$"})
+
+
+def _check_rfc3339(value: str) -> str | None:
+    if not _RFC3339_RE.fullmatch(value):
+        return "must be an RFC 3339 date-time such as 2025-01-31T12:00:00Z"
+    try:
+        datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return "is not a real date and time"
+    return None
+
+
+LabelKey = Annotated[
+    str,
+    _checked(label_key_error, "label key"),
+    _string_schema(pattern=LABEL_KEY_PATTERN, max_length=LABEL_KEY_MAX_LENGTH),
+]
+LabelValue = Annotated[
+    str,
+    _checked(label_value_error, "label value"),
+    _string_schema(pattern=LABEL_VALUE_PATTERN, max_length=LABEL_VALUE_MAX_LENGTH),
+]
+ResourceName = Annotated[
+    str,
+    _checked(resource_name_error, "resourceName"),
+    _string_schema(pattern=RESOURCE_NAME_PATTERN, max_length=RESOURCE_NAME_MAX_LENGTH),
+]
+Rfc3339 = Annotated[
+    str,
+    _checked(_check_rfc3339, "time"),
+    WithJsonSchema({"type": "string", "format": "date-time"}),
+]
+# Strict numbers and booleans, as the apiserver has them: "4" is not 4, and true is not 1.
+Count = Annotated[StrictInt, Field(ge=0)]
+Replicas = Annotated[StrictInt, Field(ge=MIN_REPLICAS, le=MAX_REPLICAS)]
+SelectorOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
+
+
+class SharingStrategy(enum.StrEnum):
+    """How the replicas of a GPU share it: TimeSlicing (interleaved contexts) or MPS."""
+
+    TIME_SLICING = "TimeSlicing"
+    MPS = "MPS"
+
+
+class NodePhase(enum.StrEnum):
+    """Where a GPU node is on its way to the configuration of the policy that governs it."""
+
+    PENDING = "Pending"
+    APPLIED = "Applied"
+    VERIFIED = "Verified"
+    MISMATCH = "Mismatch"
+    UNSUPPORTED = "Unsupported"
+    UNMANAGED = "Unmanaged"
+
+
+class _Model(BaseModel):
+    # Frozen: records are shared between caches and snapshots, never copied (DESIGN.md §4).
+    # Unknown fields are ignored, not refused: the apiserver prunes them anyway, and a newer CRD
+    # must not make an older operator fail on fields it does not know yet.
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+
+class LabelSelectorRequirement(_Model):
+    """A selector requirement: a label key, an operator and values (metav1 shape)."""
+
+    key: LabelKey
+    """The label key that the selector applies to."""
+    operator: SelectorOperator
+    """The key's relationship to the values: In, NotIn, Exists or DoesNotExist."""
+    values: Annotated[list[LabelValue], Field(max_length=MAX_SELECTOR_VALUES)] | None = None
+    """Label values: non-empty with In and NotIn, empty or absent with Exists and DoesNotExist."""
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> Self:
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"values must be empty when operator is {self.operator}")
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"values must be non-empty when operator is {self.operator}")
+        return self
+
+
+class LabelSelector(_Model):
+    """A label selector (metav1.LabelSelector); its requirements are ANDed, and {} matches all."""
+
+    matchLabels: (
+        Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_MATCH_LABELS)] | None
+    ) = None
+    """Labels that must be present with exactly these values."""
+    matchExpressions: (
+        Annotated[list[LabelSelectorRequirement], Field(max_length=MAX_MATCH_EXPRESSIONS)] | None
+    ) = None
+    """Label selector requirements, all of which must hold."""
+
+
+class GPUSharingPolicySpec(_Model):
+    """How the GPUs of the selected nodes are shared."""
+
+    nodeSelector: LabelSelector = LabelSelector()
+    """Which GPU nodes this policy governs; {} selects every GPU node."""
+    priority: Annotated[StrictInt, Field(ge=0, le=MAX_PRIORITY)] = 0
+    """Where policies overlap, the highest priority wins; ties go to the name that sorts first."""
+    strategy: SharingStrategy
+    """How replicas share a GPU: TimeSlicing or MPS."""
+    replicas: Replicas
+    """Slots advertised per physical GPU, 2 to 64."""
+    resourceName: ResourceName = DEFAULT_RESOURCE_NAME
+    """The extended resource whose replicas are advertised, e.g. nvidia.com/gpu."""
+    renameByDefault: StrictBool = False
+    """Advertise the replicas as <resourceName>.shared instead of <resourceName>."""
+    failRequestsGreaterThanOne: StrictBool = False
+    """Refuse pods that request more than one shared slot of the resource."""
+    paused: StrictBool = False
+    """Change no node while true; status keeps being reported."""
+
+
+class Condition(_Model):
+    """An observation of one aspect of the object's state (metav1.Condition shape)."""
+
+    type: LabelKey
+    """The condition type, e.g. Ready."""
+    status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds: True, False or Unknown."""
+    reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=_CONDITION_REASON_PATTERN)]
+    """A CamelCase machine-readable reason for the last transition."""
+    message: Annotated[str, Field(max_length=32768)] = ""
+    """A human-readable account of the last transition."""
+    lastTransitionTime: Rfc3339
+    """When the status last changed (RFC 3339)."""
+    observedGeneration: Count | None = None
+    """The object generation that the condition was set from."""
+
+
+class Slots(_Model):
+    """Sharing slots: capacity is GPUs times replicas; allocated is what pods request of them."""
+
+    capacity: Count = 0
+    """Slots advertised."""
+    allocated: Count = 0
+    """Slots requested by running or pending pods; may exceed capacity (overcommitted)."""
+
+
+class _HasSlots(_Model):
+    slots: Slots = Slots()
+    """Sharing slots over the nodes concerned."""
+
+    # A field, not a JSON path expression, because a printer column is a single JSON path.
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented form, unknown to mypy
+    @property
+    def slotsSummary(self) -> str:
+        """Allocated/capacity slots, e.g. 3/16, for display."""
+        return f"{self.slots.allocated}/{self.slots.capacity}"
+
+
+Conditions = Annotated[list[Condition], Field(max_length=MAX_CONDITIONS)]
+
+
+class GPUSharingPolicyStatus(_HasSlots):
+    """What the policy governs and how far its configuration has got."""
+
+    observedGeneration: Count | None = None
+    """The spec generation that this status reflects."""
+    matchedNodes: Count = 0
+    """GPU nodes that the selector matches."""
+    appliedNodes: Count = 0
+    """Nodes this policy won that carry its config label."""
+    verifiedNodes: Count = 0
+    """Applied nodes whose GPU Feature Discovery labels confirm the config."""
+    conflictingNodes: Count = 0
+    """Matched nodes won by a higher-priority policy."""
+    gpus: Count = 0
+    """Physical GPUs on the nodes this policy governs."""
+    configKey: str | None = None
+    """The device-plugin config key that this spec renders to."""
+    conditions: Conditions = []
+    """Ready, SelectorValid, Conflicting, Paused and related conditions."""
+
+
+class GPUNodeStateStatus(_HasSlots):
+    """The sharing state of one GPU node."""
+
+    policy: str | None = None
+    """The policy that governs the node, if any."""
+    strategy: SharingStrategy | None = None
+    """The governing policy's strategy."""
+    configKey: str | None = None
+    """The device-plugin config key that the node is labelled with, or is to be."""
+    phase: NodePhase
+    """Pending, Applied, Verified, Mismatch, Unsupported or Unmanaged."""
+    gpus: Count = 0
+    """Physical GPUs on the node."""
+    product: str | None = None
+    """The GPU product name, from GPU Feature Discovery."""
+    memoryMiBPerGPU: Count | None = None
+    """Memory per GPU in MiB, from GPU Feature Discovery."""
+    replicas: Replicas | None = None
+    """Replicas per GPU of the governing policy."""
+    pods: Count = 0
+    """Running or pending pods that hold slots on the node."""
+    conditions: Conditions = []
+    """Conditions of the node's sharing state."""
+    lastTransitionTime: Rfc3339 | None = None
+    """When the phase last changed (RFC 3339)."""

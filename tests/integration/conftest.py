@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 
 from gpushare_operator.kube import connection
-from gpushare_operator.testing.controlplane import ControlPlane
+from gpushare_operator.testing.controlplane import ControlPlane, free_port
+from tests.waiting import eventually
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -36,3 +46,115 @@ async def namespace(kube_api: client.ApiClient) -> AsyncIterator[str]:
     await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
     await core.delete_namespace(name)
+
+
+@dataclass
+class RunningOperator:
+    """``python -m gpushare_operator run`` in a child process, as users run it."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    user: str
+    http_port: int
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for line in self.logs().splitlines():
+            with contextlib.suppress(ValueError):
+                lines.append(json.loads(line))
+        return lines
+
+    async def wait_synced(self, *, timeout: float = 60.0) -> None:
+        async def synced() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"operator exited {self.proc.returncode}:\n{self.logs()}")
+            return "caches synced" in self.logs()
+
+        await eventually(synced, timeout=timeout, what="operator caches to sync")
+
+    def stop(self, *, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"operator ignored {sig} for {timeout} s") from None
+        return int(self.proc.returncode)
+
+
+OperatorFactory = Callable[..., Awaitable[RunningOperator]]
+
+
+@pytest.fixture
+async def start_operator(
+    control_plane: ControlPlane, tmp_path: Path
+) -> AsyncIterator[OperatorFactory]:
+    """Start operator processes (identity ``gpushare-operator`` unless told otherwise)."""
+    started: list[RunningOperator] = []
+
+    async def start(
+        *args: str,
+        user: str = "gpushare-operator",
+        groups: tuple[str, ...] = ("system:masters",),
+        kubeconfig: Path | None = None,
+        wait: bool = True,
+    ) -> RunningOperator:
+        config = kubeconfig or control_plane.kubeconfig_for_user(user, groups=groups)
+        port = free_port()
+        log_path = tmp_path / f"operator-{len(started)}.log"
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(config),
+            "GPUSHARE_CONFIG_PROPAGATION_DELAY": "1",
+            "GPUSHARE_HTTP_PORT": str(port),
+            "GPUSHARE_NAMESPACE": "default",
+        }
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once; we never wait here
+                [sys.executable, "-m", "gpushare_operator", "run", "--log-format", "json", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        running = RunningOperator(proc=proc, log_path=log_path, user=user, http_port=port)
+        started.append(running)
+        if wait:
+            await running.wait_synced()
+        return running
+
+    yield start
+    for running in started:
+        running.stop()
+        print(f"--- operator log {running.log_path} ---\n{running.logs()[-20000:]}")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def crds_installed(control_plane: ControlPlane) -> None:
+    """Install crds/ with the real kubectl, as users do, and wait for them to be served."""
+    kubectl = [
+        str(control_plane.bin_dir / "kubectl"),
+        "--kubeconfig",
+        str(control_plane.admin_kubeconfig),
+    ]
+    subprocess.run([*kubectl, "apply", "-f", str(ROOT / "crds")], check=True, capture_output=True)
+    subprocess.run(
+        [
+            *kubectl,
+            "wait",
+            "--for=condition=established",
+            "--timeout=60s",
+            "crd/gpusharingpolicies.gpushare.dev",
+            "crd/gpunodestates.gpushare.dev",
+        ],
+        check=True,
+        capture_output=True,
+    )

@@ -2,8 +2,9 @@
 
 Events are posted in the operator's namespace (DESIGN.md §6: least privilege); ``kubectl
 describe`` of a cluster-scoped object searches every namespace, so they show up there.  The same
-(object, reason, message) is posted at most once per ``dedupe_window``, and all events together at
-most ``per_second`` per second; what is over the limit is dropped and counted, never queued.
+(object, reason, message) is posted at most once per ``dedupe_window``, and all events together
+through a token bucket (``burst``, refilled at ``per_second``); what is over the limit is dropped
+and counted, never queued, so a flapping condition costs the API server a bounded trickle.
 """
 
 from __future__ import annotations
@@ -38,27 +39,32 @@ class EventRecorder:
         namespace: str,
         component: str = "gpushare-operator",
         dedupe_window: float = 600.0,
-        per_second: float = 5.0,
+        per_second: float = 1.0,
+        burst: int = 30,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api
         self._namespace = namespace
         self._component = component
         self._window = dedupe_window
-        self._interval = 1.0 / per_second
+        self._rate = per_second
+        self._burst = float(burst)
+        self._tokens = float(burst)
         self._clock = clock
+        self._stamp = clock()
         self._last: dict[tuple[str, str, str], float] = {}
-        self._next_free = 0.0
         self.posted = 0
         self.dropped = 0
 
     def _admit(self, key: tuple[str, str, str]) -> bool:
         now = self._clock()
-        if now - self._last.get(key, float("-inf")) < self._window or now < self._next_free:
+        self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
+        self._stamp = now
+        if now - self._last.get(key, float("-inf")) < self._window or self._tokens < 1:
             self.dropped += 1
             return False
+        self._tokens -= 1
         self._last[key] = now
-        self._next_free = now + self._interval
         return True
 
     async def post(self, *, ref: ObjectRef, type_: str, reason: str, message: str) -> None:

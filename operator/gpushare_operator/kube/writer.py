@@ -249,6 +249,8 @@ class Writer:
 
     async def _write_node_state(self, plan: NodePlan) -> None:
         assert plan.status is not None
+        # Read before writing: our own write's watch event may land before the PATCH returns.
+        previous = self._state.node_states.get(plan.name) or {}
         if plan.create_state:
             await self._create_node_state(plan)
         await self._write(
@@ -259,7 +261,9 @@ class Writer:
             content_type=JSON_PATCH,
         )
         self._state.in_flight[("nodestate", plan.name)] = plan.status
-        await self._node_events(plan)
+        # The node's phase feeds its policies' counts and conditions.
+        self._state.dirty.many_policies(self._state.index.policies_of(plan.name))
+        await self._node_events(plan, previous)
 
     async def _create_node_state(self, plan: NodePlan) -> None:
         body = {
@@ -285,9 +289,8 @@ class Writer:
             if exc.status != 409:
                 raise
 
-    async def _node_events(self, plan: NodePlan) -> None:
+    async def _node_events(self, plan: NodePlan, previous: Mapping[str, Any]) -> None:
         assert plan.status is not None
-        previous = self._state.node_states.get(plan.name) or {}
         ready = _condition(plan.status, "Ready")
         before = _condition(previous, "Ready")
         if ready is None or ready.get("reason") == (before or {}).get("reason"):

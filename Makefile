@@ -67,15 +67,26 @@ dev-cluster: venv controlplane ## Start the local control plane in the backgroun
 dev-cluster-down: venv ## Stop the background control plane.
 	$(VPY) -m gpushare_operator.testing.devcluster down --dir $(DEV_DIR)
 
+RUN_FLAGS ?= --config-propagation-delay 5 --config-key-grace-period 60
+
 .PHONY: run
-run: venv ## Run the operator in the foreground (dev cluster unless CLUSTER=current).
+run: venv controlplane ## Run the operator in the foreground on the dev cluster with simulated GPU nodes (CLUSTER=current: your kubeconfig).
 ifeq ($(CLUSTER),current)
 	$(KUBECTL) apply -f crds/
 	$(VPY) -m gpushare_operator run --log-format console
 else
-	$(MAKE) --no-print-directory dev-cluster
-	$(KUBECTL) --kubeconfig $(DEV_KUBECONFIG) apply -f crds/
-	KUBECONFIG=$(abspath $(DEV_KUBECONFIG)) $(VPY) -m gpushare_operator run --log-format console
+	@$(MAKE) --no-print-directory dev-cluster
+	@$(KUBECTL) --kubeconfig $(DEV_KUBECONFIG) apply -f crds/ >/dev/null
+	@$(KUBECTL) --kubeconfig $(DEV_KUBECONFIG) wait --for=condition=established --timeout=60s \
+		crd/gpusharingpolicies.gpushare.dev crd/gpunodestates.gpushare.dev >/dev/null
+	@$(KUBECTL) --kubeconfig $(DEV_KUBECONFIG) apply -f examples/
+	@# The simulator plays the GPU nodes and the NVIDIA agents; it stops with the operator.
+	@$(VPY) -m gpushare_operator.testing.demo --kubeconfig $(DEV_KUBECONFIG) \
+		--also-namespace gpushare-system & sim=$$!; \
+	trap 'kill $$sim 2>/dev/null; wait $$sim 2>/dev/null' EXIT; \
+	echo "try: $(KUBECTL) --kubeconfig $(DEV_KUBECONFIG) get gsp,gns"; \
+	KUBECONFIG=$(abspath $(DEV_KUBECONFIG)) $(VPY) -m gpushare_operator run --log-format console \
+		--namespace gpushare-system $(RUN_FLAGS)
 endif
 
 .PHONY: clean

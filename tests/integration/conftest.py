@@ -112,7 +112,7 @@ async def start_operator(
             "KUBECONFIG": str(config),
             "GPUSHARE_CONFIG_PROPAGATION_DELAY": "1",
             "GPUSHARE_HTTP_PORT": str(port),
-            "GPUSHARE_NAMESPACE": "default",
+            "GPUSHARE_NAMESPACE": "gpushare-system",
         }
         with log_path.open("wb") as log:
             proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once; we never wait here

@@ -71,7 +71,7 @@ class Assembly:
             planner=self.planner,
             gate=self.gate,
             bucket=TokenBucket(qps=s.write_qps, burst=s.write_burst),
-            recorder=EventRecorder(api=api, namespace=s.namespace),
+            recorder=EventRecorder(api=api),
             config=ConfigTarget(
                 namespace=s.device_plugin_namespace, name=s.device_plugin_configmap
             ),

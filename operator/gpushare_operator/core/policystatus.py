@@ -57,12 +57,10 @@ def policy_conditions(
     policy: CompiledPolicy, tally: PolicyTally, *, config_problem: str | None
 ) -> list[Cond]:
     wanted = [_ready(policy, tally, config_problem)]
-    if policy.valid:
-        wanted.append(Cond("SelectorValid", "True", "Valid", "selector and spec are valid"))
+    if policy.error_reason == "InvalidSelector":
+        wanted.append(Cond("SelectorValid", "False", "InvalidSelector", policy.error or ""))
     else:
-        wanted.append(
-            Cond("SelectorValid", "False", policy.error_reason or "Invalid", policy.error or "")
-        )
+        wanted.append(Cond("SelectorValid", "True", "Valid", "the node selector is valid"))
     if tally.conflicts:
         message = f"{len(tally.conflicts)} matched node(s) governed by higher-priority policies: "
         wanted.append(

@@ -1,7 +1,9 @@
 """Kubernetes Events about policies and nodes, rate-limited so a flapping state cannot flood.
 
-Events are posted in the operator's namespace (DESIGN.md §6: least privilege); ``kubectl
-describe`` of a cluster-scoped object searches every namespace, so they show up there.  The same
+Events about a namespaced object go to its namespace.  Events about cluster-scoped objects
+(policies, nodes) must be in ``default``: the API server refuses a core/v1 Event whose namespace
+differs from its involved object's, and for a cluster-scoped object it accepts only ``default``.
+That is where ``kubectl describe`` looks for them too.  The same
 (object, reason, message) is posted at most once per ``dedupe_window``, and all events together
 through a token bucket (``burst``, refilled at ``per_second``); what is over the limit is dropped
 and counted, never queued, so a flapping condition costs the API server a bounded trickle.
@@ -23,12 +25,16 @@ from gpushare_operator.kube import http
 logger = logging.getLogger(__name__)
 
 
+CLUSTER_SCOPED_EVENTS_NAMESPACE = "default"
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectRef:
     api_version: str
     kind: str
     name: str
     uid: str
+    namespace: str | None = None  # None: cluster-scoped
 
 
 class EventRecorder:
@@ -36,7 +42,6 @@ class EventRecorder:
         self,
         *,
         api: client.ApiClient,
-        namespace: str,
         component: str = "gpushare-operator",
         dedupe_window: float = 600.0,
         per_second: float = 1.0,
@@ -44,7 +49,6 @@ class EventRecorder:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api
-        self._namespace = namespace
         self._component = component
         self._window = dedupe_window
         self._rate = per_second
@@ -73,16 +77,20 @@ class EventRecorder:
             return
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         digest = hashlib.sha256(f"{ref.uid}{reason}{message}{now}".encode()).hexdigest()[:10]
+        namespace = ref.namespace or CLUSTER_SCOPED_EVENTS_NAMESPACE
+        involved = {
+            "apiVersion": ref.api_version,
+            "kind": ref.kind,
+            "name": ref.name,
+            "uid": ref.uid,
+        }
+        if ref.namespace:
+            involved["namespace"] = ref.namespace
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{ref.name[:200]}.{digest}", "namespace": self._namespace},
-            "involvedObject": {
-                "apiVersion": ref.api_version,
-                "kind": ref.kind,
-                "name": ref.name,
-                "uid": ref.uid,
-            },
+            "metadata": {"name": f"{ref.name[:200]}.{digest}", "namespace": namespace},
+            "involvedObject": involved,
             "type": type_,
             "reason": reason,
             "message": message[:1024],
@@ -97,7 +105,7 @@ class EventRecorder:
             await http.request(
                 self._api,
                 method="POST",
-                path=f"/api/v1/namespaces/{self._namespace}/events",
+                path=f"/api/v1/namespaces/{namespace}/events",
                 body=body,
             )
             self.posted += 1

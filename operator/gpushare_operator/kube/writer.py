@@ -42,6 +42,8 @@ _POLICY_EVENTS = {
         "DevicePluginConfigUnavailable",
     ),
     ("Ready", "False", "NodesMismatched"): ("Warning", "NodesMismatched"),
+    ("Ready", "False", "InvalidSpec"): ("Warning", "InvalidPolicy"),
+    ("Ready", "False", "InvalidConfig"): ("Warning", "InvalidPolicy"),
 }
 
 

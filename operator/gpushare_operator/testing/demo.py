@@ -1,0 +1,82 @@
+"""``make run``'s simulated cluster: GPU nodes in three pools, and the NVIDIA agents on them.
+
+Runs until SIGINT/SIGTERM.  Nodes are left in place on exit, so that ``kubectl get gsp,gns``
+still has something to show after the operator stopped; ``make dev-cluster-down`` wipes all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpushare_operator.testing import bodies
+from gpushare_operator.testing.simulator import GpuClusterSimulator
+
+logger = logging.getLogger("gpushare.demo")
+
+# (pool, nodes, GPU product, GPUs per node, memory MiB per GPU)
+POOLS = (
+    ("inference", 4, "NVIDIA-H100-80GB-HBM3", 8, 81559),
+    ("batch", 3, "NVIDIA-A100-SXM4-40GB", 4, 40960),
+    ("training", 3, "NVIDIA-H100-80GB-HBM3", 8, 81559),
+)
+
+
+async def _ensure_namespace(sim: GpuClusterSimulator, name: str) -> None:
+    status, _ = await sim.client.get(f"/api/v1/namespaces/{name}")
+    if status == 404:
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        await sim.client.post("/api/v1/namespaces", body)
+
+
+async def _create_pools(sim: GpuClusterSimulator) -> None:
+    for pool, count, product, gpus, memory in POOLS:
+        for index in range(count):
+            name = f"gpu-{pool}-{index}"
+            status, _ = await sim.client.get(f"/api/v1/nodes/{name}")
+            if status == 200:
+                continue  # a second `make run` on the same dev cluster
+            body = bodies.gpu_node(
+                name=name, pool=pool, product=product, gpus=gpus, memory_mib=memory
+            )
+            await sim.create_node(body)
+    logger.info("simulated GPU nodes ready: %s", ", ".join(f"{p[1]} in {p[0]}" for p in POOLS))
+
+
+async def run(*, kubeconfig: Path, namespace: str, namespaces: Sequence[str]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with GpuClusterSimulator(
+        kubeconfig=kubeconfig, namespace=namespace, cleanup=False, reaction_delay=1.0
+    ) as sim:
+        for name in (namespace, *namespaces):
+            await _ensure_namespace(sim, name)
+        await _create_pools(sim)
+        await stop.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpushare-demo")
+    parser.add_argument("--kubeconfig", type=Path, required=True)
+    parser.add_argument("--device-plugin-namespace", default="gpu-operator")
+    parser.add_argument("--also-namespace", action="append", default=[])
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s simulator: %(message)s")
+    asyncio.run(
+        run(
+            kubeconfig=args.kubeconfig,
+            namespace=args.device_plugin_namespace,
+            namespaces=args.also_namespace,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

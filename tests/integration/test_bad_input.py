@@ -1,0 +1,125 @@
+"""Policies that got past admission (an older, laxer CRD) are reported, never acted on.
+
+The CRD schema is relaxed for a moment, the bad objects are stored, and the real CRDs are put
+back, exactly as when a cluster upgrades its CRDs over objects written under an older schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpushare_operator.testing.controlplane import ControlPlane
+from gpushare_operator.testing.simulator import GpuClusterSimulator
+from tests.integration import helpers as h
+from tests.integration.conftest import ROOT, OperatorFactory
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.usefixtures("crds_installed")
+
+POLICY_CRD = ROOT / "crds" / "gpushare.dev_gpusharingpolicies.yaml"
+
+
+def _relaxed(crd: dict[str, Any]) -> dict[str, Any]:
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    schema["properties"]["replicas"].pop("maximum")
+    selector = schema["properties"]["nodeSelector"]["properties"]
+    selector["matchExpressions"]["items"].pop("x-kubernetes-validations")
+    return crd
+
+
+def _kubectl(plane: ControlPlane, *args: str) -> None:
+    command = [str(plane.bin_dir / "kubectl"), "--kubeconfig", str(plane.admin_kubeconfig), *args]
+    subprocess.run(command, check=True, capture_output=True)
+
+
+@pytest.fixture
+def relaxed_crd(control_plane: ControlPlane, tmp_path: Path) -> Iterator[None]:
+    path = tmp_path / "relaxed.yaml"
+    path.write_text(yaml.safe_dump(_relaxed(yaml.safe_load(POLICY_CRD.read_text()))))
+    _kubectl(control_plane, "apply", "-f", str(path))
+    try:
+        yield
+    finally:
+        _kubectl(control_plane, "apply", "-f", str(ROOT / "crds"))
+
+
+async def _create_until_accepted(sim: GpuClusterSimulator, body: dict[str, Any]) -> None:
+    """A changed CRD takes a moment to be served; until then the old schema still refuses."""
+
+    async def attempt() -> int:
+        status, _ = await sim.client.post(f"{h.API}/gpusharingpolicies", body)
+        return int(status)
+
+    await eventually(attempt, until=lambda s: s in (201, 409), timeout=30, what="relaxed CRD")
+
+
+@pytest.fixture
+async def sim(control_plane: ControlPlane, namespace: str) -> AsyncIterator[GpuClusterSimulator]:
+    async with GpuClusterSimulator(
+        kubeconfig=control_plane.admin_kubeconfig, namespace=namespace
+    ) as simulator:
+        yield simulator
+
+
+async def test_policies_that_slipped_past_admission(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    relaxed_crd: None,
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("pool")
+    [name] = await sim.create_gpu_nodes(pool=pool, count=1)
+    too_many = h.policy(h.unique("too-many"), pool=pool, replicas=100)
+    bad_selector = h.policy(h.unique("bad-sel"), pool=pool)
+    bad_selector["spec"]["nodeSelector"] = {
+        "matchExpressions": [{"key": "pool", "operator": "Exists", "values": [pool]}]
+    }
+    created = [too_many["metadata"]["name"], bad_selector["metadata"]["name"]]
+    try:
+        await _create_until_accepted(sim, too_many)
+        await _create_until_accepted(sim, bad_selector)
+        running = await start_operator("--device-plugin-namespace", namespace)
+
+        spec_policy = await eventually(
+            lambda: h.get_policy(sim.client, created[0]),
+            until=lambda b: h.condition(b.get("status"), "Ready").get("reason") == "InvalidSpec",
+            what="InvalidSpec",
+        )
+        ready = h.condition(spec_policy["status"], "Ready")
+        assert ready["status"] == "False"
+        assert "replicas" in ready["message"]
+        assert "configKey" not in spec_policy["status"]
+
+        selector_policy = await eventually(
+            lambda: h.get_policy(sim.client, created[1]),
+            until=lambda b: h.condition(b.get("status"), "SelectorValid").get("status") == "False",
+            what="SelectorValid=False",
+        )
+        message = h.condition(selector_policy["status"], "SelectorValid")["message"]
+        assert "Exists" in message
+        assert "values" in message
+
+        for policy in created:
+            events = await eventually(
+                lambda policy=policy: h.events_about(sim.client, policy),
+                until=lambda es: any(e["reason"] == "InvalidPolicy" for e in es),
+                what=f"InvalidPolicy event on {policy}",
+            )
+            assert all(e["type"] == "Warning" for e in events if e["reason"] == "InvalidPolicy")
+
+        await asyncio.sleep(2)  # anything the operator would wrongly do to the node, it does now
+        assert not h.writes_to(h.operator_writes(control_plane), resource="nodes", name=name)
+        labels = (await h.node(sim.client, name))["metadata"]["labels"]
+        assert h.CONFIG_LABEL not in labels
+        assert running.proc.poll() is None
+    finally:
+        for policy in created:
+            await h.delete_policy(sim.client, policy)

@@ -18,7 +18,7 @@ from gpushare_operator.core import models
 logger = logging.getLogger(__name__)
 
 
-def build_registry(assembly: Assembly) -> kopf.OperatorRegistry:
+def build_registry(assembly: Assembly, *, stop: asyncio.Event) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -30,8 +30,11 @@ def build_registry(assembly: Assembly) -> kopf.OperatorRegistry:
         await assembly.start()
 
     @kopf.on.cleanup(registry=registry)
-    async def stop(**_: Any) -> None:
+    async def cleanup(**_: Any) -> None:
         await assembly.stop()
+        # kopf stops on its own signal handlers; setting our flag too releases kopf's waiter on
+        # it, which would otherwise hold the exit for kopf's 5-second hung-task grace period.
+        stop.set()
 
     @kopf.on.event(models.GROUP, models.VERSION, models.POLICY_PLURAL, registry=registry)
     def policy_event(*, event: kopf.RawEvent, **_: Any) -> None:
@@ -57,7 +60,7 @@ async def run_kopf(*, assembly: Assembly, stop: asyncio.Event) -> None:
     settings = kopf.OperatorSettings()
     configure_kopf(settings)
     await kopf.operator(
-        registry=build_registry(assembly),
+        registry=build_registry(assembly, stop=stop),
         settings=settings,
         standalone=True,
         clusterwide=True,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.core import devconfigs, nodestates, policystatus, resolution
+from gpushare_operator.core import devconfigs, nodestates, policystatus
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
@@ -82,9 +82,7 @@ class Planner:
     # -- nodes -----------------------------------------------------------------------------------
 
     def governing(self, node: str) -> CompiledPolicy | None:
-        policies = self.state.policies
-        candidates = [policies[p] for p in self.state.index.policies_of(node) if p in policies]
-        return resolution.winner(p for p in candidates if p.valid)
+        return self.state.governing(node)
 
     def key_state(self, key: str | None) -> nodestates.KeyState:
         data = self.state.config_data
@@ -144,8 +142,17 @@ class Planner:
         if not exists and decision.policy is None and not state.index.policies_of(record.name):
             return None  # never matched by any policy: no GPUNodeState at all
         previous = state.node_states.get(record.name)
+        allocated, pods = 0, 0
+        if decision.policy is not None and decision.policy.sharing is not None:
+            resource = devconfigs.advertised_resource(decision.policy.sharing)
+            allocated, pods = state.usage.node_usage(record.name, resource)
         status = nodestates.render_status(
-            record=record, decision=decision, previous=previous, now=self._wallclock()
+            record=record,
+            decision=decision,
+            previous=previous,
+            now=self._wallclock(),
+            allocated=allocated,
+            pods=pods,
         )
         if previous == status or state.in_flight.get(("nodestate", record.name)) == status:
             return None
@@ -166,6 +173,7 @@ class Planner:
                 tally.conflicts.append((node, winner.name if winner else "none"))
                 continue
             self._count(tally, record, decision, policy)
+        tally.allocated = self.state.usage.policy_slots(policy.name)
         return tally
 
     @staticmethod

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpushare_operator.cache.dirty import DirtySet
 from gpushare_operator.cache.index import MatchIndex
+from gpushare_operator.cache.usage import UsageLedger
+from gpushare_operator.core import devconfigs, resolution
 from gpushare_operator.core import nodes as core_nodes
+from gpushare_operator.core import pods as core_pods
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy, compile_policy
+
+ALWAYS_TRACKED = frozenset({core_nodes.GPU_RESOURCE, core_nodes.SHARED_RESOURCE})
 
 
 class ClusterState:
@@ -33,6 +38,29 @@ class ClusterState:
         self.dirty = DirtySet()
         # Payloads written but not yet seen back through a watch: (kind, name) → payload.
         self.in_flight: dict[tuple[str, str], Any] = {}
+        self.usage = UsageLedger()
+        self.tracked_resources: set[str] = set(ALWAYS_TRACKED)
+        # Called when a policy advertises a resource no pod was kept for: the pod informer
+        # re-lists, so that pods asking for it (skipped so far) are not missed.
+        self.on_new_resource: Callable[[], None] = lambda: None
+
+    # -- governance ----------------------------------------------------------------------------
+
+    def governing(self, node: str) -> CompiledPolicy | None:
+        """The policy that governs ``node``: highest priority, then name, among valid matches."""
+        policies = self.policies
+        candidates = (policies[p] for p in self.index.policies_of(node) if p in policies)
+        return resolution.winner(p for p in candidates if p.valid)
+
+    def _refresh_governors(self, nodes: Iterable[str]) -> None:
+        for node in nodes:
+            policy = self.governing(node) if node in self.nodes else None
+            governor = None
+            if policy is not None and policy.sharing is not None:
+                governor = (policy.name, devconfigs.advertised_resource(policy.sharing))
+            old = self.usage.set_governor(node, governor)
+            if old != governor:
+                self.dirty.many_policies(g[0] for g in (old, governor) if g is not None)
 
     # -- nodes (informer sink) -----------------------------------------------------------------
 
@@ -59,6 +87,7 @@ class ClusterState:
         before = self.index.policies_of(name)
         if old is None or old.labels != new.labels:
             self.index.update_node(new, self.policies.values())
+            self._refresh_governors((name,))
         self.dirty.node(name)
         self.dirty.many_policies(before | self.index.policies_of(name))
         if old is None or old.config_label != new.config_label:
@@ -71,6 +100,7 @@ class ClusterState:
         self._count_config_label(old, -1)
         self.in_flight.pop(("node", name), None)
         self.dirty.many_policies(self.index.remove_node(name))
+        self._refresh_governors((name,))
         self.dirty.config()
 
     # -- policies (kopf events) ---------------------------------------------------------------
@@ -88,6 +118,7 @@ class ClusterState:
             return  # status-only change (usually our own write): nothing to recompile
         new = compile_policy(name=name, uid=uid, generation=generation, spec=body.get("spec"))
         self.policies[name] = new
+        self._track_resource(new)
         self._reindex_policy(old, new)
 
     def _reindex_policy(self, old: CompiledPolicy | None, new: CompiledPolicy) -> None:
@@ -96,6 +127,7 @@ class ClusterState:
         else:
             changed = self.index.update_policy(new, self.nodes)
             affected = changed | set(self.index.nodes_of(new.name))
+        self._refresh_governors(affected)
         self.dirty.many_nodes(affected)
         self.dirty.many_policies({p for n in affected for p in self.index.policies_of(n)})
         self.dirty.config()
@@ -105,9 +137,38 @@ class ClusterState:
             return
         self.policy_status.pop(name, None)
         affected = self.index.remove_policy(name)
+        self._refresh_governors(affected)
         self.dirty.many_nodes(affected)
         self.dirty.many_policies({p for n in affected for p in self.index.policies_of(n)})
         self.dirty.config()
+
+    def _track_resource(self, policy: CompiledPolicy) -> None:
+        if policy.sharing is None:
+            return
+        resource = devconfigs.advertised_resource(policy.sharing)
+        if resource not in self.tracked_resources:
+            self.tracked_resources.add(resource)
+            self.on_new_resource()
+
+    # -- pods (informer sink) ------------------------------------------------------------------
+
+    def upsert_pod(self, obj: Mapping[str, Any]) -> None:
+        record = core_pods.project_pod(obj, tracked=self.tracked_resources.__contains__)
+        self._pod_changed(core_pods.uid_of(obj), record)
+
+    def delete_pod(self, uid: str) -> None:
+        self._pod_changed(uid, None)
+
+    def _pod_changed(self, uid: str, record: core_pods.PodRecord | None) -> None:
+        old, counted = self.usage.replace(uid, record)
+        if not counted:
+            return
+        for node in {r.node for r in (old, record) if r is not None and r.node is not None}:
+            if node in self.nodes:
+                self.dirty.node(node)
+            governor = self.usage.governor(node)
+            if governor is not None:
+                self.dirty.policy(governor[0])
 
     # -- GPUNodeStates and the ConfigMap (informer sinks) -------------------------------------
 
@@ -146,82 +207,3 @@ class ClusterState:
         for policy in self.policies.values():
             self.dirty.many_nodes(self.index.nodes_of(policy.name))
             self.dirty.policy(policy.name)
-
-
-class NodeSink:
-    """Informer sink for Nodes, with replace semantics on re-list."""
-
-    def __init__(self, state: ClusterState) -> None:
-        self._state = state
-        self._seen: set[str] | None = None
-
-    def begin_relist(self) -> None:
-        self._seen = set()
-
-    def relist_item(self, obj: dict[str, Any]) -> None:
-        name = (obj.get("metadata") or {}).get("name")
-        if self._seen is not None and isinstance(name, str):
-            self._seen.add(name)
-        self._state.upsert_node(obj)
-
-    def end_relist(self) -> None:
-        seen, self._seen = self._seen or set(), None
-        for name in [n for n in self._state.nodes if n not in seen]:
-            self._state.delete_node(name)
-
-    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
-        if event_type == "DELETED":
-            self._state.delete_node(str((obj.get("metadata") or {}).get("name")))
-        else:
-            self._state.upsert_node(obj)
-
-
-class NodeStateSink:
-    def __init__(self, state: ClusterState) -> None:
-        self._state = state
-        self._seen: set[str] | None = None
-
-    def begin_relist(self) -> None:
-        self._seen = set()
-
-    def relist_item(self, obj: dict[str, Any]) -> None:
-        if self._seen is not None:
-            self._seen.add(str((obj.get("metadata") or {}).get("name")))
-        self._state.upsert_node_state(obj)
-
-    def end_relist(self) -> None:
-        seen, self._seen = self._seen or set(), None
-        for name in [n for n in self._state.node_states if n not in seen]:
-            self._state.delete_node_state(name)
-
-    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
-        if event_type == "DELETED":
-            self._state.delete_node_state(str((obj.get("metadata") or {}).get("name")))
-        else:
-            self._state.upsert_node_state(obj)
-
-
-class ConfigMapSink:
-    """Sink for the single device-plugin ConfigMap (watched with a name field selector)."""
-
-    def __init__(self, state: ClusterState) -> None:
-        self._state = state
-        self._listed: Mapping[str, Any] | None = None
-        self._first = True
-
-    def begin_relist(self) -> None:
-        self._listed = None
-
-    def relist_item(self, obj: dict[str, Any]) -> None:
-        self._listed = obj
-
-    def end_relist(self) -> None:
-        data = (self._listed or {}).get("data") if self._listed is not None else None
-        self._state.set_config_data(
-            data or ({} if self._listed is not None else None), initial=self._first
-        )
-        self._first = False
-
-    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
-        data = None if event_type == "DELETED" else (obj.get("data") or {})
-        self._state.set_config_data(data, initial=False)

@@ -52,5 +52,18 @@ def render_conditions(
     return rendered
 
 
+def overcommitted(*, allocated: int, capacity: int) -> Cond:
+    """Allocation above capacity (say, after replicas were lowered) is shown, never hidden."""
+    if allocated > capacity:
+        message = (
+            f"pods hold {allocated} slots but only {capacity} exist; new pods asking for them "
+            "will not schedule until enough of these finish"
+        )
+        return Cond("Overcommitted", "True", "AllocationExceedsCapacity", message)
+    return Cond(
+        "Overcommitted", "False", "WithinCapacity", f"{allocated} of {capacity} slots in use"
+    )
+
+
 def find(conditions: Sequence[Mapping[str, Any]] | None, kind: str) -> Mapping[str, Any] | None:
     return _previous_by_type(conditions).get(kind)

@@ -159,7 +159,10 @@ def render_status(
         "slotsSummary": f"{allocated}/{capacity}",
         "pods": pods,
         "conditions": conditions.render_conditions(
-            [conditions.Cond("Ready", ready, decision.reason, decision.message)],
+            [
+                conditions.Cond("Ready", ready, decision.reason, decision.message),
+                conditions.overcommitted(allocated=allocated, capacity=capacity),
+            ],
             previous=previous.get("conditions"),
             now=now,
         ),

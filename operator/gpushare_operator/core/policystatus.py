@@ -70,6 +70,7 @@ def policy_conditions(
         wanted.append(
             Cond("Conflicting", "False", "NoConflict", "this policy wins every node it matches")
         )
+    wanted.append(conditions.overcommitted(allocated=tally.allocated, capacity=tally.capacity))
     paused = policy.paused
     wanted.append(
         Cond(

@@ -99,6 +99,7 @@ class Informer:
         self._on_event = on_event
         self._max_backoff = max_backoff
         self.synced = asyncio.Event()
+        self._relist = asyncio.Event()
         self.stats = InformerStats()
         self.resource_version: str | None = None
 
@@ -106,14 +107,19 @@ class Informer:
     def kind(self) -> str:
         return self._target.kind
 
+    def request_relist(self) -> None:
+        """Ask for a fresh listing (the sink's idea of what to keep has widened)."""
+        self._relist.set()
+
     async def run(self) -> None:
         backoff = 0.2
         while True:
             try:
+                self._relist.clear()
                 self.resource_version = await self._list()
                 self.synced.set()
                 backoff = 0.2
-                await self._watch_until_gone()
+                await self._watch_until_gone_or_relist()
             except Gone:
                 logger.info("%s watch expired (410 Gone): re-listing", self._target.kind)
             except (TimeoutError, aiohttp.ClientError, http.ApiError, OSError) as exc:
@@ -159,6 +165,19 @@ class Informer:
             if not token:
                 self._sink.end_relist()
                 return str(metadata.get("resourceVersion", ""))
+
+    async def _watch_until_gone_or_relist(self) -> None:
+        watch = asyncio.create_task(self._watch_until_gone(), name=f"watch-{self.kind}")
+        relist = asyncio.create_task(self._relist.wait(), name=f"relist-{self.kind}")
+        try:
+            await asyncio.wait({watch, relist}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (watch, relist):
+                task.cancel()
+            await asyncio.gather(watch, relist, return_exceptions=True)
+        if watch.done() and not watch.cancelled() and watch.exception() is not None:
+            raise watch.exception()  # type: ignore[misc]
+        logger.info("%s re-list requested", self.kind)
 
     async def _watch_until_gone(self) -> None:
         backoff = 0.2

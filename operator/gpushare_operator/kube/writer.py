@@ -42,8 +42,16 @@ _POLICY_EVENTS = {
         "DevicePluginConfigUnavailable",
     ),
     ("Ready", "False", "NodesMismatched"): ("Warning", "NodesMismatched"),
+    ("Overcommitted", "True", None): ("Warning", "Overcommitted"),
     ("Ready", "False", "InvalidSpec"): ("Warning", "InvalidPolicy"),
     ("Ready", "False", "InvalidConfig"): ("Warning", "InvalidPolicy"),
+}
+
+
+# Node condition reasons worth a Warning on the Node when they newly appear.
+_NODE_EVENTS = {
+    "Ready": ("InvalidNodeLabel", "MPSWithMixedMIG", "NotConfirmed"),
+    "Overcommitted": ("AllocationExceedsCapacity",),
 }
 
 
@@ -293,17 +301,18 @@ class Writer:
 
     async def _node_events(self, plan: NodePlan, previous: Mapping[str, Any]) -> None:
         assert plan.status is not None
-        ready = _condition(plan.status, "Ready")
-        before = _condition(previous, "Ready")
-        if ready is None or ready.get("reason") == (before or {}).get("reason"):
-            return
-        if ready.get("reason") in ("InvalidNodeLabel", "MPSWithMixedMIG", "NotConfirmed"):
-            await self._recorder.post(
-                ref=ObjectRef("v1", "Node", plan.name, plan.uid),
-                type_="Warning",
-                reason=str(ready["reason"]),
-                message=str(ready.get("message", "")),
-            )
+        for kind, reasons in _NODE_EVENTS.items():
+            now = _condition(plan.status, kind)
+            before = _condition(previous, kind) or {}
+            if now is None or now.get("reason") == before.get("reason"):
+                continue
+            if now.get("reason") in reasons:
+                await self._recorder.post(
+                    ref=ObjectRef("v1", "Node", plan.name, plan.uid),
+                    type_="Warning",
+                    reason=str(now["reason"]) if kind == "Ready" else kind,
+                    message=str(now.get("message", "")),
+                )
 
     # -- policies --------------------------------------------------------------------------------
 

@@ -1,0 +1,88 @@
+"""Incremental GPU-slot accounting: per node and per policy, O(1) per pod event.
+
+Nothing here ever sums over all pods: a pod event moves its own contribution out of the
+counters it was in and into the ones it is in now; a node whose governing policy changes moves
+the node's total from one policy to the other.  ``core.pods.total`` is the from-scratch
+reference that a property test holds these counters to.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+
+from gpushare_operator.core.pods import PodRecord
+
+Governor = tuple[str, str]  # (policy name, advertised resource)
+
+
+class UsageLedger:
+    def __init__(self) -> None:
+        self.pods: dict[
+            str, PodRecord
+        ] = {}  # uid → record (only pods asking for tracked resources)
+        # node → resource → [slots, pods]
+        self._by_node: defaultdict[str, dict[str, list[int]]] = defaultdict(dict)
+        self._governors: dict[str, Governor] = {}
+        self._by_policy: defaultdict[str, int] = defaultdict(int)
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def node_usage(self, node: str, resource: str) -> tuple[int, int]:
+        counters = self._by_node.get(node, {}).get(resource)
+        return (counters[0], counters[1]) if counters else (0, 0)
+
+    def policy_slots(self, policy: str) -> int:
+        return self._by_policy.get(policy, 0)
+
+    def governor(self, node: str) -> Governor | None:
+        return self._governors.get(node)
+
+    def __iter__(self) -> Iterator[PodRecord]:
+        return iter(self.pods.values())
+
+    # -- pod events --------------------------------------------------------------------------------
+
+    def _move(self, record: PodRecord, sign: int) -> None:
+        node = record.node
+        if node is None or not record.holds_slots:
+            return
+        counters = self._by_node[node]
+        governor = self._governors.get(node)
+        for resource, amount in record.requests:
+            slot = counters.setdefault(resource, [0, 0])
+            slot[0] += sign * amount
+            slot[1] += sign
+            if governor is not None and governor[1] == resource:
+                self._by_policy[governor[0]] += sign * amount
+
+    def replace(self, uid: str, record: PodRecord | None) -> tuple[PodRecord | None, bool]:
+        """Swap a pod's record; returns the old one and whether any counter moved."""
+        old = self.pods.pop(uid, None)
+        if record is not None:
+            self.pods[uid] = record
+        if old == record:
+            return old, False
+        if old is not None:
+            self._move(old, -1)
+        if record is not None:
+            self._move(record, +1)
+        counted = (old is not None and old.holds_slots) or (
+            record is not None and record.holds_slots
+        )
+        return old, counted
+
+    # -- node governance -----------------------------------------------------------------------
+
+    def set_governor(self, node: str, governor: Governor | None) -> Governor | None:
+        """Record who governs ``node``; move the node's slots between policies. Returns the old."""
+        old = self._governors.get(node)
+        if old == governor:
+            return old
+        if old is not None:
+            self._by_policy[old[0]] -= self.node_usage(node, old[1])[0]
+            del self._governors[node]
+        if governor is not None:
+            self._governors[node] = governor
+            self._by_policy[governor[0]] += self.node_usage(node, governor[1])[0]
+        return old

@@ -1,0 +1,141 @@
+"""Slim Pod records and the scheduler's effective-request rule for shared GPU resources.
+
+Only pods that request a tracked resource are kept, and of them only what usage accounting
+reads: identity, node, phase and the effective requests.  Everything else in a ~8 KB Pod body
+(managedFields, env, volumes, status) is left behind at ingest.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+Requests = tuple[tuple[str, int], ...]  # sorted (resource, amount) pairs, amount > 0
+
+_intern = sys.intern
+_shared_requests: dict[Requests, Requests] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    uid: str
+    namespace: str
+    name: str
+    node: str | None  # spec.nodeName; None while unscheduled
+    phase: str
+    requests: Requests
+
+    @property
+    def holds_slots(self) -> bool:
+        """Bound and not finished: the scheduler counts it against the node."""
+        return self.node is not None and self.phase not in TERMINAL_PHASES
+
+    def amount(self, resource: str) -> int:
+        for name, value in self.requests:
+            if name == resource:
+                return value
+        return 0
+
+
+def _quantity(raw: object) -> int:
+    """Extended resources are whole numbers; anything else counts as nothing."""
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str):
+        try:
+            return int(raw)
+        except ValueError:
+            return 0
+    return 0
+
+
+def container_request(container: Mapping[str, Any], resource: str) -> int:
+    """A container's request of an extended resource; a limit alone stands in for it."""
+    resources = container.get("resources") or {}
+    requests = resources.get("requests") or {}
+    if resource in requests:
+        return _quantity(requests[resource])
+    return _quantity((resources.get("limits") or {}).get(resource))
+
+
+def _is_sidecar(container: Mapping[str, Any]) -> bool:
+    return container.get("restartPolicy") == "Always"
+
+
+def effective_request(spec: Mapping[str, Any], resource: str) -> int:
+    """What the scheduler reserves for the pod: max(init phase, steady state).
+
+    A regular init container runs alongside the sidecars (restartable init containers)
+    declared before it; app containers run alongside every sidecar.
+    """
+    sidecars_so_far = 0
+    init_peak = 0
+    for container in spec.get("initContainers") or ():
+        amount = container_request(container, resource)
+        if _is_sidecar(container):
+            sidecars_so_far += amount
+        else:
+            init_peak = max(init_peak, amount + sidecars_so_far)
+    steady = sidecars_so_far + sum(
+        container_request(c, resource) for c in spec.get("containers") or ()
+    )
+    return max(init_peak, steady)
+
+
+def _requested_names(spec: Mapping[str, Any]) -> set[str]:
+    names: set[str] = set()
+    for group in ("containers", "initContainers"):
+        for container in spec.get(group) or ():
+            resources = container.get("resources") or {}
+            names.update(resources.get("requests") or ())
+            names.update(resources.get("limits") or ())
+    return names
+
+
+def effective_requests(spec: Mapping[str, Any], *, tracked: Callable[[str], bool]) -> Requests:
+    """Effective requests of every tracked resource the pod asks for, shared when equal."""
+    pairs = []
+    for name in sorted(n for n in _requested_names(spec) if tracked(n)):
+        amount = effective_request(spec, name)
+        if amount > 0:
+            pairs.append((_intern(name), amount))
+    key = tuple(pairs)
+    return _shared_requests.setdefault(key, key)
+
+
+def project_pod(obj: Mapping[str, Any], *, tracked: Callable[[str], bool]) -> PodRecord | None:
+    """The one copy of a pod we keep, or None for a pod that asks for no tracked resource."""
+    spec = obj.get("spec") or {}
+    requests = effective_requests(spec, tracked=tracked)
+    if not requests:
+        return None
+    metadata = obj.get("metadata") or {}
+    node = spec.get("nodeName")
+    return PodRecord(
+        uid=str(metadata.get("uid", "")),
+        namespace=_intern(str(metadata.get("namespace", ""))),
+        name=str(metadata.get("name", "")),
+        node=_intern(node) if isinstance(node, str) and node else None,
+        phase=_intern(str((obj.get("status") or {}).get("phase") or "Pending")),
+        requests=requests,
+    )
+
+
+def uid_of(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid", ""))
+
+
+def total(records: Iterable[PodRecord], *, node: str, resource: str) -> tuple[int, int]:
+    """(slots, pods) on ``node`` from scratch: the reference the incremental ledger must equal."""
+    slots = pods = 0
+    for record in records:
+        if record.node == node and record.holds_slots:
+            amount = record.amount(resource)
+            if amount:
+                slots += amount
+                pods += 1
+    return slots, pods

@@ -88,6 +88,13 @@ class RunningOperator:
 
 
 OperatorFactory = Callable[..., Awaitable[RunningOperator]]
+OPERATOR_NAMESPACE = "gpushare-system"  # the operator's Lease lives here
+
+
+def _ensure_namespace(plane: ControlPlane, name: str) -> None:
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    status, raw = plane.request("POST", "/api/v1/namespaces", body=body)
+    assert status in (201, 409), raw
 
 
 @pytest.fixture
@@ -105,6 +112,7 @@ async def start_operator(
         wait: bool = True,
     ) -> RunningOperator:
         config = kubeconfig or control_plane.kubeconfig_for_user(user, groups=groups)
+        _ensure_namespace(control_plane, OPERATOR_NAMESPACE)
         port = free_port()
         log_path = tmp_path / f"operator-{len(started)}.log"
         env = {
@@ -112,7 +120,7 @@ async def start_operator(
             "KUBECONFIG": str(config),
             "GPUSHARE_CONFIG_PROPAGATION_DELAY": "1",
             "GPUSHARE_HTTP_PORT": str(port),
-            "GPUSHARE_NAMESPACE": "gpushare-system",
+            "GPUSHARE_NAMESPACE": OPERATOR_NAMESPACE,
         }
         with log_path.open("wb") as log:
             proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once; we never wait here

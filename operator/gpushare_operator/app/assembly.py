@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-from dataclasses import dataclass, field
+from collections.abc import Coroutine
 from typing import Any
 
 import kopf
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry
 
+from gpushare_operator.app import observability
 from gpushare_operator.app.settings import Settings
 from gpushare_operator.cache.planner import Planner, Timings
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
@@ -17,14 +20,15 @@ from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import models
 from gpushare_operator.kube import listing
 from gpushare_operator.kube.connection import ApiHandle
-from gpushare_operator.kube.events import EventRecorder
-from gpushare_operator.kube.informer import Informer, Target
-from gpushare_operator.kube.leadership import AlwaysLeader, LeaderGate
+from gpushare_operator.kube.election import LeaseElector, LeaseTimings
+from gpushare_operator.kube.events import EventRecorder, ObjectRef
+from gpushare_operator.kube.informer import Informer, Sink, Target
 from gpushare_operator.kube.ratelimit import TokenBucket
 from gpushare_operator.kube.writer import ConfigTarget, Writer
 
-logger = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
+LEASE_NAME = "gpushare-operator"
 POLICIES_PATH = f"/apis/{models.GROUP}/{models.VERSION}/{models.POLICY_PLURAL}"
 NODE_STATES_PATH = f"/apis/{models.GROUP}/{models.VERSION}/{models.NODE_STATE_PLURAL}"
 # Finished pods hold no slots; with this server-side selector, a pod that finishes arrives as
@@ -34,21 +38,33 @@ PODS = Target(
     kind="Pod",
     field_selector="status.phase!=Succeeded,status.phase!=Failed",
 )
+# A watch is re-opened every ~5 minutes and bookmarks arrive about once a minute: an informer
+# silent for this long is stuck, and /healthz says so.
+INFORMER_STALL_TIMEOUT = 600.0
 
 
-@dataclass
 class Assembly:
-    settings: Settings
-    handle: ApiHandle
-    gate: LeaderGate = field(default_factory=AlwaysLeader)
-    state: ClusterState = field(default_factory=ClusterState)
-    informers: list[Informer] = field(default_factory=list)
-    writer: Writer | None = None
-    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        s = self.settings
-        api = self.handle.api
+    def __init__(self, *, settings: Settings, handle: ApiHandle) -> None:
+        self.settings = s = settings
+        self.handle = handle
+        api = handle.api
+        self.state = ClusterState()
+        self.registry = CollectorRegistry()
+        self.telemetry = observability.PrometheusTelemetry(self.registry)
+        self.registry.register(observability.StateCollector(self))
+        self.recorder = EventRecorder(api=api)
+        self.gate = LeaseElector(
+            api=api,
+            namespace=s.namespace,
+            name=LEASE_NAME,
+            identity=s.identity,
+            timings=LeaseTimings(
+                lease_duration=s.lease_duration,
+                renew_deadline=s.renew_deadline,
+                retry_period=s.retry_period,
+            ),
+            on_change=self._leadership_changed,
+        )
         self.planner = Planner(
             self.state,
             timings=Timings(
@@ -57,23 +73,7 @@ class Assembly:
                 mismatch_timeout=s.mismatch_timeout,
             ),
         )
-        configmap = Target(
-            path=f"/api/v1/namespaces/{s.device_plugin_namespace}/configmaps",
-            kind="ConfigMap",
-            field_selector=f"metadata.name={s.device_plugin_configmap}",
-        )
-        self.informers = [
-            Informer(
-                api=api, target=Target(path="/api/v1/nodes", kind="Node"), sink=NodeSink(self.state)
-            ),
-            Informer(
-                api=api,
-                target=Target(path=NODE_STATES_PATH, kind="GPUNodeState"),
-                sink=NodeStateSink(self.state),
-            ),
-            Informer(api=api, target=configmap, sink=ConfigMapSink(self.state)),
-            Informer(api=api, target=PODS, sink=PodSink(self.state)),
-        ]
+        self.informers = self._informers()
         self.state.on_new_resource = self.informers[-1].request_relist
         self.writer = Writer(
             api=api,
@@ -81,27 +81,68 @@ class Assembly:
             planner=self.planner,
             gate=self.gate,
             bucket=TokenBucket(qps=s.write_qps, burst=s.write_burst),
-            recorder=EventRecorder(api=api),
+            recorder=self.recorder,
             config=ConfigTarget(
                 namespace=s.device_plugin_namespace, name=s.device_plugin_configmap
             ),
+            telemetry=self.telemetry,
         )
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._http: web.AppRunner | None = None
+        self._primed = False
+
+    def _informers(self) -> list[Informer]:
+        s, api, telemetry = self.settings, self.handle.api, self.telemetry
+        configmap = Target(
+            path=f"/api/v1/namespaces/{s.device_plugin_namespace}/configmaps",
+            kind="ConfigMap",
+            field_selector=f"metadata.name={s.device_plugin_configmap}",
+        )
+        targets: list[tuple[Target, Sink]] = [
+            (Target(path="/api/v1/nodes", kind="Node"), NodeSink(self.state)),
+            (Target(path=NODE_STATES_PATH, kind="GPUNodeState"), NodeStateSink(self.state)),
+            (configmap, ConfigMapSink(self.state)),
+            (PODS, PodSink(self.state)),  # last: on_new_resource re-lists it
+        ]
+        return [Informer(api=api, target=t, sink=k, telemetry=telemetry) for t, k in targets]
 
     def connection_info(self) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(**self.handle.credentials())
 
+    # -- health ----------------------------------------------------------------------------------
+
     @property
     def synced(self) -> bool:
-        return all(informer.synced.is_set() for informer in self.informers)
+        return self._primed and all(informer.synced.is_set() for informer in self.informers)
+
+    def health_problem(self, *, now: float) -> str | None:
+        """Why /healthz should fail: a dead task, or an informer stalled past its timeout."""
+        for name, task in self._tasks.items():
+            if task.done():
+                return (
+                    f"{name} stopped: {task.exception() if not task.cancelled() else 'cancelled'}"
+                )
+        for informer in self.informers:
+            idle = now - informer.stats.last_activity
+            if informer.synced.is_set() and idle > INFORMER_STALL_TIMEOUT:
+                return f"{informer.kind} informer silent for {idle:.0f} s"
+        return None
+
+    # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._spawn(self._run(), name="gpushare")
+        app = observability.build_app(self, self.registry)
+        self._http = await observability.serve(app, port=self.settings.http_port)
+        self._spawn("bootstrap", self._run())
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        self._tasks[name] = asyncio.create_task(coro, name=name)
 
     async def _run(self) -> None:
         # Policies first: they say which resources to keep pods for, before the first pod list.
         await self._prime_policies()
         for informer in self.informers:
-            self._spawn(informer.run(), name=f"informer-{informer.kind}")
+            self._spawn(f"informer-{informer.kind}", informer.run())
         await self._write_when_synced()
 
     async def _prime_policies(self) -> None:
@@ -110,34 +151,54 @@ class Assembly:
             try:
                 items = await listing.list_all(self.handle.api, path=POLICIES_PATH)
             except Exception as exc:  # any failure: log, back off, retry
-                logger.warning("cannot list policies (%s); retrying in %.0f s", exc, backoff)
+                log.warning(
+                    "cannot list policies; retrying",
+                    kind=models.POLICY_KIND,
+                    error=str(exc),
+                    retry_in=backoff,
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
                 continue
             for item in items:
                 self.state.upsert_policy(item)
+            self._primed = True
             return
-
-    def _spawn(self, coro: Any, *, name: str) -> None:
-        self._tasks.append(asyncio.create_task(coro, name=name))
 
     async def _write_when_synced(self) -> None:
         """Never write from a partial picture: a missing policy would look like a release."""
         await asyncio.gather(*(informer.synced.wait() for informer in self.informers))
-        logger.info(
-            "caches synced: %d GPU nodes, %d policies, %d node states, %d GPU pods",
-            len(self.state.nodes),
-            len(self.state.policies),
-            len(self.state.node_states),
-            len(self.state.usage.pods),
+        log.info(
+            "caches synced",
+            gpu_nodes=len(self.state.nodes),
+            policies=len(self.state.policies),
+            node_states=len(self.state.node_states),
+            gpu_pods=len(self.state.usage.pods),
         )
-        assert self.writer is not None
+        self._spawn("elector", self.gate.run())
         await self.writer.run()
 
+    async def _leadership_changed(self, leader: bool) -> None:
+        ref = ObjectRef("coordination.k8s.io/v1", "Lease", LEASE_NAME, "", self.settings.namespace)
+        await self.recorder.post(
+            ref=ref,
+            type_="Normal",
+            reason="LeaderElected" if leader else "LeadershipLost",
+            message=f"{self.settings.identity} {'leads' if leader else 'no longer leads'}",
+        )
+
     async def stop(self) -> None:
-        for task in reversed(self._tasks):
+        # The writer stops first, then the lease goes back, so no write can follow the release.
+        await self._cancel(["bootstrap"])
+        await self.gate.release()
+        await self._cancel(list(self._tasks))
+        if self._http is not None:
+            await self._http.cleanup()
+
+    async def _cancel(self, names: list[str]) -> None:
+        tasks = [self._tasks.pop(name) for name in names if name in self._tasks]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._tasks.clear()

@@ -61,6 +61,8 @@ class Planner:
         self._rechecks: list[tuple[float, str, str]] = []  # (when, kind, name)
         # Set by the writer while the ConfigMap cannot be written (e.g. namespace missing).
         self.config_error: str | None = None
+        # The last status rendered per policy (what /metrics reports), written or not.
+        self.rendered_policies: dict[str, dict[str, Any]] = {}
 
     # -- time ------------------------------------------------------------------------------------
 
@@ -212,6 +214,7 @@ class Planner:
             now=self._wallclock(),
             config_problem=self.config_error,
         )
+        self.rendered_policies[name] = status
         if _same_status(previous, status) or self.state.in_flight.get(("policy", name)) == status:
             return None
         return status

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import structlog
 from kubernetes_asyncio import client
 
 from gpushare_operator.kube import http
 
-logger = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 
 CLUSTER_SCOPED_EVENTS_NAMESPACE = "default"
@@ -110,4 +110,6 @@ class EventRecorder:
             )
             self.posted += 1
         except (http.ApiError, OSError) as exc:
-            logger.warning("could not post event %s on %s/%s: %s", reason, ref.kind, ref.name, exc)
+            log.warning(
+                "event not posted", kind=ref.kind, name=ref.name, reason=reason, error=str(exc)
+            )

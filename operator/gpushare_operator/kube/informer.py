@@ -10,19 +10,19 @@ down leave the cache, and at most one page of full bodies is ever alive.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
 import orjson
+import structlog
 from kubernetes_asyncio import client
 
 from gpushare_operator.kube import http
+from gpushare_operator.kube.telemetry import NoTelemetry, Telemetry
 
-logger = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 
 class Sink(Protocol):
@@ -90,13 +90,13 @@ class Informer:
         api: client.ApiClient,
         target: Target,
         sink: Sink,
-        on_event: Callable[[str], None] | None = None,
+        telemetry: Telemetry | None = None,
         max_backoff: float = 30.0,
     ) -> None:
         self._api = api
         self._target = target
         self._sink = sink
-        self._on_event = on_event
+        self._telemetry: Telemetry = telemetry or NoTelemetry()
         self._max_backoff = max_backoff
         self.synced = asyncio.Event()
         self._relist = asyncio.Event()
@@ -121,10 +121,13 @@ class Informer:
                 backoff = 0.2
                 await self._watch_until_gone_or_relist()
             except Gone:
-                logger.info("%s watch expired (410 Gone): re-listing", self._target.kind)
+                log.info("watch expired (410 Gone): re-listing", kind=self._target.kind)
             except (TimeoutError, aiohttp.ClientError, http.ApiError, OSError) as exc:
-                logger.warning(
-                    "%s list failed (%s); retrying in %.1f s", self._target.kind, exc, backoff
+                log.warning(
+                    "list failed; retrying",
+                    kind=self._target.kind,
+                    error=str(exc),
+                    retry_in=backoff,
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
@@ -177,7 +180,7 @@ class Informer:
             await asyncio.gather(watch, relist, return_exceptions=True)
         if watch.done() and not watch.cancelled() and watch.exception() is not None:
             raise watch.exception()  # type: ignore[misc]
-        logger.info("%s re-list requested", self.kind)
+        log.info("re-list requested", kind=self.kind)
 
     async def _watch_until_gone(self) -> None:
         backoff = 0.2
@@ -187,8 +190,11 @@ class Informer:
                 backoff = 0.2
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 self.stats.reconnects += 1
-                logger.warning(
-                    "%s watch broke (%s); resuming in %.1f s", self._target.kind, exc, backoff
+                log.warning(
+                    "watch broke; resuming",
+                    kind=self._target.kind,
+                    error=str(exc),
+                    retry_in=backoff,
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
@@ -213,6 +219,7 @@ class Informer:
             if response.status != 200:
                 body = await response.read()
                 raise http.ApiError(status=response.status, reason=response.reason or "", body=body)
+            self.stats.last_activity = time.monotonic()  # connected: alive, if quiet
             splitter = LineSplitter()
             async for chunk in response.content.iter_any():
                 for line in splitter.feed(chunk):
@@ -235,6 +242,6 @@ class Informer:
             self.stats.bookmarks += 1
             return
         self.stats.events += 1
+        started = time.perf_counter()
         self._sink.apply(str(kind), drop_managed_fields(obj))
-        if self._on_event is not None:
-            self._on_event(self._target.kind)
+        self._telemetry.event_ingested(self._target.kind, time.perf_counter() - started)

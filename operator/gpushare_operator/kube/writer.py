@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
+import structlog
 from kubernetes_asyncio import client
 
 from gpushare_operator.cache.planner import NodePlan, Planner
@@ -24,8 +25,11 @@ from gpushare_operator.kube import http
 from gpushare_operator.kube.events import EventRecorder, ObjectRef
 from gpushare_operator.kube.leadership import LeaderGate
 from gpushare_operator.kube.ratelimit import TokenBucket
+from gpushare_operator.kube.telemetry import NoTelemetry, Telemetry
 
-logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+log = structlog.get_logger(__name__)
 
 FIELD_MANAGER = "gpushare-operator"
 JSON_PATCH = "application/json-patch+json"
@@ -91,6 +95,7 @@ class Writer:
         bucket: TokenBucket,
         recorder: EventRecorder,
         config: ConfigTarget,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._api = api
         self._state = state
@@ -99,6 +104,7 @@ class Writer:
         self._bucket = bucket
         self._recorder = recorder
         self._config = config
+        self._telemetry: Telemetry = telemetry or NoTelemetry()
         self._wake = asyncio.Event()
         self.counters = WriteCounters(ok={}, failed={})
         state.dirty.set_waker(self._wake.set)
@@ -143,7 +149,7 @@ class Writer:
             return True
         node = dirty.pop_node()
         if node is not None:
-            plan = self._planner.plan_node(node)
+            plan = self._timed_plan("node", lambda: self._planner.plan_node(node))
             if plan is not None:
                 await self._write_node(plan)
             return True
@@ -157,18 +163,29 @@ class Writer:
         await self._bucket.take()
         if not self._gate.is_leader():
             raise LostLeadership()
+        started = time.perf_counter()
         try:
             result = await http.request(self._api, **request)
-        except (http.ApiError, aiohttp.ClientError, OSError, TimeoutError):
+        except (http.ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
             self.counters.count(kind, ok=False)
+            outcome = f"http_{exc.status}" if isinstance(exc, http.ApiError) else "error"
+            self._telemetry.wrote(kind, outcome, time.perf_counter() - started)
             raise
         self.counters.count(kind, ok=True)
+        self._telemetry.wrote(kind, "ok", time.perf_counter() - started)
         return result
+
+    def _timed_plan(self, kind: str, plan: Callable[[], T]) -> T:
+        started = time.perf_counter()
+        try:
+            return plan()
+        finally:
+            self._telemetry.reconciled(kind, time.perf_counter() - started)
 
     # -- ConfigMap -----------------------------------------------------------------------------
 
     async def _write_config(self) -> None:
-        data = self._planner.plan_config()
+        data = self._timed_plan("configmap", self._planner.plan_config)
         if data is None:
             return
         target = self._config
@@ -211,7 +228,13 @@ class Writer:
         else:
             problem = f"cannot write ConfigMap {target.namespace}/{target.name}: {exc}"
         if self._planner.config_error != problem:
-            logger.warning("%s", problem)
+            log.warning(
+                "device-plugin ConfigMap not written",
+                kind="ConfigMap",
+                name=target.name,
+                namespace=target.namespace,
+                problem=problem,
+            )
             self._planner.config_error = problem
             self._state.dirty.many_policies(self._state.policies)
         self._retry_later("config", "")
@@ -238,7 +261,7 @@ class Writer:
             if plan.status is not None:
                 await self._write_node_state(plan)
         except (http.ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-            logger.warning("write for node %s failed: %s; retrying", plan.name, exc)
+            log.warning("node write failed; retrying", kind="Node", name=plan.name, error=str(exc))
             self._retry_later("node", plan.name)
 
     async def _apply_labels(self, plan: NodePlan) -> None:
@@ -317,7 +340,7 @@ class Writer:
     # -- policies --------------------------------------------------------------------------------
 
     async def _write_policy(self, name: str) -> None:
-        status = self._planner.plan_policy(name)
+        status = self._timed_plan("policy", lambda: self._planner.plan_policy(name))
         if status is None:
             return
         policy = self._state.policies[name]
@@ -333,11 +356,21 @@ class Writer:
         except http.ApiError as exc:
             if exc.status == 404:
                 return  # deleted meanwhile; its DELETED event removes it from the cache
-            logger.warning("status write for policy %s failed: %s; retrying", name, exc)
+            log.warning(
+                "policy status write failed; retrying",
+                kind=models.POLICY_KIND,
+                name=name,
+                error=str(exc),
+            )
             self._retry_later("policy", name)
             return
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            logger.warning("status write for policy %s failed: %s; retrying", name, exc)
+            log.warning(
+                "policy status write failed; retrying",
+                kind=models.POLICY_KIND,
+                name=name,
+                error=str(exc),
+            )
             self._retry_later("policy", name)
             return
         self._state.in_flight[("policy", name)] = status

@@ -1,0 +1,149 @@
+"""/metrics, /healthz and /readyz on one aiohttp server, and the Prometheus side of telemetry.
+
+The registry is per operator instance (not prometheus_client's global one), so that tests can
+run several and so that nothing registers at import time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from gpushare_operator.app.assembly import Assembly
+
+_LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+_POLICY_NODE_FIELDS = {
+    "matched": "matchedNodes",
+    "applied": "appliedNodes",
+    "verified": "verifiedNodes",
+    "conflicting": "conflictingNodes",
+}
+
+
+class PrometheusTelemetry:
+    """kube.telemetry.Telemetry, counted in a registry of our own."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.events = Counter(
+            "gpushare_events_ingested", "Watch events ingested", ["kind"], registry=registry
+        )
+        self.ingest = Histogram(
+            "gpushare_ingest_seconds",
+            "Time to ingest one watch event",
+            ["kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.reconcile = Histogram(
+            "gpushare_reconcile_seconds",
+            "Time to plan one object",
+            ["kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.writes = Counter(
+            "gpushare_writes",
+            "API writes by kind and outcome",
+            ["kind", "outcome"],
+            registry=registry,
+        )
+        self.write_latency = Histogram(
+            "gpushare_write_seconds",
+            "API write latency",
+            ["kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+
+    def event_ingested(self, kind: str, seconds: float) -> None:
+        self.events.labels(kind).inc()
+        self.ingest.labels(kind).observe(seconds)
+
+    def reconciled(self, kind: str, seconds: float) -> None:
+        self.reconcile.labels(kind).observe(seconds)
+
+    def wrote(self, kind: str, outcome: str, seconds: float) -> None:
+        self.writes.labels(kind, outcome).inc()
+        self.write_latency.labels(kind).observe(seconds)
+
+
+class StateCollector(Collector):
+    """Gauges read from the operator's state at scrape time: nothing to keep in step."""
+
+    def __init__(self, assembly: Assembly) -> None:
+        self._assembly = assembly
+
+    def collect(self) -> Iterator[Metric]:
+        a = self._assembly
+        state = a.state
+        caches = GaugeMetricFamily("gpushare_cache_objects", "Objects cached", labels=["kind"])
+        for kind, size in (
+            ("Node", len(state.nodes)),
+            ("Pod", len(state.usage.pods)),
+            ("GPUSharingPolicy", len(state.policies)),
+            ("GPUNodeState", len(state.node_states)),
+        ):
+            caches.add_metric([kind], size)
+        yield caches
+        yield GaugeMetricFamily(
+            "gpushare_write_queue_depth", "Dirty objects", value=len(state.dirty)
+        )
+        yield GaugeMetricFamily(
+            "gpushare_leader", "1 while this replica leads", value=int(a.gate.is_leader())
+        )
+        yield from self._policy_metrics()
+
+    def _policy_metrics(self) -> Iterator[Metric]:
+        nodes = GaugeMetricFamily(
+            "gpushare_policy_nodes", "Nodes per policy and state", labels=["policy", "state"]
+        )
+        slots = GaugeMetricFamily(
+            "gpushare_policy_slots", "Shared GPU slots per policy", labels=["policy", "kind"]
+        )
+        for name, status in sorted(self._assembly.planner.rendered_policies.items()):
+            if name not in self._assembly.state.policies:
+                continue
+            for label, field in _POLICY_NODE_FIELDS.items():
+                nodes.add_metric([name, label], status.get(field, 0))
+            for kind in ("capacity", "allocated"):
+                slots.add_metric([name, kind], status.get("slots", {}).get(kind, 0))
+        yield nodes
+        yield slots
+
+
+def build_app(assembly: Assembly, registry: CollectorRegistry) -> web.Application:
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), content_type="text/plain")
+
+    async def healthz(_: web.Request) -> web.Response:
+        problem = assembly.health_problem(now=time.monotonic())
+        if problem is not None:
+            return web.Response(status=503, text=problem + "\n")
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if not assembly.synced:
+            return web.Response(status=503, text="caches not synced\n")
+        return web.Response(text="ok\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+async def serve(app: web.Application, *, port: int) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    # All interfaces: the kubelet probes the pod IP, and Prometheus scrapes it.
+    site = web.TCPSite(runner, host="0.0.0.0", port=port)
+    await site.start()
+    return runner

@@ -36,15 +36,16 @@ controlplane: ## Build etcd, kube-apiserver and kubectl from the Go module proxy
 
 .PHONY: lint
 lint: venv ## ruff, mypy --strict and the import-linter layer contracts.
-	$(VENV)/bin/ruff check operator tests
-	$(VENV)/bin/ruff format --check operator tests
+	$(VENV)/bin/ruff check operator tests benchmarks
+	$(VENV)/bin/ruff format --check operator tests benchmarks
 	$(VENV)/bin/mypy --strict operator/gpushare_operator
+	$(VENV)/bin/mypy --strict benchmarks
 	$(VENV)/bin/lint-imports
 
 .PHONY: fmt
 fmt: venv ## Format and auto-fix with ruff.
-	$(VENV)/bin/ruff format operator tests
-	$(VENV)/bin/ruff check --fix operator tests
+	$(VENV)/bin/ruff format operator tests benchmarks
+	$(VENV)/bin/ruff check --fix operator tests benchmarks
 
 .PHONY: unit
 unit: venv ## Unit tests only (no control plane).
@@ -53,6 +54,12 @@ unit: venv ## Unit tests only (no control plane).
 .PHONY: test
 test: venv controlplane lint ## Every check and every test, against a real local control plane.
 	$(VPY) -m pytest $(PYTEST_ARGS)
+
+BENCH_ARGS ?=
+
+.PHONY: bench
+bench: venv ## In-process micro-benchmarks of the ingest paths (table on stdout, JSON in .bench/).
+	$(VPY) -m benchmarks.ingest $(BENCH_ARGS)
 
 .PHONY: crds
 crds: venv ## Regenerate crds/ and the chart's crds/ from the pydantic models.

@@ -19,6 +19,9 @@ class MatchIndex:
     def __init__(self) -> None:
         self._by_node: dict[str, frozenset[str]] = {}
         self._by_policy: dict[str, set[str]] = {}
+        # Nodes of a pool match the same policies: a few dozen distinct sets for thousands of
+        # nodes.  One shared frozenset per distinct set saves ~700 bytes per node.
+        self._shared: dict[frozenset[str], frozenset[str]] = {}
 
     def policies_of(self, node: str) -> frozenset[str]:
         return self._by_node.get(node, _NONE)
@@ -35,7 +38,9 @@ class MatchIndex:
         for policy in matched - before:
             self._by_policy.setdefault(policy, set()).add(node)
         if matched:
-            self._by_node[node] = matched
+            if len(self._shared) > 4 * len(self._by_policy) + 64:
+                self._shared = {s: s for s in self._by_node.values()}  # drop unused sets
+            self._by_node[node] = self._shared.setdefault(matched, matched)
         else:
             self._by_node.pop(node, None)
 

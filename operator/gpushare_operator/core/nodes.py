@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpushare_operator.core.labelsets import LabelSet
+
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 POLICY_LABEL = "gpushare.dev/policy"
 OWNED_LABELS = (CONFIG_LABEL, POLICY_LABEL)
@@ -121,11 +123,9 @@ def _capacity(status: Mapping[str, Any], resource: str) -> int | None:
     return _int_or_none(capacity.get(resource))
 
 
-def slim_labels(raw: object) -> dict[str, str]:
-    """A fresh label dict with interned keys and values (values repeat across a pool)."""
-    if not isinstance(raw, Mapping):
-        return {}
-    return {_intern(str(k)): _intern(str(v)) for k, v in raw.items()}
+def slim_labels(raw: object) -> LabelSet:
+    """Labels with interned values and a key layout shared across nodes (see ``labelsets``)."""
+    return LabelSet(raw if isinstance(raw, Mapping) else None)
 
 
 def labels_equal(record: NodeRecord, raw: object) -> bool:

@@ -12,7 +12,6 @@ and counted, never queued, so a flapping condition costs the API server a bounde
 from __future__ import annotations
 
 import datetime
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,7 +75,6 @@ class EventRecorder:
         if not self._admit((ref.uid or ref.name, reason, message)):
             return
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        digest = hashlib.sha256(f"{ref.uid}{reason}{message}{now}".encode()).hexdigest()[:10]
         namespace = ref.namespace or CLUSTER_SCOPED_EVENTS_NAMESPACE
         involved = {
             "apiVersion": ref.api_version,
@@ -89,7 +87,8 @@ class EventRecorder:
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{ref.name[:200]}.{digest}", "namespace": namespace},
+            # Unique per post, like client-go's recorder: <object>.<unix nanoseconds in hex>.
+            "metadata": {"name": f"{ref.name[:200]}.{time.time_ns():x}", "namespace": namespace},
             "involvedObject": involved,
             "type": type_,
             "reason": reason,

@@ -31,8 +31,8 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed ## Create .venv with the package and its test extra.
 
 .PHONY: controlplane
-controlplane: ## Build etcd, kube-apiserver and kubectl from the Go module proxy (cached).
-	@bash tests/controlplane/build.sh $(CONTROLPLANE_DIR) $(KUBERNETES_VERSION) $(ETCD_VERSION)
+controlplane: ## Build etcd, kube-apiserver, kubectl, kube-controller-manager and helm from Go modules (cached).
+	@bash tests/controlplane/build.sh $(CONTROLPLANE_DIR) $(KUBERNETES_VERSION) $(ETCD_VERSION) $(HELM_VERSION)
 
 .PHONY: lint
 lint: venv ## ruff, mypy --strict and the import-linter layer contracts.

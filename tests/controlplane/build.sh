@@ -7,9 +7,10 @@
 # apiserver's compatibility checks treat as a different release.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-out="${1:?usage: $0 OUTDIR KUBERNETES_VERSION ETCD_VERSION}"
+out="${1:?usage: $0 OUTDIR KUBERNETES_VERSION ETCD_VERSION HELM_VERSION}"
 k8s="${2:?}"
 etcd="${3:?}"
+helm="${4:?}"
 mkdir -p "$out/bin"
 out="$(cd "$out" && pwd)"
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
@@ -41,3 +42,5 @@ build kubectl kubernetes k8s.io/kubernetes/cmd/kubectl "$kv"
 # Garbage collection (ownerReferences) and namespace deletion only happen in the
 # controller manager; without it a deleted namespace stays Terminating for ever.
 build kube-controller-manager kubernetes k8s.io/kubernetes/cmd/kube-controller-manager "$kv"
+# Helm for the chart tests (lint, template, install); its own module again.
+build helm helm helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=${helm}"

@@ -52,7 +52,6 @@ class Assembly:
         self.registry = CollectorRegistry()
         self.telemetry = observability.PrometheusTelemetry(self.registry)
         self.registry.register(observability.StateCollector(self))
-        self.recorder = EventRecorder(api=api)
         self.gate = LeaseElector(
             api=api,
             namespace=s.namespace,
@@ -65,6 +64,7 @@ class Assembly:
             ),
             on_change=self._leadership_changed,
         )
+        self.recorder = EventRecorder(api=api, allowed=self.gate.is_leader)
         self.planner = Planner(
             self.state,
             timings=Timings(
@@ -179,12 +179,16 @@ class Assembly:
         await self.writer.run()
 
     async def _leadership_changed(self, leader: bool) -> None:
+        # Only the new leader says so: a replica that lost the lease may not write anything,
+        # and the new leader's Event records the handover.
+        if not leader:
+            return
         ref = ObjectRef("coordination.k8s.io/v1", "Lease", LEASE_NAME, "", self.settings.namespace)
         await self.recorder.post(
             ref=ref,
             type_="Normal",
-            reason="LeaderElected" if leader else "LeadershipLost",
-            message=f"{self.settings.identity} {'leads' if leader else 'no longer leads'}",
+            reason="LeaderElected",
+            message=f"{self.settings.identity} leads",
         )
 
     async def stop(self) -> None:

@@ -46,6 +46,7 @@ class EventRecorder:
         per_second: float = 1.0,
         burst: int = 30,
         clock: Callable[[], float] = time.monotonic,
+        allowed: Callable[[], bool] = lambda: True,
     ) -> None:
         self._api = api
         self._component = component
@@ -54,6 +55,7 @@ class EventRecorder:
         self._burst = float(burst)
         self._tokens = float(burst)
         self._clock = clock
+        self._allowed = allowed  # the leader gate: a follower (or a fenced leader) posts nothing
         self._stamp = clock()
         self._last: dict[tuple[str, str, str], float] = {}
         self.posted = 0
@@ -72,7 +74,7 @@ class EventRecorder:
 
     async def post(self, *, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
         """Post one Event; failures are logged, never raised (events are best effort)."""
-        if not self._admit((ref.uid or ref.name, reason, message)):
+        if not self._allowed() or not self._admit((ref.uid or ref.name, reason, message)):
             return
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         namespace = ref.namespace or CLUSTER_SCOPED_EVENTS_NAMESPACE

@@ -47,6 +47,40 @@ async def _create_pools(sim: GpuClusterSimulator) -> None:
     logger.info("simulated GPU nodes ready: %s", ", ".join(f"{p[1]} in {p[0]}" for p in POOLS))
 
 
+# (pod, node, resource, slots): a few workloads so that `kubectl get gsp,gns` shows usage.
+SAMPLE_PODS = (
+    ("chat-0", "gpu-inference-0", "nvidia.com/gpu", 2),
+    ("chat-1", "gpu-inference-0", "nvidia.com/gpu", 1),
+    ("embed-0", "gpu-inference-1", "nvidia.com/gpu", 3),
+    ("etl-0", "gpu-batch-0", "nvidia.com/gpu.shared", 4),
+    ("etl-1", "gpu-batch-1", "nvidia.com/gpu.shared", 2),
+)
+DEMO_NAMESPACE = "gpushare-demo"
+
+
+async def _create_sample_pods(sim: GpuClusterSimulator) -> None:
+    await _ensure_namespace(sim, DEMO_NAMESPACE)
+    pods = f"/api/v1/namespaces/{DEMO_NAMESPACE}/pods"
+    for name, node, resource, count in SAMPLE_PODS:
+        status, _ = await sim.client.get(f"{pods}/{name}")
+        if status == 200:
+            continue
+        body = bodies.shared_gpu_pod(
+            name=name,
+            node=node,
+            namespace=DEMO_NAMESPACE,
+            resource=resource,
+            count=count,
+            managed_fields=False,
+        )
+        body["metadata"].pop("resourceVersion", None)
+        body.pop("status", None)
+        await sim.client.post(pods, body)
+        # No kubelet runs here: say what it would, that the pod is running.
+        await sim.client.patch(f"{pods}/{name}/status", {"status": {"phase": "Running"}})
+    logger.info("sample pods running in namespace %s", DEMO_NAMESPACE)
+
+
 async def run(*, kubeconfig: Path, namespace: str, namespaces: Sequence[str]) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -58,6 +92,7 @@ async def run(*, kubeconfig: Path, namespace: str, namespaces: Sequence[str]) ->
         for name in (namespace, *namespaces):
             await _ensure_namespace(sim, name)
         await _create_pools(sim)
+        await _create_sample_pods(sim)
         await stop.wait()
 
 

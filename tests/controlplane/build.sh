@@ -43,4 +43,12 @@ build kubectl kubernetes k8s.io/kubernetes/cmd/kubectl "$kv"
 # controller manager; without it a deleted namespace stays Terminating for ever.
 build kube-controller-manager kubernetes k8s.io/kubernetes/cmd/kube-controller-manager "$kv"
 # Helm for the chart tests (lint, template, install); its own module again.
-build helm helm helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=${helm}"
+# Without the Kubernetes version stamped in, `helm template` assumes v1.20 and refuses charts
+# that declare a kubeVersion; stamp the version of the client-go it was built against.
+kmod="$(cd "$here/helm" && go list -m -f '{{.Version}}' k8s.io/client-go)"
+kminor="${kmod#v0.}"; kminor="${kminor%%.*}"
+hv=" -X helm.sh/helm/v3/internal/version.version=${helm}"
+for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+  hv+=" -X ${pkg}.k8sVersionMajor=1 -X ${pkg}.k8sVersionMinor=${kminor}"
+done
+build helm helm helm.sh/helm/v3/cmd/helm "$hv"

@@ -171,7 +171,7 @@ async def test_only_our_two_labels_ever_change(
         assert "fieldManager=gpushare-operator" in event["requestURI"]
         labels_written = (event.get("requestObject") or {}).get("metadata", {}).get("labels", {})
         assert set(labels_written) <= {h.CONFIG_LABEL, h.POLICY_LABEL}
-        assert set(event["requestObject"]["metadata"]) <= {"name", "labels"}
+        assert set(event["requestObject"]["metadata"]) <= {"name", "uid", "labels"}
 
 
 async def test_relabelled_node_is_released(

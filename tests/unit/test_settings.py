@@ -47,6 +47,8 @@ def test_every_flag_reads_its_environment_variable() -> None:
     "argv",
     [
         ["--write-qps", "-1"],
+        ["--write-qps", "0"],
+        ["--retry-period", "0"],
         ["--write-burst", "0"],
         ["--log-format", "xml"],
         ["--http-port", "nope"],

@@ -49,6 +49,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _above_zero_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -78,7 +85,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]
     )
     flag("http-port", "8080", "port for /metrics, /healthz and /readyz", _positive_int)
     flag("identity", socket.gethostname(), "this replica's identity in the Lease")
-    flag("write-qps", "20", "sustained API writes per second", _positive_float)
+    flag("write-qps", "20", "sustained API writes per second", _above_zero_float)
     flag("write-burst", "50", "API writes allowed in a burst", _positive_int)
     flag(
         "config-propagation-delay",
@@ -93,9 +100,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]
         "seconds Applied may last before it is a Mismatch",
         _positive_float,
     )
-    flag("lease-duration", "15", "leader Lease duration in seconds", _positive_float)
-    flag("renew-deadline", "10", "seconds the leader may go without renewing", _positive_float)
-    flag("retry-period", "2", "seconds between Lease attempts", _positive_float)
+    flag("lease-duration", "15", "leader Lease duration in seconds", _above_zero_float)
+    flag("renew-deadline", "10", "seconds the leader may go without renewing", _above_zero_float)
+    flag("retry-period", "2", "seconds between Lease attempts", _above_zero_float)
     parser.add_argument(
         "--log-format",
         choices=["json", "console"],

@@ -267,7 +267,9 @@ class Writer:
     async def _apply_labels(self, plan: NodePlan) -> None:
         assert plan.labels is not None
         wanted = {k: v for k, v in plan.labels.items() if v is not None}
-        metadata: dict[str, Any] = {"name": plan.name}
+        # The uid makes the apply a precondition: without it, applying to a node deleted a moment
+        # ago would create a bare Node; with it the API server answers 409 instead.
+        metadata: dict[str, Any] = {"name": plan.name, "uid": plan.uid}
         if wanted:
             metadata["labels"] = wanted
         await self._write(
@@ -291,6 +293,7 @@ class Writer:
             method="PATCH",
             path=f"{_API}/{models.NODE_STATE_PLURAL}/{plan.name}/status",
             body=[{"op": "add", "path": "/status", "value": plan.status}],
+            query=[("fieldManager", FIELD_MANAGER)],
             content_type=JSON_PATCH,
         )
         self._state.in_flight[("nodestate", plan.name)] = plan.status
@@ -351,6 +354,7 @@ class Writer:
                 method="PATCH",
                 path=f"{_API}/{models.POLICY_PLURAL}/{name}/status",
                 body=[{"op": "add", "path": "/status", "value": status}],
+                query=[("fieldManager", FIELD_MANAGER)],
                 content_type=JSON_PATCH,
             )
         except http.ApiError as exc:

@@ -1,0 +1,92 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "gpushare-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified app name: <release>-<chart>, or the release name alone when it already
+contains the chart name.  Cluster-scoped objects (ClusterRole, ClusterRoleBinding) carry it, so
+two releases never collide.
+*/}}
+{{- define "gpushare-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpushare-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object; app.kubernetes.io/instance finds all of a release's objects. */}}
+{{- define "gpushare-operator.labels" -}}
+helm.sh/chart: {{ include "gpushare-operator.chart" . }}
+{{ include "gpushare-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | trunc 63 | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpushare
+{{- end }}
+
+{{- define "gpushare-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpushare-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "gpushare-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "gpushare-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* --namespace: the Lease and leadership Events; the release namespace unless set. */}}
+{{- define "gpushare-operator.operatorNamespace" -}}
+{{- default .Release.Namespace .Values.operator.namespace }}
+{{- end }}
+
+{{- define "gpushare-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Flag values as the container sees them: numbers without a float's exponent or trailing ".0"
+noise, as strings (environment variables are strings).
+*/}}
+{{- define "gpushare-operator.number" -}}
+{{- $value := . }}
+{{- if kindIs "float64" $value }}
+{{- if eq (float64 (int64 $value)) $value }}
+{{- int64 $value | toString }}
+{{- else }}
+{{- $value | toString }}
+{{- end }}
+{{- else }}
+{{- $value | toString }}
+{{- end }}
+{{- end }}
+
+{{/* The timings must be ordered as the operator requires, or it would refuse to start. */}}
+{{- define "gpushare-operator.validate" -}}
+{{- $o := .Values.operator }}
+{{- if not (and (lt (float64 $o.retryPeriod) (float64 $o.renewDeadline)) (lt (float64 $o.renewDeadline) (float64 $o.leaseDuration))) }}
+{{- fail (printf "operator: need retryPeriod (%v) < renewDeadline (%v) < leaseDuration (%v)" $o.retryPeriod $o.renewDeadline $o.leaseDuration) }}
+{{- end }}
+{{- $pdb := .Values.podDisruptionBudget }}
+{{- if and $pdb.enabled (not $pdb.maxUnavailable) (not (kindIs "string" $pdb.minAvailable)) }}
+{{- if ge (int $pdb.minAvailable) (int .Values.replicaCount) }}
+{{- fail (printf "podDisruptionBudget.minAvailable (%v) must be below replicaCount (%v), or the budget blocks every node drain" $pdb.minAvailable .Values.replicaCount) }}
+{{- end }}
+{{- end }}
+{{- end }}

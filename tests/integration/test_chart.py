@@ -1,0 +1,529 @@
+"""The Helm chart, with the real ``helm``: lint, template, server-side dry-run, install, uninstall.
+
+Values reach the operator as ``GPUSHARE_<FLAG>`` variables; the rendered environment is parsed
+back by the operator's own argument parser, so a chart value the operator would refuse, or an
+operator flag the chart cannot set, fails here rather than in a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import urllib.request
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpushare_operator.app import settings
+from gpushare_operator.testing.controlplane import ControlPlane
+from tests.integration.conftest import ROOT, OperatorFactory
+
+CHART = ROOT / "charts" / "gpushare-operator"
+DASHBOARD = CHART / "dashboards" / "gpushare-operator.json"
+INSTANCE = "app.kubernetes.io/instance"
+
+Manifest = dict[str, Any]
+
+
+@dataclass
+class Helm:
+    """The ``helm`` binary from ``make controlplane``, with its state kept in a temporary dir."""
+
+    binary: Path
+    kubeconfig: Path
+    home: Path
+    kube_version: str  # what `helm template` renders for: the control plane's version
+
+    @classmethod
+    def for_plane(cls, plane: ControlPlane, home: Path) -> Helm:
+        binary = plane.bin_dir / "helm"
+        if not binary.exists():
+            pytest.fail(f"{binary} missing: run `make controlplane`")
+        status, raw = plane.request("GET", "/version")
+        assert status == 200, raw
+        version = str(json.loads(raw)["gitVersion"])
+        return cls(
+            binary=binary, kubeconfig=plane.admin_kubeconfig, home=home, kube_version=version
+        )
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "HELM_CACHE_HOME": str(self.home / "cache"),
+            "HELM_CONFIG_HOME": str(self.home / "config"),
+            "HELM_DATA_HOME": str(self.home / "data"),
+        }
+        env.pop("KUBECONFIG", None)
+        result = subprocess.run(
+            [str(self.binary), "--kubeconfig", str(self.kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"helm {' '.join(args)} exited {result.returncode}:\n{result.stderr}"
+            )
+        return result
+
+    def render(
+        self,
+        *args: str,
+        release: str = "gs",
+        namespace: str = "gpushare-system",
+        check: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
+        return self.run(
+            "template",
+            release,
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--kube-version",
+            self.kube_version,
+            *args,
+            check=check,
+        )
+
+    def template(
+        self, *args: str, release: str = "gs", namespace: str = "gpushare-system"
+    ) -> list[Manifest]:
+        out = self.render(*args, release=release, namespace=namespace).stdout
+        return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+@pytest.fixture
+def helm(control_plane: ControlPlane, tmp_path: Path) -> Helm:
+    return Helm.for_plane(control_plane, tmp_path / "helm")
+
+
+def only(manifests: list[Manifest], kind: str, name_suffix: str = "") -> Manifest:
+    found = [
+        m for m in manifests if m["kind"] == kind and m["metadata"]["name"].endswith(name_suffix)
+    ]
+    assert len(found) == 1, f"{kind} *{name_suffix}: {[m['metadata']['name'] for m in found]}"
+    return found[0]
+
+
+def container_env(deployment: Manifest) -> dict[str, Any]:
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def plain_env(deployment: Manifest) -> dict[str, str]:
+    return {k: v for k, v in container_env(deployment).items() if isinstance(v, str)}
+
+
+def operator_flags() -> list[str]:
+    """Every ``run`` flag the operator declares, without the leading dashes."""
+    parser = argparse.ArgumentParser()
+    settings.add_run_arguments(parser, env={})
+    return sorted(
+        option[2:]
+        for action in parser._actions
+        for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    )
+
+
+# Every operator flag, its chart value and a value unlike any default (a string for --set).
+FLAG_VALUES: dict[str, tuple[str, str]] = {
+    "namespace": ("operator.namespace", "ops-leases"),
+    "identity": ("operator.identity", "replica-seven"),
+    "device-plugin-namespace": ("devicePlugin.namespace", "nvidia-ops"),
+    "device-plugin-configmap": ("devicePlugin.configMap", "sharing-configs"),
+    "http-port": ("operator.httpPort", "9123"),
+    "write-qps": ("operator.writeQps", "7.5"),
+    "write-burst": ("operator.writeBurst", "77"),
+    "config-propagation-delay": ("operator.configPropagationDelay", "11"),
+    "config-key-grace-period": ("operator.configKeyGracePeriod", "222"),
+    "mismatch-timeout": ("operator.mismatchTimeout", "333"),
+    "lease-duration": ("operator.leaseDuration", "44"),
+    "renew-deadline": ("operator.renewDeadline", "33"),
+    "retry-period": ("operator.retryPeriod", "3.5"),
+    "log-format": ("operator.logFormat", "console"),
+}
+
+
+def test_helm_lint_passes(helm: Helm) -> None:
+    for extra in ([], ["--set", "serviceMonitor.enabled=true,grafanaDashboard.enabled=true"]):
+        result = helm.run("lint", "--strict", str(CHART), *extra)
+        assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout, result.stdout
+        assert "[WARNING]" not in result.stdout, result.stdout
+
+
+def test_every_operator_flag_is_a_value_that_reaches_the_container(helm: Helm) -> None:
+    assert sorted(FLAG_VALUES) == operator_flags(), "a flag without a chart value, or vice versa"
+    values = (CHART / "values.yaml").read_text()
+    undocumented = [f for f in FLAG_VALUES if not re.search(rf"^\s*# --{f}\b", values, re.M)]
+    assert undocumented == [], "values.yaml says which flag each value is"
+    sets = ",".join(f"{path}={value}" for path, value in FLAG_VALUES.values())
+    manifests = helm.template("--set", sets)
+
+    deployment = only(manifests, "Deployment")
+    env = plain_env(deployment)
+    for flag, (_, value) in FLAG_VALUES.items():
+        name = "GPUSHARE_" + flag.upper().replace("-", "_")
+        assert env.get(name) == value, (flag, env.get(name))
+    # What the chart renders is what the operator itself parses, flag for flag.
+    parsed = settings.parse_settings([], env=env)
+    assert parsed == settings.Settings(
+        namespace="ops-leases",
+        device_plugin_namespace="nvidia-ops",
+        device_plugin_configmap="sharing-configs",
+        http_port=9123,
+        identity="replica-seven",
+        write_qps=7.5,
+        write_burst=77,
+        config_propagation_delay=11.0,
+        config_key_grace_period=222.0,
+        mismatch_timeout=333.0,
+        log_format="console",
+        lease_duration=44.0,
+        renew_deadline=33.0,
+        retry_period=3.5,
+    )
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["ports"] == [{"name": "http", "containerPort": 9123, "protocol": "TCP"}]
+    # The namespaced permissions follow the namespaces the flags name.
+    leases = only(manifests, "Role", "-leader-election")
+    assert leases["metadata"]["namespace"] == "ops-leases"
+    config = only(manifests, "Role", "-device-plugin-config")
+    assert config["metadata"]["namespace"] == "nvidia-ops"
+    assert config["rules"][0]["resourceNames"] == ["sharing-configs"]
+
+
+def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
+    manifests = helm.template(release="gs", namespace="gpushare-system")
+    kinds = sorted((m["kind"], m["metadata"].get("namespace", "")) for m in manifests)
+    assert kinds == [
+        ("ClusterRole", ""),
+        ("ClusterRoleBinding", ""),
+        ("Deployment", "gpushare-system"),
+        ("PodDisruptionBudget", "gpushare-system"),
+        ("Role", "default"),
+        ("Role", "gpu-operator"),
+        ("Role", "gpushare-system"),
+        ("RoleBinding", "default"),
+        ("RoleBinding", "gpu-operator"),
+        ("RoleBinding", "gpushare-system"),
+        ("Service", "gpushare-system"),
+        ("ServiceAccount", "gpushare-system"),
+    ]
+    for manifest in manifests:
+        assert manifest["metadata"]["labels"][INSTANCE] == "gs"
+
+    deployment = only(manifests, "Deployment")
+    env = container_env(deployment)
+    # Same defaults as the operator's (the pod's own name is its identity).
+    assert env["GPUSHARE_IDENTITY"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    chart = settings.parse_settings([], env={**plain_env(deployment), "GPUSHARE_IDENTITY": "p"})
+    operator = settings.parse_settings([], env={"POD_NAMESPACE": "gpushare-system"})
+    assert chart == dataclasses.replace(operator, identity="p")
+    assert env["GPUSHARE_LOG_FORMAT"] == "json"
+
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    pod = spec["template"]["spec"]
+    pod_labels = spec["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= pod_labels.items()
+    [term] = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["serviceAccountName"] == only(manifests, "ServiceAccount")["metadata"]["name"]
+    [container] = pod["containers"]
+    assert container["image"] == "ghcr.io/gpushare/gpushare-operator:0.1.0"
+    assert "command" not in container  # the image's entrypoint runs the operator
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["runAsNonRoot"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    for bound in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(container["resources"][bound])
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+
+    budget = only(manifests, "PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    service = only(manifests, "Service")
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [
+        {"name": "http-metrics", "port": 8080, "targetPort": "http", "protocol": "TCP"}
+    ]
+
+
+def test_rbac_is_least_privilege(helm: Helm) -> None:
+    manifests = helm.template(release="gs", namespace="gpushare-system")
+    cluster = only(manifests, "ClusterRole")
+    granted = {
+        (group, resource): sorted(rule["verbs"])
+        for rule in cluster["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert granted == {
+        ("", "nodes"): ["get", "list", "patch", "watch"],
+        ("", "pods"): ["get", "list", "watch"],
+        ("gpushare.dev", "gpusharingpolicies"): ["get", "list", "watch"],
+        ("gpushare.dev", "gpusharingpolicies/status"): ["patch"],
+        ("gpushare.dev", "gpunodestates"): ["create", "get", "list", "watch"],
+        ("gpushare.dev", "gpunodestates/status"): ["patch"],
+    }
+    every_rule = [r for m in manifests if m["kind"] in ("Role", "ClusterRole") for r in m["rules"]]
+    for rule in every_rule:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+        assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(
+            rule["verbs"]
+        )
+        assert "secrets" not in rule["resources"]
+    events = only(manifests, "Role", "-events")
+    assert events["metadata"]["namespace"] == "default"
+    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    config = only(manifests, "Role", "-device-plugin-config")
+    assert config["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["gpushare-device-plugin-configs"],
+            "verbs": ["get", "list", "watch", "create", "patch"],
+        }
+    ]
+    account = only(manifests, "ServiceAccount")["metadata"]["name"]
+    for binding in (m for m in manifests if m["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account, "namespace": "gpushare-system"}
+        ]
+
+
+def test_service_monitor_and_dashboard_are_optional(helm: Helm) -> None:
+    manifests = helm.template(
+        "--set",
+        "serviceMonitor.enabled=true,serviceMonitor.labels.release=prom,grafanaDashboard.enabled=true",
+    )
+    monitor = only(manifests, "ServiceMonitor")
+    service = only(manifests, "Service")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["gpushare-system"]}
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"]
+    assert endpoint["path"] == "/metrics"
+
+    dashboard = only(manifests, "ConfigMap", "-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    board = json.loads(dashboard["data"]["gpushare-operator.json"])
+    assert board == json.loads(DASHBOARD.read_text())
+    assert dashboard_metrics(board)  # it charts something
+
+
+def dashboard_metrics(board: Mapping[str, Any]) -> set[str]:
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", ())]
+    return {name for expr in exprs for name in re.findall(r"\bgpushare_[a-z_]+", expr)}
+
+
+@pytest.mark.parametrize(
+    ("setting", "complaint"),
+    [
+        ("operator.logFormat=xml", "logFormat"),
+        ("operator.writeQps=-1", "writeQps"),
+        ("operator.httpPort=0", "httpPort"),
+        ("operator.retryPeriod=0", "retryPeriod"),
+        ("operator.writeQpss=5", "writeQpss"),
+        ("operator.renewDeadline=20", "renewDeadline"),
+        ("devicePlugin.namespace=Not_A_Namespace", "namespace"),
+        ("podDisruptionBudget.minAvailable=2", "minAvailable"),
+    ],
+)
+def test_bad_values_are_refused(helm: Helm, setting: str, complaint: str) -> None:
+    result = helm.render("--set", setting, check=False)
+    assert result.returncode != 0, result.stdout
+    assert complaint in result.stderr, result.stderr
+
+
+@pytest.fixture
+def namespaces(control_plane: ControlPlane) -> Iterator[list[str]]:
+    """Namespaces a test creates (``create_namespace``); deleted afterwards."""
+    created: list[str] = []
+    yield created
+    for name in created:
+        control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+def create_namespace(plane: ControlPlane, created: list[str], prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    status, raw = plane.request("POST", "/api/v1/namespaces", body=body)
+    assert status == 201, raw
+    created.append(name)
+    return name
+
+
+def kubectl(plane: ControlPlane, *args: str, stdin: str | None = None) -> str:
+    result = subprocess.run(
+        [str(plane.bin_dir / "kubectl"), "--kubeconfig", str(plane.admin_kubeconfig), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_rendered_manifests_pass_server_side_dry_run(
+    control_plane: ControlPlane, helm: Helm, namespaces: list[str]
+) -> None:
+    release_ns = create_namespace(control_plane, namespaces, "gs")
+    plugin_ns = create_namespace(control_plane, namespaces, "plugin")
+    rendered = helm.render(
+        "--set",
+        f"devicePlugin.namespace={plugin_ns},grafanaDashboard.enabled=true",
+        release="dry",
+        namespace=release_ns,
+    ).stdout
+    out = kubectl(
+        control_plane,
+        "apply",
+        "--server-side",
+        "--field-manager=helm-dry-run",
+        "--dry-run=server",
+        "-f",
+        "-",
+        stdin=rendered,
+    )
+    applied = [line for line in out.splitlines() if line.endswith("(server dry run)")]
+    assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]) == 13, out
+    # A dry run: nothing was created.
+    status, _ = control_plane.request(
+        "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/dry-gpushare-operator"
+    )
+    assert status == 404
+
+
+# Every kind the chart can create, as (API path prefix, plural, namespaced).
+CHART_KINDS = [
+    ("/apis/apps/v1", "deployments", True),
+    ("/api/v1", "serviceaccounts", True),
+    ("/api/v1", "services", True),
+    ("/api/v1", "configmaps", True),
+    ("/apis/policy/v1", "poddisruptionbudgets", True),
+    ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
+    ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
+    ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+]
+
+
+def release_objects(plane: ControlPlane, release: str) -> list[tuple[str, str, str]]:
+    """(plural, namespace, name) of every object labelled with the release, in any namespace."""
+    found = []
+    for prefix, plural, _ in CHART_KINDS:
+        status, raw = plane.request(
+            "GET", f"{prefix}/{plural}?labelSelector={INSTANCE}%3D{release}"
+        )
+        assert status == 200, raw
+        for item in json.loads(raw)["items"]:
+            meta = item["metadata"]
+            found.append((plural, meta.get("namespace", ""), meta["name"]))
+    return sorted(found)
+
+
+def test_install_creates_everything_and_uninstall_leaves_nothing(
+    control_plane: ControlPlane, helm: Helm, namespaces: list[str], crds_installed: None
+) -> None:
+    release_ns = create_namespace(control_plane, namespaces, "gs")
+    plugin_ns = create_namespace(control_plane, namespaces, "plugin")
+    release = f"gs-{uuid.uuid4().hex[:6]}"
+    helm.run(
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        release_ns,
+        "--set",
+        f"devicePlugin.namespace={plugin_ns},grafanaDashboard.enabled=true",
+    )
+    try:
+        full = f"{release}-gpushare-operator"
+        assert release_objects(control_plane, release) == sorted(
+            [
+                ("deployments", release_ns, full),
+                ("serviceaccounts", release_ns, full),
+                ("services", release_ns, f"{full}-metrics"),
+                ("configmaps", release_ns, f"{full}-dashboard"),
+                ("poddisruptionbudgets", release_ns, full),
+                ("roles", release_ns, f"{full}-leader-election"),
+                ("roles", "default", f"{full}-events"),
+                ("roles", plugin_ns, f"{full}-device-plugin-config"),
+                ("rolebindings", release_ns, f"{full}-leader-election"),
+                ("rolebindings", "default", f"{full}-events"),
+                ("rolebindings", plugin_ns, f"{full}-device-plugin-config"),
+                ("clusterroles", "", full),
+                ("clusterrolebindings", "", full),
+            ]
+        )
+        status, raw = control_plane.request(
+            "GET", f"/apis/apps/v1/namespaces/{release_ns}/deployments/{full}"
+        )
+        assert status == 200
+        assert json.loads(raw)["spec"]["replicas"] == 2
+        listed = json.loads(helm.run("list", "--namespace", release_ns, "-o", "json").stdout)
+        assert [(r["name"], r["status"]) for r in listed] == [(release, "deployed")]
+        notes = helm.run("get", "notes", release, "--namespace", release_ns).stdout
+        assert "devicePlugin.config.name=gpushare-device-plugin-configs" in notes
+    finally:
+        helm.run("uninstall", release, "--namespace", release_ns, "--wait", "--timeout", "60s")
+
+    assert release_objects(control_plane, release) == []
+    status, raw = control_plane.request(
+        "GET", f"/api/v1/namespaces/{release_ns}/secrets?labelSelector=owner%3Dhelm"
+    )
+    assert json.loads(raw)["items"] == []  # Helm's own release record is gone too
+    for crd in ("gpusharingpolicies.gpushare.dev", "gpunodestates.gpushare.dev"):
+        status, _ = control_plane.request(
+            "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}"
+        )
+        assert status == 200, f"{crd} must outlive the release"
+
+
+async def test_the_dashboard_charts_metrics_the_operator_exports(
+    crds_installed: None, namespace: str, start_operator: OperatorFactory
+) -> None:
+    operator = await start_operator("--device-plugin-namespace", namespace)
+    url = f"http://127.0.0.1:{operator.http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: ASYNC210 - one local read
+        text = response.read().decode()
+    families = dict(re.findall(r"^# TYPE (gpushare_[a-z_]+) ([a-z]+)$", text, re.M))
+    assert "gpushare_writes_total" in families  # labelled families show before any sample
+    missing = []
+    for name in sorted(dashboard_metrics(json.loads(DASHBOARD.read_text()))):
+        base, _, suffix = name.rpartition("_")
+        if name in families or (families.get(base) == "histogram" and suffix in HISTOGRAM):
+            continue
+        missing.append(name)
+    assert not missing, f"the dashboard charts metrics the operator lacks: {missing}"
+
+
+HISTOGRAM = {"bucket", "sum", "count"}

@@ -13,57 +13,65 @@ from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import pods as core_pods
 
 
-class NodeSink:
-    """Informer sink for Nodes, with replace semantics on re-list."""
+class _ReplacingSink:
+    """A keyed sink: remembers what a re-list mentioned, and deletes the rest at its end."""
 
     def __init__(self, state: ClusterState) -> None:
         self._state = state
         self._seen: set[str] | None = None
 
-    def begin_relist(self) -> None:
-        self._seen = set()
+    def key(self, obj: Mapping[str, Any]) -> str:
+        return str((obj.get("metadata") or {}).get("name"))
 
-    def relist_item(self, obj: dict[str, Any]) -> None:
-        name = (obj.get("metadata") or {}).get("name")
-        if self._seen is not None and isinstance(name, str):
-            self._seen.add(name)
-        self._state.upsert_node(obj)
+    def keys(self) -> list[str]:
+        raise NotImplementedError
 
-    def end_relist(self) -> None:
-        seen, self._seen = self._seen or set(), None
-        for name in [n for n in self._state.nodes if n not in seen]:
-            self._state.delete_node(name)
+    def upsert(self, obj: dict[str, Any]) -> None:
+        raise NotImplementedError
 
-    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
-        if event_type == "DELETED":
-            self._state.delete_node(str((obj.get("metadata") or {}).get("name")))
-        else:
-            self._state.upsert_node(obj)
-
-
-class NodeStateSink:
-    def __init__(self, state: ClusterState) -> None:
-        self._state = state
-        self._seen: set[str] | None = None
+    def delete(self, key: str) -> None:
+        raise NotImplementedError
 
     def begin_relist(self) -> None:
         self._seen = set()
 
     def relist_item(self, obj: dict[str, Any]) -> None:
         if self._seen is not None:
-            self._seen.add(str((obj.get("metadata") or {}).get("name")))
-        self._state.upsert_node_state(obj)
+            self._seen.add(self.key(obj))
+        self.upsert(obj)
 
     def end_relist(self) -> None:
         seen, self._seen = self._seen or set(), None
-        for name in [n for n in self._state.node_states if n not in seen]:
-            self._state.delete_node_state(name)
+        for key in [k for k in self.keys() if k not in seen]:
+            self.delete(key)
 
     def apply(self, event_type: str, obj: dict[str, Any]) -> None:
         if event_type == "DELETED":
-            self._state.delete_node_state(str((obj.get("metadata") or {}).get("name")))
+            self.delete(self.key(obj))
         else:
-            self._state.upsert_node_state(obj)
+            self.upsert(obj)
+
+
+class NodeSink(_ReplacingSink):
+    def keys(self) -> list[str]:
+        return list(self._state.nodes)
+
+    def upsert(self, obj: dict[str, Any]) -> None:
+        self._state.upsert_node(obj)
+
+    def delete(self, key: str) -> None:
+        self._state.delete_node(key)
+
+
+class NodeStateSink(_ReplacingSink):
+    def keys(self) -> list[str]:
+        return list(self._state.node_states)
+
+    def upsert(self, obj: dict[str, Any]) -> None:
+        self._state.upsert_node_state(obj)
+
+    def delete(self, key: str) -> None:
+        self._state.delete_node_state(key)
 
 
 class ConfigMapSink:
@@ -92,28 +100,17 @@ class ConfigMapSink:
         self._state.set_config_data(data, initial=False)
 
 
-class PodSink:
-    """Sink for Pods (the informer's field selector already leaves out finished ones)."""
+class PodSink(_ReplacingSink):
+    """Pods, keyed by uid (the informer's field selector already leaves out finished ones)."""
 
-    def __init__(self, state: ClusterState) -> None:
-        self._state = state
-        self._seen: set[str] | None = None
+    def key(self, obj: Mapping[str, Any]) -> str:
+        return core_pods.uid_of(obj)
 
-    def begin_relist(self) -> None:
-        self._seen = set()
+    def keys(self) -> list[str]:
+        return list(self._state.usage.pods)
 
-    def relist_item(self, obj: dict[str, Any]) -> None:
-        if self._seen is not None:
-            self._seen.add(core_pods.uid_of(obj))
+    def upsert(self, obj: dict[str, Any]) -> None:
         self._state.upsert_pod(obj)
 
-    def end_relist(self) -> None:
-        seen, self._seen = self._seen or set(), None
-        for uid in [u for u in self._state.usage.pods if u not in seen]:
-            self._state.delete_pod(uid)
-
-    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
-        if event_type == "DELETED":
-            self._state.delete_pod(core_pods.uid_of(obj))
-        else:
-            self._state.upsert_pod(obj)
+    def delete(self, key: str) -> None:
+        self._state.delete_pod(key)

@@ -53,8 +53,19 @@ class UsageLedger:
             slot = counters.setdefault(resource, [0, 0])
             slot[0] += sign * amount
             slot[1] += sign
+            if slot == [0, 0]:
+                del counters[resource]  # nodes come and go: keep no empty entries
             if governor is not None and governor[1] == resource:
-                self._by_policy[governor[0]] += sign * amount
+                self._add_policy(governor[0], sign * amount)
+        if not counters:
+            del self._by_node[node]
+
+    def _add_policy(self, policy: str, amount: int) -> None:
+        total = self._by_policy[policy] + amount
+        if total:
+            self._by_policy[policy] = total
+        else:
+            del self._by_policy[policy]
 
     def replace(self, uid: str, record: PodRecord | None) -> tuple[PodRecord | None, bool]:
         """Swap a pod's record; returns the old one and whether any counter moved."""
@@ -80,9 +91,9 @@ class UsageLedger:
         if old == governor:
             return old
         if old is not None:
-            self._by_policy[old[0]] -= self.node_usage(node, old[1])[0]
+            self._add_policy(old[0], -self.node_usage(node, old[1])[0])
             del self._governors[node]
         if governor is not None:
             self._governors[node] = governor
-            self._by_policy[governor[0]] += self.node_usage(node, governor[1])[0]
+            self._add_policy(governor[0], self.node_usage(node, governor[1])[0])
         return old

@@ -105,6 +105,8 @@ class Writer:
         self._recorder = recorder
         self._config = config
         self._telemetry: Telemetry = telemetry or NoTelemetry()
+        self._writes_this_round = 0
+        self.settle = 0.2  # seconds to let a burst of events land before planning
         self._wake = asyncio.Event()
         self.counters = WriteCounters(ok={}, failed={})
         state.dirty.set_waker(self._wake.set)
@@ -120,12 +122,15 @@ class Writer:
                 leading = True
                 self.resync()
             next_due = self._planner.due()
+            if not self._state.dirty:
+                await self._sleep_until(next_due)
+                # Let a burst that woke us finish arriving: it becomes one write per object.
+                await asyncio.sleep(self.settle)
+                continue
             try:
-                drained = await self._drain_one()
+                await self._drain_one()
             except LostLeadership:
                 continue
-            if not drained:
-                await self._sleep_until(next_due)
 
     def resync(self) -> None:
         dirty = self._state.dirty
@@ -143,13 +148,14 @@ class Writer:
 
     async def _drain_one(self) -> bool:
         """Plan and write one dirty object; False when nothing was dirty."""
+        self._writes_this_round = 0
         dirty = self._state.dirty
         if dirty.pop_config():
             await self._write_config()
             return True
         node = dirty.pop_node()
         if node is not None:
-            plan = self._timed_plan("node", lambda: self._planner.plan_node(node))
+            plan = await self._plan_with_token("node", lambda: self._planner.plan_node(node))
             if plan is not None:
                 await self._write_node(plan)
             return True
@@ -159,8 +165,22 @@ class Writer:
             return True
         return False
 
-    async def _write(self, kind: str, **request: Any) -> Any:
+    async def _plan_with_token(self, kind: str, plan: Callable[[], T | None]) -> T | None:
+        """Plan; if there is something to write, wait for a token and plan again.
+
+        A no-op plan costs no token.  Planning again after the wait folds whatever arrived
+        meanwhile (say, the rest of a burst of pod events) into this one write.
+        """
+        if self._timed_plan(kind, plan) is None:
+            return None
         await self._bucket.take()
+        self._writes_this_round = 1  # the first write of this round has its token
+        return self._timed_plan(kind, plan)
+
+    async def _write(self, kind: str, **request: Any) -> Any:
+        if self._writes_this_round != 1:
+            await self._bucket.take()
+        self._writes_this_round += 1
         if not self._gate.is_leader():
             raise LostLeadership()
         started = time.perf_counter()
@@ -185,7 +205,7 @@ class Writer:
     # -- ConfigMap -----------------------------------------------------------------------------
 
     async def _write_config(self) -> None:
-        data = self._timed_plan("configmap", self._planner.plan_config)
+        data = await self._plan_with_token("configmap", self._planner.plan_config)
         if data is None:
             return
         target = self._config
@@ -343,7 +363,7 @@ class Writer:
     # -- policies --------------------------------------------------------------------------------
 
     async def _write_policy(self, name: str) -> None:
-        status = self._timed_plan("policy", lambda: self._planner.plan_policy(name))
+        status = await self._plan_with_token("policy", lambda: self._planner.plan_policy(name))
         if status is None:
             return
         policy = self._state.policies[name]
@@ -357,18 +377,9 @@ class Writer:
                 query=[("fieldManager", FIELD_MANAGER)],
                 content_type=JSON_PATCH,
             )
-        except http.ApiError as exc:
-            if exc.status == 404:
+        except (http.ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            if isinstance(exc, http.ApiError) and exc.status == 404:
                 return  # deleted meanwhile; its DELETED event removes it from the cache
-            log.warning(
-                "policy status write failed; retrying",
-                kind=models.POLICY_KIND,
-                name=name,
-                error=str(exc),
-            )
-            self._retry_later("policy", name)
-            return
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             log.warning(
                 "policy status write failed; retrying",
                 kind=models.POLICY_KIND,

@@ -19,6 +19,7 @@ from kubernetes_asyncio import client
 
 from gpushare_operator.kube import connection
 from gpushare_operator.testing.controlplane import ControlPlane, free_port
+from gpushare_operator.testing.simulator import GpuClusterSimulator
 from tests.waiting import eventually
 
 
@@ -166,3 +167,26 @@ def crds_installed(control_plane: ControlPlane) -> None:
         check=True,
         capture_output=True,
     )
+
+
+@pytest.fixture
+async def sim(control_plane: ControlPlane, namespace: str) -> AsyncIterator[GpuClusterSimulator]:
+    """GPU nodes and the NVIDIA agents on them; the device-plugin namespace is ``namespace``."""
+    async with GpuClusterSimulator(
+        kubeconfig=control_plane.admin_kubeconfig, namespace=namespace
+    ) as simulator:
+        yield simulator
+
+
+@pytest.fixture
+async def policies(sim: GpuClusterSimulator) -> AsyncIterator[list[str]]:
+    """Names of policies a test created; deleted afterwards so no other test sees them."""
+    created: list[str] = []
+    try:
+        yield created
+    finally:
+        for name in created:
+            status, body = await sim.client.delete(
+                f"/apis/gpushare.dev/v1alpha1/gpusharingpolicies/{name}"
+            )
+            assert status in (200, 404), body

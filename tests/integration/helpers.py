@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpushare_operator.testing.controlplane import ControlPlane
-from gpushare_operator.testing.simulator import RawClient
+from gpushare_operator.testing.simulator import GpuClusterSimulator, RawClient
 
 API = "/apis/gpushare.dev/v1alpha1"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
@@ -110,3 +110,9 @@ def writes_to(events: list[dict[str, Any]], *, resource: str, name: str) -> list
         for e in events
         if e["objectRef"].get("resource") == resource and e["objectRef"].get("name") == name
     ]
+
+
+async def add_policy(sim: GpuClusterSimulator, created: list[str], body: dict[str, Any]) -> None:
+    """Create a policy and remember it for the ``policies`` fixture to delete."""
+    await create_policy(sim.client, body)
+    created.append(body["metadata"]["name"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +58,6 @@ async def _create_until_accepted(sim: GpuClusterSimulator, body: dict[str, Any])
         return int(status)
 
     await eventually(attempt, until=lambda s: s in (201, 409), timeout=30, what="relaxed CRD")
-
-
-@pytest.fixture
-async def sim(control_plane: ControlPlane, namespace: str) -> AsyncIterator[GpuClusterSimulator]:
-    async with GpuClusterSimulator(
-        kubeconfig=control_plane.admin_kubeconfig, namespace=namespace
-    ) as simulator:
-        yield simulator
 
 
 async def test_policies_that_slipped_past_admission(

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -152,23 +152,6 @@ def delete_lease(plane: ControlPlane) -> None:
 
 
 @pytest.fixture
-async def sim(control_plane: ControlPlane, namespace: str) -> AsyncIterator[GpuClusterSimulator]:
-    async with GpuClusterSimulator(
-        kubeconfig=control_plane.admin_kubeconfig, namespace=namespace
-    ) as simulator:
-        yield simulator
-
-
-@pytest.fixture
-async def policies(sim: GpuClusterSimulator) -> AsyncIterator[list[str]]:
-    """Names of policies a test created; deleted afterwards so no other test sees them."""
-    created: list[str] = []
-    yield created
-    for name in created:
-        await h.delete_policy(sim.client, name)
-
-
-@pytest.fixture
 def replicas_factory(
     control_plane: ControlPlane,
     sim: GpuClusterSimulator,
@@ -196,11 +179,6 @@ def replicas_factory(
     return start
 
 
-async def add_policy(sim: GpuClusterSimulator, created: list[str], body: dict[str, Any]) -> None:
-    await h.create_policy(sim.client, body)
-    created.append(body["metadata"]["name"])
-
-
 @dataclass
 class Fleet:
     """A pool of GPU nodes under one policy, and a spare node outside it."""
@@ -216,7 +194,7 @@ async def fleet(sim: GpuClusterSimulator, created: list[str]) -> Fleet:
     members = await sim.create_gpu_nodes(pool=pool, count=2, gpus=4)
     [spare] = await sim.create_gpu_nodes(pool=h.unique("spare"), count=1, gpus=4)
     policy = h.unique("p")
-    await add_policy(sim, created, h.policy(policy, pool=pool, replicas=4))
+    await h.add_policy(sim, created, h.policy(policy, pool=pool, replicas=4))
     return Fleet(pool=pool, policy=policy, members=members, spare=spare)
 
 

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,28 +113,6 @@ def delete_lease(plane: ControlPlane) -> None:
 # -- fixtures ------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def sim(control_plane: ControlPlane, namespace: str) -> AsyncIterator[GpuClusterSimulator]:
-    async with GpuClusterSimulator(
-        kubeconfig=control_plane.admin_kubeconfig, namespace=namespace
-    ) as simulator:
-        yield simulator
-
-
-@pytest.fixture
-async def policies(sim: GpuClusterSimulator) -> AsyncIterator[list[str]]:
-    """Names of policies a test created; deleted afterwards so no other test sees them."""
-    created: list[str] = []
-    yield created
-    for name in created:
-        await h.delete_policy(sim.client, name)
-
-
-async def add_policy(sim: GpuClusterSimulator, created: list[str], body: dict[str, Any]) -> None:
-    await h.create_policy(sim.client, body)
-    created.append(body["metadata"]["name"])
-
-
 async def start_leader(
     control_plane: ControlPlane, start_operator: OperatorFactory, namespace: str
 ) -> RunningOperator:
@@ -184,8 +162,8 @@ async def test_metrics_match_the_published_policy_status(
     pool = h.unique("pool")
     nodes = await sim.create_gpu_nodes(pool=pool, count=2, gpus=4)
     high, low = h.unique("high"), h.unique("low")
-    await add_policy(sim, policies, h.policy(high, pool=pool, priority=5, replicas=4))
-    await add_policy(sim, policies, h.policy(low, pool=pool, priority=1, replicas=2))
+    await h.add_policy(sim, policies, h.policy(high, pool=pool, priority=5, replicas=4))
+    await h.add_policy(sim, policies, h.policy(low, pool=pool, priority=1, replicas=2))
     operator = await start_leader(control_plane, start_operator, namespace)
     for name in nodes:
         await wait_verified(sim, name)

@@ -7,7 +7,6 @@ simulator playing the NVIDIA config manager and GPU Feature Discovery.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -19,28 +18,6 @@ from tests.integration.conftest import OperatorFactory
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
-
-
-@pytest.fixture
-async def sim(control_plane: ControlPlane, namespace: str) -> AsyncIterator[GpuClusterSimulator]:
-    async with GpuClusterSimulator(
-        kubeconfig=control_plane.admin_kubeconfig, namespace=namespace
-    ) as simulator:
-        yield simulator
-
-
-@pytest.fixture
-async def policies(sim: GpuClusterSimulator) -> AsyncIterator[list[str]]:
-    """Names of policies a test created; deleted afterwards so no other test sees them."""
-    created: list[str] = []
-    yield created
-    for name in created:
-        await h.delete_policy(sim.client, name)
-
-
-async def add_policy(sim: GpuClusterSimulator, created: list[str], body: dict[str, Any]) -> None:
-    await h.create_policy(sim.client, body)
-    created.append(body["metadata"]["name"])
 
 
 def phase_of(state: dict[str, Any] | None) -> str | None:
@@ -73,8 +50,8 @@ async def test_policies_converge_to_verified_nodes(
     a_nodes = await sim.create_gpu_nodes(pool=pool_a, count=2, gpus=8)
     b_nodes = await sim.create_gpu_nodes(pool=pool_b, count=1, gpus=4)
     ts, mps = h.unique("ts"), h.unique("mps")
-    await add_policy(sim, policies, h.policy(ts, pool=pool_a, replicas=4))
-    await add_policy(
+    await h.add_policy(sim, policies, h.policy(ts, pool=pool_a, replicas=4))
+    await h.add_policy(
         sim, policies, h.policy(mps, pool=pool_b, strategy="MPS", replicas=8, renameByDefault=True)
     )
     await start_operator("--device-plugin-namespace", namespace, "--config-propagation-delay", "3")
@@ -139,7 +116,7 @@ async def test_only_our_two_labels_ever_change(
 
     await start_operator("--device-plugin-namespace", namespace)
     policy = h.unique("p")
-    await add_policy(sim, policies, h.policy(policy, pool=pool, replicas=2))
+    await h.add_policy(sim, policies, h.policy(policy, pool=pool, replicas=2))
     await wait_phase(sim, name, "Verified")
     await h.patch_policy(sim.client, policy, {"replicas": 3})
     await eventually(
@@ -180,7 +157,7 @@ async def test_relabelled_node_is_released(
     pool = h.unique("pool")
     names = await sim.create_gpu_nodes(pool=pool, count=2)
     policy = h.unique("p")
-    await add_policy(sim, policies, h.policy(policy, pool=pool))
+    await h.add_policy(sim, policies, h.policy(policy, pool=pool))
     await start_operator("--device-plugin-namespace", namespace)
     for name in names:
         await wait_phase(sim, name, "Verified")
@@ -199,8 +176,8 @@ async def test_higher_priority_wins_and_the_loser_says_so(
     pool = h.unique("pool")
     [name] = await sim.create_gpu_nodes(pool=pool, count=1)
     low, high = h.unique("low"), h.unique("high")
-    await add_policy(sim, policies, h.policy(low, pool=pool, priority=1, replicas=2))
-    await add_policy(sim, policies, h.policy(high, pool=pool, priority=5, replicas=4))
+    await h.add_policy(sim, policies, h.policy(low, pool=pool, priority=1, replicas=2))
+    await h.add_policy(sim, policies, h.policy(high, pool=pool, priority=5, replicas=4))
     await start_operator("--device-plugin-namespace", namespace)
     await wait_phase(sim, name, "Verified")
     assert (await h.node_state(sim.client, name) or {})["status"]["policy"] == high
@@ -230,7 +207,7 @@ async def test_missing_device_plugin_namespace_is_a_condition(
     pool = h.unique("pool")
     [name] = await sim.create_gpu_nodes(pool=pool, count=1)
     policy = h.unique("p")
-    await add_policy(sim, policies, h.policy(policy, pool=pool))
+    await h.add_policy(sim, policies, h.policy(policy, pool=pool))
     await start_operator("--device-plugin-namespace", missing)
     body = await eventually(
         lambda: h.get_policy(sim.client, policy),
@@ -259,7 +236,7 @@ async def test_broken_gpu_count_label_is_reported_not_written(
     [name] = await sim.create_gpu_nodes(pool=pool, count=1)
     await sim.relabel(name, {"nvidia.com/gpu.count": "abc"})
     policy = h.unique("p")
-    await add_policy(sim, policies, h.policy(policy, pool=pool))
+    await h.add_policy(sim, policies, h.policy(policy, pool=pool))
     running = await start_operator("--device-plugin-namespace", namespace)
     state = await wait_phase(sim, name, "Unsupported")
     assert "abc" in h.condition(state["status"], "Ready")["message"]
@@ -279,7 +256,7 @@ async def test_new_spec_means_new_key_and_the_old_one_is_collected(
     pool = h.unique("pool")
     [name] = await sim.create_gpu_nodes(pool=pool, count=1)
     policy = h.unique("p")
-    await add_policy(sim, policies, h.policy(policy, pool=pool, replicas=2))
+    await h.add_policy(sim, policies, h.policy(policy, pool=pool, replicas=2))
     await start_operator("--device-plugin-namespace", namespace, "--config-key-grace-period", "2")
     await wait_phase(sim, name, "Verified")
     old_key = (await h.get_policy(sim.client, policy))["status"]["configKey"]
@@ -310,7 +287,7 @@ async def test_unconfirmed_config_becomes_mismatch(
         pool = h.unique("pool")
         [name] = await sim.create_gpu_nodes(pool=pool, count=1)
         policy = h.unique("p")
-        await add_policy(sim, policies, h.policy(policy, pool=pool))
+        await h.add_policy(sim, policies, h.policy(policy, pool=pool))
         await start_operator("--device-plugin-namespace", namespace, "--mismatch-timeout", "2")
         await wait_phase(sim, name, "Mismatch")
         body = await eventually(
@@ -336,7 +313,7 @@ async def test_heartbeats_and_resync_write_nothing(
     pool = h.unique("pool")
     names = await sim.create_gpu_nodes(pool=pool, count=3)
     policy = h.unique("p")
-    await add_policy(sim, policies, h.policy(policy, pool=pool))
+    await h.add_policy(sim, policies, h.policy(policy, pool=pool))
     first = await start_operator("--device-plugin-namespace", namespace)
     for name in names:
         await wait_phase(sim, name, "Verified")
@@ -388,7 +365,7 @@ async def test_kopf_writes_nothing_on_policies(
     pool = h.unique("pool")
     [name] = await sim.create_gpu_nodes(pool=pool, count=1)
     policy = h.unique("p")
-    await add_policy(sim, policies, h.policy(policy, pool=pool))
+    await h.add_policy(sim, policies, h.policy(policy, pool=pool))
     await start_operator("--device-plugin-namespace", namespace)
     await wait_phase(sim, name, "Verified")
     body = await wait_policy(sim, policy, verifiedNodes=1)
@@ -411,7 +388,7 @@ async def test_paused_policy_leaves_nodes_alone(
     pool = h.unique("pool")
     [name] = await sim.create_gpu_nodes(pool=pool, count=1)
     policy = h.unique("p")
-    await add_policy(sim, policies, h.policy(policy, pool=pool, paused=True))
+    await h.add_policy(sim, policies, h.policy(policy, pool=pool, paused=True))
     await start_operator("--device-plugin-namespace", namespace)
     body = await eventually(
         lambda: h.get_policy(sim.client, policy),

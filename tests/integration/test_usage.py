@@ -33,25 +33,6 @@ _PROBES = ("livenessProbe", "readinessProbe", "startupProbe", "lifecycle")
 
 
 @pytest.fixture
-async def sim(control_plane: ControlPlane, namespace: str) -> AsyncIterator[GpuClusterSimulator]:
-    async with GpuClusterSimulator(
-        kubeconfig=control_plane.admin_kubeconfig, namespace=namespace
-    ) as simulator:
-        yield simulator
-
-
-@pytest.fixture
-async def policies(sim: GpuClusterSimulator) -> AsyncIterator[list[str]]:
-    """Names of policies a test created; deleted afterwards so no other test sees them."""
-    created: list[str] = []
-    try:
-        yield created
-    finally:
-        for name in created:
-            await h.delete_policy(sim.client, name)
-
-
-@pytest.fixture
 async def pods_ns(sim: GpuClusterSimulator, namespace: str) -> AsyncIterator[str]:
     """The namespace for the test's pods (the device-plugin one); its pods are force-deleted
     afterwards, since without a kubelet a graceful deletion would never finish."""
@@ -62,11 +43,6 @@ async def pods_ns(sim: GpuClusterSimulator, namespace: str) -> AsyncIterator[str
             f"/api/v1/namespaces/{namespace}/pods", params={"gracePeriodSeconds": "0"}
         )
         assert status == 200, body
-
-
-async def add_policy(sim: GpuClusterSimulator, created: list[str], body: dict[str, Any]) -> None:
-    await h.create_policy(sim.client, body)
-    created.append(body["metadata"]["name"])
 
 
 # -- pods as the scheduler and kubelet would leave them --------------------------------------
@@ -219,7 +195,7 @@ async def test_pods_are_counted_through_their_whole_life(
     pool = h.unique("pool")
     n0, n1 = await sim.create_gpu_nodes(pool=pool, count=2, gpus=2)
     policy = h.unique("ts")
-    await add_policy(sim, policies, h.policy(policy, pool=pool, replicas=4))
+    await h.add_policy(sim, policies, h.policy(policy, pool=pool, replicas=4))
     await start_operator("--device-plugin-namespace", namespace)
     body = await wait_policy_slots(sim, policy, allocated=0, capacity=16)
     assert body["status"]["gpus"] == 4
@@ -279,7 +255,7 @@ async def test_rename_by_default_counts_the_shared_resource(
     pool = h.unique("pool")
     [node] = await sim.create_gpu_nodes(pool=pool, count=1, gpus=2)
     policy = h.unique("ts")
-    await add_policy(sim, policies, h.policy(policy, pool=pool, replicas=4))
+    await h.add_policy(sim, policies, h.policy(policy, pool=pool, replicas=4))
     await create_pod(sim, pods_ns, "plain-gpu", node, resource=GPU, count=2)
     await create_pod(sim, pods_ns, "shared-a", node, resource=SHARED, count=1)
     await create_pod(sim, pods_ns, "shared-b", node, resource=SHARED, count=2)
@@ -316,8 +292,10 @@ async def test_relabelled_node_takes_its_allocation_to_the_other_policy(
     [moving] = await sim.create_gpu_nodes(pool=pool_a, count=1, gpus=2)
     [staying] = await sim.create_gpu_nodes(pool=pool_b, count=1, gpus=2)
     plain, shared = h.unique("plain"), h.unique("shared")
-    await add_policy(sim, policies, h.policy(plain, pool=pool_a, replicas=4))
-    await add_policy(sim, policies, h.policy(shared, pool=pool_b, replicas=2, renameByDefault=True))
+    await h.add_policy(sim, policies, h.policy(plain, pool=pool_a, replicas=4))
+    await h.add_policy(
+        sim, policies, h.policy(shared, pool=pool_b, replicas=2, renameByDefault=True)
+    )
     await start_operator("--device-plugin-namespace", namespace)
     await create_pod(sim, pods_ns, "g", moving, resource=GPU, count=3)
     await create_pod(sim, pods_ns, "s", moving, resource=SHARED, count=1)
@@ -354,7 +332,7 @@ async def test_lowering_replicas_below_the_allocation_is_overcommitted(
     pool = h.unique("pool")
     [node] = await sim.create_gpu_nodes(pool=pool, count=1, gpus=1)
     policy = h.unique("ts")
-    await add_policy(sim, policies, h.policy(policy, pool=pool, replicas=4))
+    await h.add_policy(sim, policies, h.policy(policy, pool=pool, replicas=4))
     await start_operator("--device-plugin-namespace", namespace)
     for name in ("a", "b", "c"):
         await create_pod(sim, pods_ns, name, node, count=1)
@@ -420,7 +398,7 @@ async def test_a_new_resource_name_counts_pods_that_already_exist(
     await asyncio.sleep(1)
 
     policy = h.unique("mig")
-    await add_policy(sim, policies, h.policy(policy, pool=pool, replicas=4, resourceName=MIG))
+    await h.add_policy(sim, policies, h.policy(policy, pool=pool, replicas=4, resourceName=MIG))
     await expect(sim, nodes={node: (3, 2)}, policies={policy: 3})
     relists = [
         line
@@ -447,7 +425,7 @@ async def test_a_burst_of_pod_events_is_few_status_writes(
     pool = h.unique("pool")
     [node] = await sim.create_gpu_nodes(pool=pool, count=1, gpus=8)
     policy = h.unique("ts")
-    await add_policy(sim, policies, h.policy(policy, pool=pool, replicas=4))
+    await h.add_policy(sim, policies, h.policy(policy, pool=pool, replicas=4))
     names = [f"burst-{index:02d}" for index in range(20)]
     await asyncio.gather(*(create_pod(sim, pods_ns, name, node) for name in names))
     await start_operator("--device-plugin-namespace", namespace)  # default write rate

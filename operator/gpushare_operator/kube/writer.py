@@ -20,7 +20,7 @@ from kubernetes_asyncio import client
 
 from gpushare_operator.cache.planner import NodePlan, Planner
 from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.core import models
+from gpushare_operator.core import announcements, models
 from gpushare_operator.kube import http
 from gpushare_operator.kube.events import EventRecorder, ObjectRef
 from gpushare_operator.kube.leadership import LeaderGate
@@ -35,33 +35,6 @@ FIELD_MANAGER = "gpushare-operator"
 JSON_PATCH = "application/json-patch+json"
 _API = f"/apis/{models.GROUP}/{models.VERSION}"
 RETRY_AFTER = 5.0
-
-# Condition transitions on a policy that deserve an Event: (type, status, reason or None for
-# any reason) → (event type, event reason).  Pending nodes are routine and get none.
-_POLICY_EVENTS = {
-    ("SelectorValid", "False", None): ("Warning", "InvalidPolicy"),
-    ("Conflicting", "True", None): ("Warning", "Conflict"),
-    ("Ready", "False", "DevicePluginConfigUnavailable"): (
-        "Warning",
-        "DevicePluginConfigUnavailable",
-    ),
-    ("Ready", "False", "NodesMismatched"): ("Warning", "NodesMismatched"),
-    ("Overcommitted", "True", None): ("Warning", "Overcommitted"),
-    ("Ready", "False", "InvalidSpec"): ("Warning", "InvalidPolicy"),
-    ("Ready", "False", "InvalidConfig"): ("Warning", "InvalidPolicy"),
-}
-
-
-# Node condition reasons worth a Warning on the Node when they newly appear.
-_NODE_EVENTS = {
-    "Ready": ("InvalidNodeLabel", "MPSWithMixedMIG", "NotConfirmed"),
-    "Overcommitted": ("AllocationExceedsCapacity",),
-}
-
-
-def _policy_event(cond: Mapping[str, Any]) -> tuple[str, str] | None:
-    kind, status, reason = str(cond["type"]), str(cond["status"]), str(cond["reason"])
-    return _POLICY_EVENTS.get((kind, status, reason)) or _POLICY_EVENTS.get((kind, status, None))
 
 
 class LostLeadership(Exception):
@@ -347,18 +320,11 @@ class Writer:
 
     async def _node_events(self, plan: NodePlan, previous: Mapping[str, Any]) -> None:
         assert plan.status is not None
-        for kind, reasons in _NODE_EVENTS.items():
-            now = _condition(plan.status, kind)
-            before = _condition(previous, kind) or {}
-            if now is None or now.get("reason") == before.get("reason"):
-                continue
-            if now.get("reason") in reasons:
-                await self._recorder.post(
-                    ref=ObjectRef("v1", "Node", plan.name, plan.uid),
-                    type_="Warning",
-                    reason=str(now["reason"]) if kind == "Ready" else kind,
-                    message=str(now.get("message", "")),
-                )
+        ref = ObjectRef("v1", "Node", plan.name, plan.uid)
+        for event in announcements.node_announcements(previous, plan.status):
+            await self._recorder.post(
+                ref=ref, type_=event.type, reason=event.reason, message=event.message
+            )
 
     # -- policies --------------------------------------------------------------------------------
 
@@ -394,29 +360,13 @@ class Writer:
     async def _policy_events(
         self, name: str, uid: str, previous: Mapping[str, Any], status: Mapping[str, Any]
     ) -> None:
-        for cond in status.get("conditions") or ():
-            before = _condition(previous, str(cond["type"]))
-            if before is not None and (before["status"], before["reason"]) == (
-                cond["status"],
-                cond["reason"],
-            ):
-                continue
-            event = _policy_event(cond)
-            if event is None:
-                continue
+        for event in announcements.policy_announcements(previous, status):
             await self._recorder.post(
                 ref=_policy_ref(name, uid),
-                type_=event[0],
-                reason=event[1],
-                message=str(cond.get("message") or cond["reason"]),
+                type_=event.type,
+                reason=event.reason,
+                message=event.message,
             )
-
-
-def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
-    for cond in status.get("conditions") or ():
-        if isinstance(cond, Mapping) and cond.get("type") == kind:
-            return cond
-    return None
 
 
 def _policy_ref(name: str, uid: str) -> ObjectRef:

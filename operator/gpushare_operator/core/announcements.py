@@ -1,0 +1,77 @@
+"""Which status changes deserve a Kubernetes Event: pure rules over (before, after) statuses.
+
+Events are edge-triggered: one when a condition turns bad (or changes reason), none while it
+stays so, and none for routine progress such as nodes being Pending for a moment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Announcement:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+# Policy conditions: (type, status, reason or None for any) → event reason (all Warnings).
+_POLICY_RULES = {
+    ("SelectorValid", "False", None): "InvalidPolicy",
+    ("Conflicting", "True", None): "Conflict",
+    ("Ready", "False", "DevicePluginConfigUnavailable"): "DevicePluginConfigUnavailable",
+    ("Ready", "False", "NodesMismatched"): "NodesMismatched",
+    ("Ready", "False", "InvalidSpec"): "InvalidPolicy",
+    ("Ready", "False", "InvalidConfig"): "InvalidPolicy",
+    ("Overcommitted", "True", None): "Overcommitted",
+}
+
+# Node conditions: type → reasons that deserve a Warning on the Node when they appear.
+_NODE_RULES = {
+    "Ready": ("InvalidNodeLabel", "MPSWithMixedMIG", "NotConfirmed"),
+    "Overcommitted": ("AllocationExceedsCapacity",),
+}
+
+
+def condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for cond in status.get("conditions") or ():
+        if isinstance(cond, Mapping) and cond.get("type") == kind:
+            return cond
+    return None
+
+
+def _changed(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> bool:
+    if before is None:
+        return True
+    return (before.get("status"), before.get("reason")) != (
+        after.get("status"),
+        after.get("reason"),
+    )
+
+
+def policy_announcements(
+    previous: Mapping[str, Any], status: Mapping[str, Any]
+) -> Iterator[Announcement]:
+    for cond in status.get("conditions") or ():
+        kind, state, reason = str(cond["type"]), str(cond["status"]), str(cond["reason"])
+        if not _changed(condition(previous, kind), cond):
+            continue
+        event = _POLICY_RULES.get((kind, state, reason)) or _POLICY_RULES.get((kind, state, None))
+        if event is not None:
+            yield Announcement("Warning", event, str(cond.get("message") or reason))
+
+
+def node_announcements(
+    previous: Mapping[str, Any], status: Mapping[str, Any]
+) -> Iterator[Announcement]:
+    for kind, reasons in _NODE_RULES.items():
+        now = condition(status, kind)
+        before = condition(previous, kind) or {}
+        if now is None or now.get("reason") == before.get("reason"):
+            continue
+        if now.get("reason") in reasons:
+            reason = str(now["reason"]) if kind == "Ready" else kind
+            yield Announcement("Warning", reason, str(now.get("message", "")))

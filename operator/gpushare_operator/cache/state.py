@@ -77,6 +77,8 @@ class ClusterState:
         old = self.nodes.get(name)
         if old is not None and core_nodes.content_unchanged(old, obj):
             return  # a heartbeat or another change we do not read: no index, no dirt
+        if old is not None and core_nodes.older_than(obj, old):
+            return  # the watch catching up to what a write's response already told us
         if old is None and not core_nodes.is_gpu_node_body(obj):
             return  # non-GPU nodes are never kept
         new = core_nodes.project_node(obj)

@@ -161,6 +161,22 @@ def content_unchanged(record: NodeRecord, obj: Mapping[str, Any]) -> bool:
     )
 
 
+def older_than(obj: Mapping[str, Any], record: NodeRecord) -> bool:
+    """Whether ``obj`` predates ``record`` (same object; etcd revisions only grow).
+
+    resourceVersions are opaque to clients in general; for one object on one etcd they are its
+    modification revisions, and this is only used to drop a stale watch event after a write's
+    response was ingested first.  Anything unparseable counts as not older.
+    """
+    metadata = obj.get("metadata") or {}
+    if metadata.get("uid") != record.uid:
+        return False
+    try:
+        return int(metadata.get("resourceVersion", "")) < int(record.resource_version)
+    except ValueError:
+        return False
+
+
 def is_gpu_node_body(obj: Mapping[str, Any]) -> bool:
     """Cheap pre-filter on a decoded body, so non-GPU nodes are never projected at all."""
     metadata = obj.get("metadata") or {}

@@ -66,6 +66,11 @@ def drop_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+def _transient(exc: http.ApiError) -> bool:
+    """429 and 5xx (a restarting apiserver says 503): resume the watch, don't re-list."""
+    return exc.status == 429 or exc.status >= 500
+
+
 class LineSplitter:
     """Split a chunked HTTP body into lines without a size limit (a Node can exceed 64 KiB)."""
 
@@ -188,7 +193,9 @@ class Informer:
             try:
                 await self._watch_once()
                 backoff = 0.2
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError, http.ApiError) as exc:
+                if isinstance(exc, http.ApiError) and not _transient(exc):
+                    raise  # e.g. 403: let run() back off and list again
                 self.stats.reconnects += 1
                 log.warning(
                     "watch broke; resuming",

@@ -23,6 +23,7 @@ from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import announcements, models
 from gpushare_operator.kube import http
 from gpushare_operator.kube.events import EventRecorder, ObjectRef
+from gpushare_operator.kube.informer import drop_managed_fields
 from gpushare_operator.kube.leadership import LeaderGate
 from gpushare_operator.kube.ratelimit import TokenBucket
 from gpushare_operator.kube.telemetry import NoTelemetry, Telemetry
@@ -251,6 +252,11 @@ class Writer:
         try:
             if plan.labels is not None:
                 await self._apply_labels(plan)
+                # The status planned before the label write would say "labelling": plan it
+                # again from the node the apply returned, so it says what is now true.
+                plan = self._planner.plan_node(plan.name) or plan
+                if plan.labels is not None:
+                    return  # not what we expected back; the node's watch event re-plans
             if plan.status is not None:
                 await self._write_node_state(plan)
         except (http.ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -265,7 +271,7 @@ class Writer:
         metadata: dict[str, Any] = {"name": plan.name, "uid": plan.uid}
         if wanted:
             metadata["labels"] = wanted
-        await self._write(
+        node = await self._write(
             "node-labels",
             method="PATCH",
             path=f"/api/v1/nodes/{plan.name}",
@@ -274,6 +280,8 @@ class Writer:
             content_type=http.APPLY_PATCH,
         )
         self._state.in_flight[("node", plan.name)] = plan.labels
+        if isinstance(node, dict):
+            self._state.upsert_node(drop_managed_fields(node))
 
     async def _write_node_state(self, plan: NodePlan) -> None:
         assert plan.status is not None

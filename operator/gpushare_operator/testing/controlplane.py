@@ -154,6 +154,55 @@ class ControlPlane:
     def pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in self._procs}
 
+    # -- chaos -------------------------------------------------------------------------------
+
+    def restart_apiserver(self, *, down_for: float = 0.0) -> None:
+        """Stop kube-apiserver (SIGTERM, as kubelet would) and start it again; etcd stays up.
+
+        It stays down ``down_for`` seconds in between (a crash loop, a reschedule).  Same port,
+        certificates, flags and audit log (appended to), so clients reconnect with the
+        kubeconfigs they already have.  Returns once ``/readyz`` answers 200 again.  Call it from
+        the thread that started the plane: children die with the thread that spawned them.
+        Open watches hold a graceful shutdown for up to a minute unless the plane was started
+        with ``--shutdown-watch-termination-grace-period``; after 30 s it is killed.
+        """
+        [index] = [i for i, (name, _) in enumerate(self._procs) if name == "kube-apiserver"]
+        _, proc = self._procs.pop(index)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            logger.warning("kube-apiserver ignored SIGTERM; killing it")
+            proc.kill()
+            proc.wait()
+        time.sleep(down_for)
+        self._start_apiserver()
+        self._procs.insert(index, self._procs.pop())  # keep stop()'s reverse order
+        self._wait_ready(deadline=time.monotonic() + 90)
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision (what the apiserver does every 5 min).
+
+        Watches that resume from an older resourceVersion then get 410 Gone, unless the
+        apiserver's watch cache still holds it.  Returns the revision compacted at.
+        """
+
+        def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{self.etcd_port}{path}",
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+                method="POST",
+            )
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return dict(json.loads(resp.read()))
+
+        # Any range answer carries the store's current revision in its header; "\0" finds nothing.
+        revision = int(post("/v3/kv/range", {"key": "AA=="})["header"]["revision"])
+        post("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+        logger.info("etcd compacted at revision %d", revision)
+        return revision
+
     # -- processes ---------------------------------------------------------------------------
 
     @property

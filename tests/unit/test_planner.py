@@ -275,3 +275,84 @@ def test_invalid_gpu_count_is_unsupported_without_label_write(
     assert plan is not None and plan.labels is None
     assert plan.status is not None and plan.status["phase"] == "Unsupported"
     assert "abc" in plan.status["conditions"][0]["message"]
+
+
+def test_a_key_found_at_startup_but_named_by_no_node_still_waits(
+    state: ClusterState, planner: Planner, clock: Clock
+) -> None:
+    state.upsert_policy(policy("p"))
+    key = state.policies["p"].config_key
+    assert key is not None
+    sync_config(state, {key: "x"}, initial=True)  # a leader wrote it, then died at once
+    state.upsert_node(node("n1"))
+    state.settle_initial_keys()
+    plan = planner.plan_node("n1")
+    assert plan is not None
+    assert plan.labels is None
+    assert plan.status is not None
+    assert plan.status["conditions"][0]["reason"] == "WaitingForConfigPropagation"
+    clock.now += 75
+    plan = planner.plan_node("n1")
+    assert plan is not None
+    assert plan.labels == {CONFIG_LABEL: key, POLICY_LABEL: "p"}
+
+
+def test_a_key_some_node_names_is_used_at_once_after_startup(
+    state: ClusterState, planner: Planner
+) -> None:
+    state.upsert_policy(policy("p"))
+    key = state.policies["p"].config_key
+    assert key is not None
+    sync_config(state, {key: "x"}, initial=True)
+    state.upsert_node(node("n0", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
+    state.upsert_node(node("n1"))
+    state.settle_initial_keys()
+    plan = planner.plan_node("n1")
+    assert plan is not None
+    assert plan.labels == {CONFIG_LABEL: key, POLICY_LABEL: "p"}
+
+
+def test_a_failed_policy_write_is_retried(
+    state: ClusterState, planner: Planner, clock: Clock
+) -> None:
+    state.upsert_policy(policy("p"))
+    drain(state)
+    planner._recheck(clock.now + 5, "policy", "p")
+    clock.now += 5
+    planner.due()
+    assert list(state.dirty.policies) == ["p"]
+
+
+def test_pods_on_an_unsupported_node_are_not_overcommitted(
+    state: ClusterState, planner: Planner
+) -> None:
+    state.upsert_policy(policy("p", strategy="MPS"))
+    key = state.policies["p"].config_key
+    assert key is not None
+    sync_config(state, {key: "x"}, initial=True)
+    state.upsert_node(node("n1", **{"nvidia.com/mig.strategy": "mixed"}))
+    pod = {
+        "metadata": {"uid": "u1", "namespace": "ns", "name": "p1"},
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    state.upsert_pod(pod)
+    plan = planner.plan_node("n1")
+    assert plan is not None
+    assert plan.status is not None
+    assert plan.status["phase"] == "Unsupported"
+    assert plan.status["slots"] == {"capacity": 0, "allocated": 0}
+    overcommitted = [c for c in plan.status["conditions"] if c["type"] == "Overcommitted"]
+    assert overcommitted[0]["status"] == "False"
+    assert state.usage.policy_slots("p") == 0
+
+
+def test_absurd_gfd_numbers_are_unusable_not_passed_on(state: ClusterState) -> None:
+    state.upsert_node(node("n1", count="99999999999999999999", **{"nvidia.com/gpu.memory": "-1"}))
+    record = state.nodes["n1"]
+    assert record.memory_mib is None
+    assert record.gpus is None
+    assert record.gpu_count_error is not None

@@ -41,6 +41,13 @@ PODS = Target(
 # A watch is re-opened every ~5 minutes and bookmarks arrive about once a minute: an informer
 # silent for this long is stuck, and /healthz says so.
 INFORMER_STALL_TIMEOUT = 600.0
+POLICY_RESYNC_PERIOD = 60.0
+
+
+def _report_death(task: asyncio.Task[None]) -> None:
+    """Say at once when a long-running task dies (/healthz will also fail)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task died", task=task.get_name(), error=repr(task.exception()))
 
 
 class Assembly:
@@ -136,7 +143,9 @@ class Assembly:
         self._spawn("bootstrap", self._run())
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
-        self._tasks[name] = asyncio.create_task(coro, name=name)
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(_report_death)
+        self._tasks[name] = task
 
     async def _run(self) -> None:
         # Policies first: they say which resources to keep pods for, before the first pod list.
@@ -175,8 +184,33 @@ class Assembly:
             node_states=len(self.state.node_states),
             gpu_pods=len(self.state.usage.pods),
         )
+        self.state.settle_initial_keys()
         self._spawn("elector", self.gate.run())
+        self._spawn("policy-resync", self._resync_policies())
         await self.writer.run()
+
+    async def _resync_policies(self) -> None:
+        """kopf re-lists on a broken watch without telling us what disappeared meanwhile: list
+        policies now and then, and forget those that are gone (level-based, like the informers)."""
+        while True:
+            await asyncio.sleep(POLICY_RESYNC_PERIOD)
+            known = {name: p.uid for name, p in self.state.policies.items()}
+            try:
+                items = await listing.list_all(self.handle.api, path=POLICIES_PATH)
+            except Exception as exc:  # the next round tries again
+                log.warning("policy resync failed", kind=models.POLICY_KIND, error=str(exc))
+                continue
+            listed = {str(item["metadata"]["name"]): item for item in items}
+            # Only what we knew before listing and the listing no longer has: a policy that kopf
+            # delivered while we listed is not ours to drop.  Updates stay kopf's job.
+            for name, uid in known.items():
+                current = self.state.policies.get(name)
+                if name not in listed and current is not None and current.uid == uid:
+                    log.info("policy gone while unwatched", kind=models.POLICY_KIND, name=name)
+                    self.state.delete_policy(name)
+            for name, item in listed.items():
+                if name not in self.state.policies:
+                    self.state.upsert_policy(item)
 
     async def _leadership_changed(self, leader: bool) -> None:
         # Only the new leader says so: a replica that lost the lease may not write anything,
@@ -193,7 +227,7 @@ class Assembly:
 
     async def stop(self) -> None:
         # The writer stops first, then the lease goes back, so no write can follow the release.
-        await self._cancel(["bootstrap"])
+        await self._cancel(["bootstrap", "elector"])
         await self.gate.release()
         await self._cancel(list(self._tasks))
         if self._http is not None:

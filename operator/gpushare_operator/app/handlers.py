@@ -37,7 +37,8 @@ def build_registry(assembly: Assembly, *, stop: asyncio.Event) -> kopf.OperatorR
         stop.set()
 
     @kopf.on.event(models.GROUP, models.VERSION, models.POLICY_PLURAL, registry=registry)
-    def policy_event(*, event: kopf.RawEvent, **_: Any) -> None:
+    async def policy_event(*, event: kopf.RawEvent, **_: Any) -> None:
+        # async on purpose: kopf runs sync handlers in a thread, and the caches are loop-only.
         obj: dict[str, Any] = dict(event.get("object") or {})
         if event.get("type") == "DELETED":
             assembly.state.delete_policy(str(obj.get("metadata", {}).get("name")))

@@ -77,8 +77,12 @@ class Planner:
             _, kind, name = heapq.heappop(self._rechecks)
             if kind == "node":
                 self.state.dirty.node(name)
+            elif kind == "policy":
+                self.state.dirty.policy(name)
             elif kind == "config":
                 self.state.dirty.config()
+            else:
+                raise ValueError(f"unknown recheck kind {kind!r}")
         return self._rechecks[0][0] if self._rechecks else None
 
     # -- nodes -----------------------------------------------------------------------------------
@@ -145,7 +149,8 @@ class Planner:
             return None  # never matched by any policy: no GPUNodeState at all
         previous = state.node_states.get(record.name)
         allocated, pods = 0, 0
-        if decision.policy is not None and decision.policy.sharing is not None:
+        supported = decision.phase is not NodePhase.UNSUPPORTED
+        if supported and decision.policy is not None and decision.policy.sharing is not None:
             resource = devconfigs.advertised_resource(decision.policy.sharing)
             allocated, pods = state.usage.node_usage(record.name, resource)
         status = nodestates.render_status(

@@ -14,7 +14,7 @@ from typing import Any
 from gpushare_operator.cache.dirty import DirtySet
 from gpushare_operator.cache.index import MatchIndex
 from gpushare_operator.cache.usage import UsageLedger
-from gpushare_operator.core import devconfigs, resolution
+from gpushare_operator.core import devconfigs, nodestates, resolution
 from gpushare_operator.core import nodes as core_nodes
 from gpushare_operator.core import pods as core_pods
 from gpushare_operator.core.nodes import NodeRecord
@@ -54,9 +54,15 @@ class ClusterState:
 
     def _refresh_governors(self, nodes: Iterable[str]) -> None:
         for node in nodes:
-            policy = self.governing(node) if node in self.nodes else None
+            record = self.nodes.get(node)
+            policy = self.governing(node) if record is not None else None
             governor = None
-            if policy is not None and policy.sharing is not None:
+            if (
+                policy is not None
+                and policy.sharing is not None
+                and record is not None
+                and nodestates.unsupported(record, policy) is None  # no slots there to use
+            ):
                 governor = (policy.name, devconfigs.advertised_resource(policy.sharing))
             old = self.usage.set_governor(node, governor)
             if old != governor:
@@ -204,6 +210,15 @@ class ClusterState:
         if changed:
             self.dirty.config()
             self._dirty_nodes_waiting_on_keys()
+
+    def settle_initial_keys(self) -> None:
+        """Once every cache has synced: a key present at startup but named by no node may be
+        only seconds old (a leader wrote it and died), so it waits the propagation delay from now;
+        a key some node already names has evidently propagated."""
+        now = self.clock()
+        for key, seen in self.key_seen_at.items():
+            if seen == float("-inf") and not self.config_label_counts.get(key):
+                self.key_seen_at[key] = now
 
     def _dirty_nodes_waiting_on_keys(self) -> None:
         for policy in self.policies.values():

@@ -33,13 +33,22 @@ SHARED_RESOURCE = "nvidia.com/gpu.shared"
 _intern = sys.intern
 
 
+_MAX_INT32 = 2**31 - 1
+
+
 def _int_or_none(text: object) -> int | None:
+    """A non-negative int32 from a label or quantity; anything else is unusable (None).
+
+    GFD writes small whole numbers; a negative or huge one is a broken label, and passing it on
+    would make a status the CRD (and int64 JSON) rejects.
+    """
     if not isinstance(text, str):
         return None
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         return None
+    return value if 0 <= value <= _MAX_INT32 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,11 @@ def _release(record: NodeRecord) -> NodeDecision:
     return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, labels)
 
 
+def unsupported(record: NodeRecord, policy: CompiledPolicy) -> tuple[str, str] | None:
+    """(reason, message) when ``policy`` cannot work on this node; None when it can."""
+    return _unsupported(record, policy)
+
+
 def _unsupported(record: NodeRecord, policy: CompiledPolicy) -> tuple[str, str] | None:
     count_error = record.gpu_count_error
     if count_error is not None:

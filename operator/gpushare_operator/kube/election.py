@@ -65,12 +65,20 @@ class LeaseElector:
         self._observed_at = 0.0
         self._leading = asyncio.Event()
         self.transitions = 0
+        self._announcing: asyncio.Task[None] | None = None
+        self._closed = False
 
     # -- the gate --------------------------------------------------------------------------------
 
     def is_leader(self) -> bool:
         renewed = self._renewed_at
         return renewed is not None and self._clock() < renewed + self._timings.renew_deadline
+
+    def time_left(self) -> float:
+        renewed = self._renewed_at
+        if renewed is None:
+            return 0.0
+        return max(0.0, renewed + self._timings.renew_deadline - self._clock())
 
     async def wait_leader(self) -> None:
         while not self.is_leader():
@@ -92,7 +100,8 @@ class LeaseElector:
                 self._leading.set()
             if leader != was_leader:
                 was_leader = leader
-                await self._announce(leader)
+                # Not awaited: a slow Event post must not delay the next renewal.
+                self._announcing = asyncio.create_task(self._announce(leader))
             await asyncio.sleep(self._timings.retry_period)
 
     async def _announce(self, leader: bool) -> None:
@@ -141,6 +150,8 @@ class LeaseElector:
         return spec
 
     async def _try_acquire_or_renew(self, started: float) -> None:
+        if self._closed:
+            return  # released on shutdown: never take it again
         lease = await self._read()
         if lease is None:
             body = {
@@ -171,6 +182,7 @@ class LeaseElector:
 
     async def release(self) -> None:
         """On clean shutdown: hand the lease back at once, so a follower need not wait it out."""
+        self._closed = True
         if not self.is_leader():
             return
         self._renewed_at = None

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import aiohttp
 import structlog
 from kubernetes_asyncio import client
 
@@ -110,7 +111,7 @@ class EventRecorder:
                 body=body,
             )
             self.posted += 1
-        except (http.ApiError, OSError) as exc:
+        except (http.ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
             log.warning(
                 "event not posted", kind=ref.kind, name=ref.name, reason=reason, error=str(exc)
             )

@@ -13,6 +13,9 @@ from typing import Protocol
 class LeaderGate(Protocol):
     def is_leader(self) -> bool: ...
     async def wait_leader(self) -> None: ...
+    def time_left(self) -> float:
+        """Seconds until leadership ends unless renewed (0 when not leading)."""
+        ...
 
 
 class AlwaysLeader:
@@ -23,6 +26,9 @@ class AlwaysLeader:
 
     async def wait_leader(self) -> None:
         return None
+
+    def time_left(self) -> float:
+        return float("inf")
 
 
 class ManualGate:
@@ -41,6 +47,9 @@ class ManualGate:
 
     def is_leader(self) -> bool:
         return self._open.is_set()
+
+    def time_left(self) -> float:
+        return float("inf") if self._open.is_set() else 0.0
 
     async def wait_leader(self) -> None:
         await self._open.wait()

@@ -36,6 +36,7 @@ FIELD_MANAGER = "gpushare-operator"
 JSON_PATCH = "application/json-patch+json"
 _API = f"/apis/{models.GROUP}/{models.VERSION}"
 RETRY_AFTER = 5.0
+POLICY_EVERY = 10  # node rounds per policy round while both are dirty
 
 
 class LostLeadership(Exception):
@@ -80,6 +81,7 @@ class Writer:
         self._config = config
         self._telemetry: Telemetry = telemetry or NoTelemetry()
         self._writes_this_round = 0
+        self._node_rounds = 0
         self.settle = 0.2  # seconds to let a burst of events land before planning
         self._wake = asyncio.Event()
         self.counters = WriteCounters(ok={}, failed={})
@@ -105,6 +107,9 @@ class Writer:
                 await self._drain_one()
             except LostLeadership:
                 continue
+            except Exception:  # never let one bad object stop all writing
+                log.exception("writer round failed; continuing")
+                await asyncio.sleep(RETRY_AFTER)
 
     def resync(self) -> None:
         dirty = self._state.dirty
@@ -127,6 +132,14 @@ class Writer:
         if dirty.pop_config():
             await self._write_config()
             return True
+        # Every few node rounds a policy gets its turn: sustained node churn (pods coming and
+        # going) must not keep policy status unpublished.
+        self._node_rounds += 1
+        if dirty.policies and self._node_rounds % POLICY_EVERY == 0:
+            policy = dirty.pop_policy()
+            if policy is not None:
+                await self._write_policy(policy)
+                return True
         node = dirty.pop_node()
         if node is not None:
             plan = await self._plan_with_token("node", lambda: self._planner.plan_node(node))
@@ -158,6 +171,8 @@ class Writer:
         if not self._gate.is_leader():
             raise LostLeadership()
         started = time.perf_counter()
+        # A write must not land after our lease could have passed to another replica.
+        request.setdefault("timeout", max(0.1, min(30.0, self._gate.time_left())))
         try:
             result = await http.request(self._api, **request)
         except (http.ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -205,6 +220,15 @@ class Writer:
             )
         except http.ApiError as exc:
             self._config_failed(exc)
+            return
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.warning(
+                "ConfigMap write failed; retrying",
+                kind="ConfigMap",
+                name=target.name,
+                error=str(exc),
+            )
+            self._retry_later("config", "")
             return
         self._state.in_flight[("configmap", "")] = data
         if self._planner.config_error is not None:
@@ -280,7 +304,9 @@ class Writer:
             content_type=http.APPLY_PATCH,
         )
         self._state.in_flight[("node", plan.name)] = plan.labels
-        if isinstance(node, dict):
+        current = self._state.nodes.get(plan.name)
+        if isinstance(node, dict) and current is not None and current.uid == plan.uid:
+            # Not if a DELETED event came while we waited: a response must not revive a node.
             self._state.upsert_node(drop_managed_fields(node))
 
     async def _write_node_state(self, plan: NodePlan) -> None:

@@ -59,7 +59,7 @@ BENCH_ARGS ?=
 
 .PHONY: bench
 bench: venv ## In-process micro-benchmarks of the ingest paths (table on stdout, JSON in .bench/).
-	$(VPY) -m benchmarks.ingest $(BENCH_ARGS)
+	$(VPY) -m benchmarks $(BENCH_ARGS)
 
 .PHONY: crds
 crds: venv ## Regenerate crds/ and the chart's crds/ from the pydantic models.

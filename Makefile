@@ -61,6 +61,13 @@ BENCH_ARGS ?=
 bench: venv ## In-process micro-benchmarks of the ingest paths (table on stdout, JSON in .bench/).
 	$(VPY) -m benchmarks $(BENCH_ARGS)
 
+BENCH_SCALE_ARGS ?=
+
+.PHONY: bench-scale
+bench-scale: venv controlplane ## Scale benchmark on a local control plane: 5,000 nodes, 50,000 pods, gpushare vs kopf-native (~40 min; JSON + PNG in .bench/). BENCH_SCALE_ARGS=--quick: 500 nodes.
+	$(VPY) -m pip install --quiet -e '.[bench]'
+	$(VPY) -m benchmarks.scale $(BENCH_SCALE_ARGS)
+
 .PHONY: crds
 crds: venv ## Regenerate crds/ and the chart's crds/ from the pydantic models.
 	$(VPY) -m gpushare_operator.app.crdgen crds charts/gpushare-operator/crds

@@ -1,0 +1,219 @@
+"""``python -m benchmarks.scale [--nodes N --pods M | --quick]``: the scale benchmark.
+
+Setup (timed, reported): a local control plane; CRDs and namespaces; ``--nodes`` realistic GPU
+Nodes (GFD labels, capacity, conditions, 40 images: ~15 KB each) over 5 pools; ``--pods`` Pods
+bound round-robin to them (every 5th asks for a shared GPU slot); 20 policies over the 5 pools.
+Then a *primer* (our operator under its own user, with a write rate high enough not to matter)
+converges the cluster once: every node labelled, every GPUNodeState and policy status written.
+
+Why prime: a cold start that has to write 3 objects per node for 5,000 nodes at 20 writes/s
+measures the rate limiter for 12 minutes, not the operator.  A primed cluster is what an operator
+restart meets (an upgrade, a failover, a crash), and a restart that needs no write must issue
+none; that is what "cold start" measures here, from process start to caches synced and every
+node published as expected with nothing left dirty.
+
+Then each variant in turn (gpushare, then kopf-native), against the same objects, reset to the
+same primed state in between (rollout policy deleted, primer re-converges), as its own process
+and API user: cold start; 10 idle seconds (steady RSS); a heartbeat storm (every node's status
+patched every 10 s for 60 s); a policy rollout (a new priority-1000 policy over half the nodes,
+at the variant's write QPS, default 20); pod churn (100 creates/s for 60 s, each pod deleted a
+few seconds later: 200 pod changes/s at steady state), measuring the lag from the API's answer to
+the change until the GPUNodeState shows it.  Both variants run with
+``--config-propagation-delay 1`` (default 75 s: the kubelet's ConfigMap refresh; here nothing
+reads the volume) and a huge ``--mismatch-timeout`` (GFD is not simulated, so nodes stay
+Applied rather than turning Mismatch mid-run).
+
+Results: ``.bench/scale.json`` (everything, with RSS/CPU series), ``.bench/scale.png`` and a
+Markdown table on stdout.  Exits 0 when the run completed, whatever the budgets said.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import logging
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from benchmarks.scale import cluster, plot, run, stats
+from gpushare_operator.testing.controlplane import ControlPlane
+from gpushare_operator.testing.rawclient import RawClient
+
+APISERVER_ARGS = (
+    # 32-64 requests in flight from the loader, plus watches: the defaults (400/200) would do,
+    # but a storm of 500 patches/s must queue in the server, not be refused with 429.
+    "--max-requests-inflight=1000",
+    "--max-mutating-requests-inflight=500",
+)
+USERS = {"gpushare": "bench-gpushare", "kopf-native": "bench-kopf-native", "primer": "bench-primer"}
+
+
+def log(message: str) -> None:
+    stamp = datetime.datetime.now().strftime("%H:%M:%S")
+    print(f"{stamp} {message}", flush=True)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__)
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--pods", type=int, default=50000)
+    parser.add_argument("--quick", action="store_true", help="500 nodes and 5,000 pods")
+    parser.add_argument("--write-qps", type=float, default=20.0, help="both variants' QPS")
+    parser.add_argument("--write-burst", type=int, default=50)
+    parser.add_argument("--churn-rate", type=float, default=100.0, help="pod creates per second")
+    parser.add_argument(
+        "--variants", default="gpushare,kopf-native", help="comma-separated, in run order"
+    )
+    parser.add_argument("--out", type=Path, default=Path(".bench") / "scale.json")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.nodes, args.pods = 500, 5000
+    return args
+
+
+async def setup(
+    plane: ControlPlane, args: argparse.Namespace, published: cluster.Published
+) -> dict[str, float]:
+    timings: dict[str, float] = {}
+    async with RawClient(kubeconfig=plane.admin_kubeconfig) as admin:
+        t = time.monotonic()
+        await cluster.apply_crds(admin)
+        await cluster.create_namespaces(admin)
+        timings["crds_namespaces_s"] = round(time.monotonic() - t, 1)
+        t = time.monotonic()
+        await cluster.create_nodes(admin, args.nodes, log=log)
+        timings["nodes_s"] = round(time.monotonic() - t, 1)
+        log(f"{args.nodes:,} nodes in {timings['nodes_s']} s")
+        t = time.monotonic()
+        await cluster.create_pods(admin, args.pods, nodes=args.nodes, log=log)
+        timings["pods_s"] = round(time.monotonic() - t, 1)
+        log(f"{args.pods:,} pods in {timings['pods_s']} s")
+        await cluster.create_policies(admin, cluster.policy_bodies())
+    return timings
+
+
+async def main_async(plane: ControlPlane, args: argparse.Namespace) -> dict[str, Any]:
+    out_dir = args.out.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    published = cluster.Published()
+    setup_started = time.monotonic()
+    timings = await setup(plane, args, published)
+    kubeconfigs = {
+        user: plane.kubeconfig_for_user(user, groups=("system:masters",)) for user in USERS.values()
+    }
+    pids = plane.pids()
+    system_pids: dict[str, int] = {
+        name: pids[name] for name in ("kube-apiserver", "etcd") if name in pids
+    }
+    async with RawClient(kubeconfig=plane.admin_kubeconfig) as admin:
+        audit = cluster.AuditTail(plane.audit_log_path, USERS.values())
+        bench = run.Bench(
+            admin=admin,
+            audit=audit,
+            published=published,
+            kubeconfig_for=lambda user: kubeconfigs[user],
+            nodes=args.nodes,
+            pods=args.pods,
+            out_dir=out_dir,
+            system_pids=system_pids,
+            log=log,
+        )
+        primer = run.ours(
+            user=USERS["primer"], port=18090, qps=5000, burst=5000, identity="bench-primer"
+        )
+        variants = {
+            "gpushare": run.ours(
+                user=USERS["gpushare"],
+                port=18091,
+                qps=args.write_qps,
+                burst=args.write_burst,
+                identity="bench-gpushare",
+            ),
+            "kopf-native": run.kopf_native(
+                user=USERS["kopf-native"], port=18092, qps=args.write_qps, burst=args.write_burst
+            ),
+        }
+        results: dict[str, Any] = {}
+        async with cluster.background(cluster.watch_published(admin, published)):
+            t = time.monotonic()
+            log("priming: the primer converges the fresh cluster")
+            async with run.launched(bench, primer) as (_, session):
+                await run.converge(bench, primer, session, rollout=False, timeout=3600)
+            timings["prime_s"] = round(time.monotonic() - t, 1)
+            timings["total_s"] = round(time.monotonic() - setup_started, 1)
+            log(f"setup done: {timings}")
+            for index, name in enumerate(args.variants.split(",")):
+                if index:
+                    log("reset: rollout policy deleted, primer re-converges")
+                    timings[f"reset_before_{name}_s"] = round(await run.reset(bench, primer), 1)
+                log(f"== {name}")
+                results[name] = await run.run_variant(
+                    bench, variants[name], churn_rate=args.churn_rate
+                )
+    return {"setup": timings, "variants": results}
+
+
+def report(args: argparse.Namespace, outcome: dict[str, Any]) -> dict[str, Any]:
+    variants = outcome["variants"]
+    rows = stats.build_rows(
+        variants.get("gpushare"), variants.get("kopf-native"), qps=args.write_qps
+    )
+    table = stats.render_table(rows)
+    return {
+        "benchmark": "scale",
+        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "sizes": {"nodes": args.nodes, "pods": args.pods, "policies": 20, "pools": 5},
+        "settings": {
+            "write_qps": args.write_qps,
+            "write_burst": args.write_burst,
+            "config_propagation_delay_s": 1,
+            "churn_changes_per_s": 2 * args.churn_rate,
+        },
+        "setup": outcome["setup"],
+        "variants": variants,
+        "table": table,
+        "budgets": {row.label: stats.verdict(row.ok) for row in rows if row.ok is not None},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    log(f"scale benchmark: {args.nodes:,} nodes, {args.pods:,} pods, write QPS {args.write_qps}")
+    started = time.monotonic()
+    plane = ControlPlane(extra_apiserver_args=APISERVER_ARGS)
+    plane.start()
+    control_plane_s = time.monotonic() - started
+    try:
+        outcome = asyncio.run(main_async(plane, args))
+    finally:
+        plane.stop()
+    outcome["setup"]["control_plane_s"] = round(control_plane_s, 1)
+    result = report(args, outcome)
+    args.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
+    png = plot.draw(result["variants"], args.out.with_suffix(".png"))
+    print()
+    print(result["table"])
+    print()
+    print(f"setup: {result['setup']}")
+    for name, variant in result["variants"].items():
+        print(f"{name}: API server/etcd CPU share over its run: {run.summary_cpu(variant)}")
+    print(f"results: {args.out}, {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The scale benchmark's pure helpers: what its numbers are computed with (no control plane).
+
+``make bench-scale`` takes up to half an hour against a real API server; a wrong percentile, a
+misread ``/proc`` field or a table that drops a MISS would only show up there, if at all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from benchmarks.scale import cluster, stats
+
+STAT = (
+    "4242 (python -m gpushare (x)) S 1 4242 4242 0 -1 4194560 52312 0 0 0 "
+    "1234 567 0 0 20 0 3 0 123456 512000000 40000 18446744073709551615"
+)
+STATUS = "Name:\tpython\nVmHWM:\t  180000 kB\nVmRSS:\t  150000 kB\nThreads:\t3\n"
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert stats.percentile(values, 50) == pytest.approx(50.5)
+    assert stats.percentile(values, 99) == pytest.approx(99.01)
+    assert stats.percentile([3.0], 99) == 3.0
+    assert math.isnan(stats.percentile([], 50))
+    with pytest.raises(ValueError, match="outside"):
+        stats.percentile([1.0], 101)
+
+
+def test_proc_parsing_survives_spaces_and_parentheses_in_the_name() -> None:
+    assert stats.parse_proc_stat_cpu(STAT, ticks=100) == pytest.approx(18.01)
+    assert stats.parse_proc_status(STATUS) == {"VmHWM": 180000 * 1024, "VmRSS": 150000 * 1024}
+
+
+def test_metrics_text_is_parsed_and_summed_by_label() -> None:
+    text = (
+        "# HELP gpushare_writes_total API writes\n"
+        'gpushare_writes_total{kind="node-labels",outcome="ok"} 7.0\n'
+        'gpushare_writes_total{kind="policy",outcome="ok"} 3.0\n'
+        'gpushare_writes_total{kind="policy",outcome="http_409"} 1.0\n'
+        'gpushare_cache_objects{kind="Node"} 500.0\n'
+        "gpushare_write_queue_depth 0.0\n"
+    )
+    samples = stats.parse_metrics(text)
+    assert stats.metric_sum(samples, "gpushare_writes_total", outcome="ok") == 10
+    assert stats.metric_sum(samples, "gpushare_cache_objects", kind="Node") == 500
+    assert stats.metric_sum(samples, "gpushare_write_queue_depth") == 0
+
+
+def test_table_checks_budgets_and_says_miss() -> None:
+    ours = {
+        "rss": {"peak_mib": 150.0},
+        "heartbeat_storm": {"cpu_s": 1.0, "writes": 0},
+        "rollout": {"nodes": 2500, "seconds": 250.0, "writes": 5021, "minimum_writes": 5021},
+        "pod_churn": {"lag_p99_s": 1.2},
+    }
+    kopf = {"rss": {"peak_mib": 900.0}, "heartbeat_storm": {"cpu_s": 20.0, "writes": 0}}
+    rows = {row.label.split(" at ")[0]: row for row in stats.build_rows(ours, kopf, qps=20)}
+    assert rows["peak RSS"].ok is True
+    assert rows["heartbeat storm: CPU"].ok is True  # 1.0 <= 0.2 x 20
+    assert rows["heartbeat storm: API writes"].ok is True
+    assert rows["rollout of 2,500 nodes"].ok is False  # 250 s > 60 s
+    assert rows["rollout: writes issued"].ok is True
+    assert rows["pod churn: status lag p99"].ok is True
+    table = stats.render_table(list(rows.values()))
+    assert "| MISS |" in table and "| PASS |" in table and "n/a" in table
+
+
+def test_churn_lag_matches_first_publication_after_the_change() -> None:
+    seen = {("n1", 3): [9.0, 10.4], ("n2", 1): [20.0]}
+    expectations = [("n1", 3, 10.0), ("n2", 1, 19.0), ("n3", 1, 5.0)]
+    lags, missing = cluster.churn_lags(expectations, seen, deadline=100.0)
+    assert sorted(lags) == pytest.approx([0.4, 1.0])
+    assert missing == 1
+
+
+def test_churn_lag_counts_a_coalesced_change_as_published_by_the_later_status() -> None:
+    # create (3) at 10.0 and delete (2) at 10.5, published as one status "2" at 11.0
+    seen = {("n1", 2): [1.0, 11.0]}
+    lags, missing = cluster.churn_lags([("n1", 3, 10.0), ("n1", 2, 10.5)], seen, deadline=99.0)
+    assert sorted(lags) == pytest.approx([0.5, 1.0])
+    assert missing == 0
+
+
+def test_bench_policies_and_expected_winners_agree() -> None:
+    names = {p["metadata"]["name"] for p in cluster.policy_bodies()}
+    assert len(names) == 20
+    for index in range(40):
+        assert cluster.expected_policy(index, rollout=False) in names
+    halves = [cluster.expected_policy(i, rollout=True) for i in range(100)]
+    assert halves.count(cluster.ROLLOUT_POLICY) == 50
+
+
+def test_pod_bodies_are_bound_and_one_in_five_is_shared() -> None:
+    pods = [cluster.pod_body(i, nodes=10) for i in range(10)]
+    assert all(p["spec"]["nodeName"].startswith("gpu-") for p in pods)
+    assert all("managedFields" not in p["metadata"] and "uid" not in p["metadata"] for p in pods)
+    shared = [p for p in pods if "nvidia.com/gpu.shared" in str(p["spec"]["containers"])]
+    assert len(shared) == 2
+
+
+def test_audit_tail_follows_the_log_through_a_rotation(tmp_path: Path) -> None:
+    def line(user: str, verb: str) -> str:
+        event = {
+            "stage": "ResponseComplete",
+            "verb": verb,
+            "user": {"username": user},
+            "objectRef": {"resource": "gpunodestates", "subresource": "status"},
+            "stageTimestamp": "2026-11-29T18:00:00.000000Z",
+        }
+        return json.dumps(event, separators=(",", ":")) + "\n"
+
+    log = tmp_path / "audit.log"
+    log.write_text(line("bench-a", "patch") + line("someone", "patch"))
+    tail = cluster.AuditTail(log, ["bench-a"])
+    tail.poll()
+    with log.open("a") as handle:  # written just before the rotation
+        handle.write(line("bench-a", "patch"))
+    log.rename(tmp_path / "audit-2026-11-29T18-00-00.000.log")
+    log.write_text(line("bench-a", "create"))
+    writes = tail.between("bench-a", 0, 2e9)
+    assert [what for _, what in writes] == [
+        "patch gpunodestates/status",
+        "patch gpunodestates/status",
+        "create gpunodestates/status",
+    ]

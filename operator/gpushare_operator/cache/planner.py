@@ -117,9 +117,8 @@ class Planner:
             current = self._applied_since.get(name)
             if current is None or current[0] != key:
                 self._applied_since[name] = (key, self.state.clock())
-        elif decision.phase is NodePhase.VERIFIED:
-            pass  # keep: a later disagreement counts from the original application
-        else:
+        elif decision.phase is not NodePhase.VERIFIED:
+            # Verified keeps its entry: a later disagreement counts from the original application.
             self._applied_since.pop(name, None)
 
     def plan_node(self, name: str) -> NodePlan | None:

@@ -6,6 +6,7 @@ not mention was deleted while we were not watching, and leaves the cache.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,7 +14,7 @@ from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import pods as core_pods
 
 
-class _ReplacingSink:
+class _ReplacingSink(abc.ABC):
     """A keyed sink: remembers what a re-list mentioned, and deletes the rest at its end."""
 
     def __init__(self, state: ClusterState) -> None:
@@ -23,14 +24,17 @@ class _ReplacingSink:
     def key(self, obj: Mapping[str, Any]) -> str:
         return str((obj.get("metadata") or {}).get("name"))
 
+    @abc.abstractmethod
     def keys(self) -> list[str]:
-        raise NotImplementedError
+        """Keys of everything the cache holds now."""
 
+    @abc.abstractmethod
     def upsert(self, obj: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Add or update one object."""
 
+    @abc.abstractmethod
     def delete(self, key: str) -> None:
-        raise NotImplementedError
+        """Forget one object by key."""
 
     def begin_relist(self) -> None:
         self._seen = set()

@@ -152,7 +152,7 @@ class KopfNative:
                 "synced": self.synced.is_set(),
                 "nodes": len(self.state.nodes),
                 "pods": len(self.state.usage.pods),
-                "dirty": len(self.state.dirty),
+                "dirty": self.writer.backlog,
                 "writes": sum(self.writer.counters.ok.values()),
                 "failed_writes": sum(self.writer.counters.failed.values()),
             }

@@ -259,7 +259,8 @@ async def test_new_spec_means_new_key_and_the_old_one_is_collected(
     await h.add_policy(sim, policies, h.policy(policy, pool=pool, replicas=2))
     await start_operator("--device-plugin-namespace", namespace, "--config-key-grace-period", "2")
     await wait_phase(sim, name, "Verified")
-    old_key = (await h.get_policy(sim.client, policy))["status"]["configKey"]
+    # The policy's status follows once its node has settled.
+    old_key = (await wait_policy(sim, policy, verifiedNodes=1))["status"]["configKey"]
     await h.patch_policy(sim.client, policy, {"replicas": 6})
     body = await wait_policy(sim, policy, observedGeneration=2, verifiedNodes=1)
     new_key = body["status"]["configKey"]

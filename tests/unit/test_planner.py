@@ -317,7 +317,7 @@ def test_a_failed_policy_write_is_retried(
 ) -> None:
     state.upsert_policy(policy("p"))
     drain(state)
-    planner._recheck(clock.now + 5, "policy", "p")
+    planner.recheck(clock.now + 5, "policy", "p")
     clock.now += 5
     planner.due()
     assert list(state.dirty.policies) == ["p"]
@@ -356,3 +356,80 @@ def test_absurd_gfd_numbers_are_unusable_not_passed_on(state: ClusterState) -> N
     assert record.memory_mib is None
     assert record.gpus is None
     assert record.gpu_count_error is not None
+
+
+def short_wait_planner(state: ClusterState) -> Planner:
+    timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
+    return Planner(state, timings=timings, wallclock=lambda: "2026-11-29T00:00:00Z")
+
+
+def test_a_pending_status_replaced_within_the_hold_is_not_published(
+    state: ClusterState, clock: Clock
+) -> None:
+    planner = short_wait_planner(state)
+    sync_config(state, None, initial=True)
+    state.upsert_node(node("n1"))
+    state.upsert_policy(policy("p"))
+    data = planner.plan_config()
+    assert data is not None
+    sync_config(state, data, initial=False)
+    # Waiting one second for propagation: no write now, a recheck when it is over.
+    assert planner.plan_node("n1") is None
+    assert planner.held == {"n1": clock.now + 1}
+    assert planner.due() == clock.now + 1
+    clock.now += 1
+    plan = planner.plan_node("n1")
+    assert plan is not None and plan.labels is not None
+    assert "n1" not in planner.held
+
+
+def test_a_long_propagation_wait_is_published_as_pending(
+    state: ClusterState, planner: Planner
+) -> None:
+    sync_config(state, None, initial=True)
+    state.upsert_node(node("n1"))
+    state.upsert_policy(policy("p"))
+    data = planner.plan_config()
+    assert data is not None
+    sync_config(state, data, initial=False)
+    plan = planner.plan_node("n1")  # 75 s: people should see why nothing happens yet
+    assert plan is not None and plan.status is not None
+    assert plan.status["phase"] == "Pending"
+    assert planner.held == {}
+
+
+def test_a_policy_is_unsettled_while_a_node_of_it_has_a_write_coming(
+    state: ClusterState, clock: Clock
+) -> None:
+    planner = short_wait_planner(state)
+    sync_config(state, None, initial=True)
+    for name, pool in (("n1", "a"), ("n2", "a"), ("n3", "b")):
+        state.upsert_node(node(name, pool=pool))
+    state.upsert_policy(policy("pa", pool="a"))
+    state.upsert_policy(policy("pb", pool="b"))
+    drain(state)
+    assert not planner.policy_unsettled("pa", busy=set())
+    state.dirty.node("n1")
+    assert planner.policy_unsettled("pa", busy=set())
+    assert not planner.policy_unsettled("pb", busy=set())
+    drain(state)
+    assert planner.policy_unsettled("pa", busy={"n2"})  # being written right now
+    assert not planner.policy_unsettled("pb", busy={"n2"})
+    data = planner.plan_config()
+    assert data is not None
+    sync_config(state, data, initial=False)
+    drain(state)
+    assert planner.plan_node("n3") is None  # holds its Pending status back for a second
+    assert planner.policy_unsettled("pb", busy=set())
+    clock.now += 1.5  # the hold is over (its recheck makes n3 dirty again)
+    assert not planner.policy_unsettled("pb", busy=set())
+
+
+def test_an_older_configmap_event_after_our_own_write_is_ignored(state: ClusterState) -> None:
+    state.set_config_data({"default": "x"}, initial=True, version="10")
+    state.set_config_data({"default": "x", "p-ts4-abcdef": "y"}, initial=False, version="12")
+    state.set_config_data({"default": "x"}, initial=False, version="11")  # late watch event
+    assert state.config_data == {"default": "x", "p-ts4-abcdef": "y"}
+    assert "p-ts4-abcdef" in state.key_seen_at
+    state.set_config_data(None, initial=False, version="13")  # deleted
+    assert state.config_data is None

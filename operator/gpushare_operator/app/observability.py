@@ -93,7 +93,9 @@ class StateCollector(Collector):
             caches.add_metric([kind], size)
         yield caches
         yield GaugeMetricFamily(
-            "gpushare_write_queue_depth", "Dirty objects", value=len(state.dirty)
+            "gpushare_write_queue_depth",
+            "Objects still to write: dirty, being written, or a policy status held back",
+            value=a.writer.backlog,
         )
         yield GaugeMetricFamily(
             "gpushare_leader", "1 while this replica leads", value=int(a.gate.is_leader())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import heapq
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,9 @@ class Timings:
     propagation_delay: float
     key_grace_period: float
     mismatch_timeout: float
+    # A Pending status due to be replaced within this many seconds is not published: with a
+    # short propagation delay it would only cost each node of a rollout one more write.
+    pending_hold: float = 2.0
 
 
 class Planner:
@@ -59,6 +62,7 @@ class Planner:
         self._applied_since: dict[str, tuple[str, float]] = {}
         self._unused_since: dict[str, float] = {}
         self._rechecks: list[tuple[float, str, str]] = []  # (when, kind, name)
+        self.held: dict[str, float] = {}  # node -> when its held-back Pending status ends
         # Set by the writer while the ConfigMap cannot be written (e.g. namespace missing).
         self.config_error: str | None = None
         # The last status rendered per policy (what /metrics reports), written or not.
@@ -66,7 +70,7 @@ class Planner:
 
     # -- time ------------------------------------------------------------------------------------
 
-    def _recheck(self, when: float | None, kind: str, name: str) -> None:
+    def recheck(self, when: float | None, kind: str, name: str) -> None:
         if when is not None:
             heapq.heappush(self._rechecks, (when, kind, name))
 
@@ -125,19 +129,44 @@ class Planner:
         state = self.state
         record = state.nodes.get(name)
         if record is None:
+            self.held.pop(name, None)
             return None  # gone: its GPUNodeState follows through the ownerReference
         decision = self.decide(record)
         self._track_applied(name, decision)
-        self._recheck(decision.recheck_at, "node", name)
+        self.recheck(decision.recheck_at, "node", name)
         labels = decision.labels
         if labels is not None and nodestates.labels_satisfied(record, labels):
             labels = None
         if labels is not None and state.in_flight.get(("node", name)) == labels:
             labels = None
-        status = self._node_status(record, decision)
+        status = self._node_status(record, decision) if not self._hold(name, decision) else None
         if labels is None and status is None:
             return None
         return NodePlan(name, record.uid, labels, status, name not in state.node_states)
+
+    def _hold(self, name: str, decision: nodestates.NodeDecision) -> bool:
+        """Whether to keep a soon-outdated Pending status to ourselves (see ``pending_hold``)."""
+        until = decision.recheck_at
+        now = self.state.clock()
+        if (
+            decision.phase is NodePhase.PENDING
+            and decision.labels is None
+            and until is not None
+            and until - now <= self.timings.pending_hold
+        ):
+            self.held[name] = until
+            return True
+        self.held.pop(name, None)
+        return False
+
+    def policy_unsettled(self, name: str, *, busy: Collection[str]) -> bool:
+        """Whether some node the policy counts has a write still to come (dirty, being
+        written, or holding back a Pending status): its tally would change in a moment."""
+        nodes = self.state.index.nodes_of(name)
+        if _meets(nodes, self.state.dirty.nodes) or _meets(nodes, busy):
+            return True
+        now = self.state.clock()
+        return any(until > now and node in nodes for node, until in self.held.items())
 
     def _node_status(
         self, record: NodeRecord, decision: nodestates.NodeDecision
@@ -244,7 +273,7 @@ class Planner:
             expires = since + self.timings.key_grace_period
             if now < expires:
                 wanted[key] = text
-                self._recheck(expires, "config", "")
+                self.recheck(expires, "config", "")
         return wanted
 
     def plan_config(self) -> dict[str, str] | None:
@@ -258,6 +287,11 @@ class Planner:
         if self.state.in_flight.get(("configmap", "")) == wanted:
             return None
         return wanted
+
+
+def _meets(a: Collection[str], b: Collection[str]) -> bool:
+    small, large = (a, b) if len(a) <= len(b) else (b, a)
+    return any(item in large for item in small)
 
 
 def _same_status(previous: Mapping[str, Any] | None, status: Mapping[str, Any]) -> bool:

@@ -95,13 +95,20 @@ class ConfigMapSink:
     def end_relist(self) -> None:
         data = (self._listed or {}).get("data") if self._listed is not None else None
         self._state.set_config_data(
-            data or ({} if self._listed is not None else None), initial=self._first
+            data or ({} if self._listed is not None else None),
+            initial=self._first,
+            version=_version(self._listed),
         )
         self._first = False
 
     def apply(self, event_type: str, obj: dict[str, Any]) -> None:
         data = None if event_type == "DELETED" else (obj.get("data") or {})
-        self._state.set_config_data(data, initial=False)
+        self._state.set_config_data(data, initial=False, version=_version(obj))
+
+
+def _version(obj: Mapping[str, Any] | None) -> str | None:
+    version = ((obj or {}).get("metadata") or {}).get("resourceVersion")
+    return str(version) if version is not None else None
 
 
 class PodSink(_ReplacingSink):

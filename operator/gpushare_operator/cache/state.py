@@ -32,6 +32,7 @@ class ClusterState:
         self.node_states: dict[str, Mapping[str, Any]] = {}  # GPUNodeState name → status
         self.config_data: dict[str, str] | None = None  # None: ConfigMap absent
         self.config_synced = False
+        self.config_version: int | None = None  # resourceVersion of what config_data shows
         self.key_seen_at: dict[str, float] = {}
         self.config_label_counts: Counter[str] = Counter()
         self.index = MatchIndex()
@@ -193,8 +194,20 @@ class ClusterState:
         if name in self.nodes:
             self.dirty.node(name)
 
-    def set_config_data(self, data: Mapping[str, str] | None, *, initial: bool) -> None:
-        """Record the ConfigMap; keys present at the first sync were written long ago."""
+    def set_config_data(
+        self, data: Mapping[str, str] | None, *, initial: bool, version: str | None = None
+    ) -> None:
+        """Record the ConfigMap; keys present at the first sync were written long ago.
+
+        The writer records its own write's answer at once, so a watch event older than that
+        answer (``version`` lower) may still arrive after it: it is ignored, not taken as a
+        revert.
+        """
+        number = int(version) if version and version.isdigit() else None
+        known = self.config_version
+        if number is not None and known is not None and number < known:
+            return
+        self.config_version = number
         now = self.clock()
         fresh = dict(data) if data is not None else None
         for key in fresh or {}:

@@ -1,62 +1,47 @@
 """The one place that writes: drains dirty sets through the planner, at a bounded rate.
 
-Order per round: the device-plugin ConfigMap first (a key is written before any label names it),
-then nodes (labels by server-side apply, GPUNodeState status), then policy statuses, which count
-what the node writes achieved.  Every write waits for the leader gate and for a token.
+Order: the device-plugin ConfigMap first, alone (a key is written before any label names it),
+then nodes (labels by server-side apply, GPUNodeState status), several at once but never two
+writes for one object at a time, then policy statuses, which count what the node writes
+achieved and so wait until their nodes have settled.  Every write waits for the leader gate and
+for a token (see ``writing``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Coroutine
+from typing import Any
 
-import aiohttp
 import structlog
 from kubernetes_asyncio import client
 
-from gpushare_operator.cache.planner import NodePlan, Planner
+from gpushare_operator.cache.planner import Planner
 from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.core import announcements, models
-from gpushare_operator.kube import http
-from gpushare_operator.kube.events import EventRecorder, ObjectRef
-from gpushare_operator.kube.informer import drop_managed_fields
+from gpushare_operator.kube.events import EventRecorder
+from gpushare_operator.kube.inflight import InFlight, Key
 from gpushare_operator.kube.leadership import LeaderGate
 from gpushare_operator.kube.ratelimit import TokenBucket
-from gpushare_operator.kube.telemetry import NoTelemetry, Telemetry
+from gpushare_operator.kube.telemetry import Telemetry
+from gpushare_operator.kube.writing import (
+    RETRY_AFTER,
+    ConfigTarget,
+    LostLeadership,
+    ObjectWriter,
+    WriteCounters,
+)
 
-T = TypeVar("T")
+__all__ = ["ConfigTarget", "Writer"]
 
 log = structlog.get_logger(__name__)
 
-FIELD_MANAGER = "gpushare-operator"
-JSON_PATCH = "application/json-patch+json"
-_API = f"/apis/{models.GROUP}/{models.VERSION}"
-RETRY_AFTER = 5.0
 POLICY_EVERY = 10  # node rounds per policy round while both are dirty
+POLICY_POLL = 0.5  # how often a held-back policy status looks again at its nodes
+DEFAULT_CONCURRENCY = 16  # writes in flight; the token bucket sets the rate
+DEFAULT_POLICY_MAX_WAIT = 60.0  # seconds a policy status waits for its nodes to settle
 
-
-class LostLeadership(Exception):
-    """The gate closed between planning and writing: drop the write, resync when leading."""
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigTarget:
-    namespace: str
-    name: str
-
-
-@dataclass
-class WriteCounters:
-    ok: dict[str, int]
-    failed: dict[str, int]
-
-    def count(self, kind: str, *, ok: bool) -> None:
-        bucket = self.ok if ok else self.failed
-        bucket[kind] = bucket.get(kind, 0) + 1
+Job = tuple[Key, Coroutine[Any, Any, None]]
 
 
 class Writer:
@@ -71,23 +56,46 @@ class Writer:
         recorder: EventRecorder,
         config: ConfigTarget,
         telemetry: Telemetry | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        policy_max_wait: float = DEFAULT_POLICY_MAX_WAIT,
     ) -> None:
-        self._api = api
         self._state = state
         self._planner = planner
         self._gate = gate
-        self._bucket = bucket
-        self._recorder = recorder
-        self._config = config
-        self._telemetry: Telemetry = telemetry or NoTelemetry()
-        self._writes_this_round = 0
+        self._out = ObjectWriter(
+            api=api,
+            state=state,
+            planner=planner,
+            gate=gate,
+            bucket=bucket,
+            recorder=recorder,
+            config=config,
+            telemetry=telemetry,
+        )
         self._node_rounds = 0
         self.settle = 0.2  # seconds to let a burst of events land before planning
+        self.policy_max_wait = policy_max_wait
+        self._policy_waiting: dict[str, float] = {}  # policy -> since when its write waits
+        self._flight = InFlight(limit=concurrency, again=self._dirty_again)
         self._wake = asyncio.Event()
-        self.counters = WriteCounters(ok={}, failed={})
         state.dirty.set_waker(self._wake.set)
 
+    @property
+    def counters(self) -> WriteCounters:
+        return self._out.counters
+
+    @property
+    def backlog(self) -> int:
+        """Objects still to be written: dirty, being written, or a policy status held back."""
+        return len(self._state.dirty) + len(self._flight.busy) + len(self._policy_waiting)
+
     async def run(self) -> None:
+        try:
+            await self._loop()
+        finally:
+            await self._flight.cancel()
+
+    async def _loop(self) -> None:
         leading = False
         while True:
             if not self._gate.is_leader():
@@ -104,15 +112,14 @@ class Writer:
                 await asyncio.sleep(self.settle)
                 continue
             try:
-                await self._drain_one()
-            except LostLeadership:
-                continue
+                await self._dispatch_one()
             except Exception:  # never let one bad object stop all writing
                 log.exception("writer round failed; continuing")
                 await asyncio.sleep(RETRY_AFTER)
 
     def resync(self) -> None:
         dirty = self._state.dirty
+        self._policy_waiting.clear()
         dirty.config()
         dirty.many_nodes(self._state.nodes)
         dirty.many_policies(self._state.policies)
@@ -125,283 +132,82 @@ class Writer:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout=timeout)
 
-    async def _drain_one(self) -> bool:
-        """Plan and write one dirty object; False when nothing was dirty."""
-        self._writes_this_round = 0
+    # -- choosing the next job -------------------------------------------------------------------
+
+    async def _dispatch_one(self) -> None:
+        """Take a slot, then choose what to write: chosen late, a job plans from fresh state."""
+        await self._flight.slot()
+        try:
+            job = self._next_job()
+        except BaseException:
+            self._flight.release()
+            raise
+        if job is None:
+            self._flight.release()
+            return
+        key, work = job
+        if key[0] == "config":
+            # A barrier: nodes planned while the ConfigMap write is out would not see their new
+            # key yet, and would publish a Pending status only to replace it a moment later.
+            await self._flight.run_here(key, self._guarded(key, work))
+        else:
+            self._flight.spawn(key, self._guarded(key, work))
+
+    def _next_job(self) -> Job | None:
         dirty = self._state.dirty
-        if dirty.pop_config():
-            await self._write_config()
-            return True
+        if dirty.pop_config() and self._flight.claim(("config", "")):
+            return ("config", ""), self._out.write_config()
         # Every few node rounds a policy gets its turn: sustained node churn (pods coming and
         # going) must not keep policy status unpublished.
         self._node_rounds += 1
         if dirty.policies and self._node_rounds % POLICY_EVERY == 0:
-            policy = dirty.pop_policy()
-            if policy is not None:
-                await self._write_policy(policy)
-                return True
-        node = dirty.pop_node()
-        if node is not None:
-            plan = await self._plan_with_token("node", lambda: self._planner.plan_node(node))
-            if plan is not None:
-                await self._write_node(plan)
+            job = self._policy_job()
+            if job is not None:
+                return job
+        while (node := dirty.pop_node()) is not None:
+            if self._flight.claim(("node", node)):
+                return ("node", node), self._out.node_job(node)
+        return self._policy_job()
+
+    def _policy_job(self) -> Job | None:
+        dirty = self._state.dirty
+        while (name := dirty.pop_policy()) is not None:
+            if not self._policy_should_wait(name) and self._flight.claim(("policy", name)):
+                return ("policy", name), self._out.write_policy(name)
+        return None
+
+    def _policy_should_wait(self, name: str) -> bool:
+        """Hold a policy's status while some of its nodes still have a write coming.
+
+        Its counts would change again a moment later: a 2,500-node rollout would rewrite the
+        status dozens of times.  ``policy_max_wait`` bounds the wait, so sustained churn still
+        shows up in the policy's numbers.
+        """
+        now = self._state.clock()
+        since = self._policy_waiting.setdefault(name, now)
+        deadline = since + self.policy_max_wait
+        busy = self._flight.busy_names("node")
+        if now < deadline and self._planner.policy_unsettled(name, busy=busy):
+            self._planner.recheck(min(now + POLICY_POLL, deadline), "policy", name)
             return True
-        policy = dirty.pop_policy()
-        if policy is not None:
-            await self._write_policy(policy)
-            return True
+        del self._policy_waiting[name]
         return False
 
-    async def _plan_with_token(self, kind: str, plan: Callable[[], T | None]) -> T | None:
-        """Plan; if there is something to write, wait for a token and plan again.
-
-        A no-op plan costs no token.  Planning again after the wait folds whatever arrived
-        meanwhile (say, the rest of a burst of pod events) into this one write.
-        """
-        if self._timed_plan(kind, plan) is None:
-            return None
-        await self._bucket.take()
-        self._writes_this_round = 1  # the first write of this round has its token
-        return self._timed_plan(kind, plan)
-
-    async def _write(self, kind: str, **request: Any) -> Any:
-        if self._writes_this_round != 1:
-            await self._bucket.take()
-        self._writes_this_round += 1
-        if not self._gate.is_leader():
-            raise LostLeadership()
-        started = time.perf_counter()
-        # A write must not land after our lease could have passed to another replica.
-        request.setdefault("timeout", max(0.1, min(30.0, self._gate.time_left())))
+    async def _guarded(self, key: Key, work: Coroutine[Any, Any, None]) -> None:
+        self._out.new_job()
         try:
-            result = await http.request(self._api, **request)
-        except (http.ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-            self.counters.count(kind, ok=False)
-            outcome = f"http_{exc.status}" if isinstance(exc, http.ApiError) else "error"
-            self._telemetry.wrote(kind, outcome, time.perf_counter() - started)
-            raise
-        self.counters.count(kind, ok=True)
-        self._telemetry.wrote(kind, "ok", time.perf_counter() - started)
-        return result
+            await work
+        except LostLeadership:
+            pass  # the gate closed; when leading again, a resync looks at everything
+        except Exception:  # never let one bad object stop all writing
+            log.exception("write failed; retrying", kind=key[0], name=key[1])
+            self._out.retry_later(*key)
 
-    def _timed_plan(self, kind: str, plan: Callable[[], T]) -> T:
-        started = time.perf_counter()
-        try:
-            return plan()
-        finally:
-            self._telemetry.reconciled(kind, time.perf_counter() - started)
-
-    # -- ConfigMap -----------------------------------------------------------------------------
-
-    async def _write_config(self) -> None:
-        data = await self._plan_with_token("configmap", self._planner.plan_config)
-        if data is None:
-            return
-        target = self._config
-        body = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": target.name,
-                "namespace": target.namespace,
-                "labels": {"app.kubernetes.io/managed-by": FIELD_MANAGER},
-            },
-            "data": data,
-        }
-        new_keys = set(data) - set(self._state.config_data or {})
-        try:
-            await self._write(
-                "configmap",
-                method="PATCH",
-                path=f"/api/v1/namespaces/{target.namespace}/configmaps/{target.name}",
-                query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
-                body=body,
-                content_type=http.APPLY_PATCH,
-            )
-        except http.ApiError as exc:
-            self._config_failed(exc)
-            return
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            log.warning(
-                "ConfigMap write failed; retrying",
-                kind="ConfigMap",
-                name=target.name,
-                error=str(exc),
-            )
-            self._retry_later("config", "")
-            return
-        self._state.in_flight[("configmap", "")] = data
-        if self._planner.config_error is not None:
-            self._planner.config_error = None
-            self._state.dirty.many_policies(self._state.policies)
-        await self._announce_keys(new_keys)
-
-    def _config_failed(self, exc: http.ApiError) -> None:
-        target = self._config
-        if exc.status == 404:
-            problem = (
-                f"namespace {target.namespace} does not exist: install the GPU Operator (or create"
-                f" the namespace) so that ConfigMap {target.name} can be written; retrying"
-            )
+    def _dirty_again(self, key: Key) -> None:
+        kind, name = key
+        if kind == "node":
+            self._state.dirty.node(name)
+        elif kind == "policy":
+            self._state.dirty.policy(name)
         else:
-            problem = f"cannot write ConfigMap {target.namespace}/{target.name}: {exc}"
-        if self._planner.config_error != problem:
-            log.warning(
-                "device-plugin ConfigMap not written",
-                kind="ConfigMap",
-                name=target.name,
-                namespace=target.namespace,
-                problem=problem,
-            )
-            self._planner.config_error = problem
-            self._state.dirty.many_policies(self._state.policies)
-        self._retry_later("config", "")
-
-    def _retry_later(self, kind: str, name: str) -> None:
-        self._planner._recheck(self._state.clock() + RETRY_AFTER, kind, name)
-
-    async def _announce_keys(self, keys: set[str]) -> None:
-        for policy in self._state.policies.values():
-            if policy.config_key in keys:
-                await self._recorder.post(
-                    ref=_policy_ref(policy.name, policy.uid),
-                    type_="Normal",
-                    reason="ConfigKeyWritten",
-                    message=f"device-plugin config key {policy.config_key} written",
-                )
-
-    # -- nodes -----------------------------------------------------------------------------------
-
-    async def _write_node(self, plan: NodePlan) -> None:
-        try:
-            if plan.labels is not None:
-                await self._apply_labels(plan)
-                # The status planned before the label write would say "labelling": plan it
-                # again from the node the apply returned, so it says what is now true.
-                plan = self._planner.plan_node(plan.name) or plan
-                if plan.labels is not None:
-                    return  # not what we expected back; the node's watch event re-plans
-            if plan.status is not None:
-                await self._write_node_state(plan)
-        except (http.ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-            log.warning("node write failed; retrying", kind="Node", name=plan.name, error=str(exc))
-            self._retry_later("node", plan.name)
-
-    async def _apply_labels(self, plan: NodePlan) -> None:
-        assert plan.labels is not None
-        wanted = {k: v for k, v in plan.labels.items() if v is not None}
-        # The uid makes the apply a precondition: without it, applying to a node deleted a moment
-        # ago would create a bare Node; with it the API server answers 409 instead.
-        metadata: dict[str, Any] = {"name": plan.name, "uid": plan.uid}
-        if wanted:
-            metadata["labels"] = wanted
-        node = await self._write(
-            "node-labels",
-            method="PATCH",
-            path=f"/api/v1/nodes/{plan.name}",
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
-            body={"apiVersion": "v1", "kind": "Node", "metadata": metadata},
-            content_type=http.APPLY_PATCH,
-        )
-        self._state.in_flight[("node", plan.name)] = plan.labels
-        current = self._state.nodes.get(plan.name)
-        if isinstance(node, dict) and current is not None and current.uid == plan.uid:
-            # Not if a DELETED event came while we waited: a response must not revive a node.
-            self._state.upsert_node(drop_managed_fields(node))
-
-    async def _write_node_state(self, plan: NodePlan) -> None:
-        assert plan.status is not None
-        # Read before writing: our own write's watch event may land before the PATCH returns.
-        previous = self._state.node_states.get(plan.name) or {}
-        if plan.create_state:
-            await self._create_node_state(plan)
-        await self._write(
-            "nodestate-status",
-            method="PATCH",
-            path=f"{_API}/{models.NODE_STATE_PLURAL}/{plan.name}/status",
-            body=[{"op": "add", "path": "/status", "value": plan.status}],
-            query=[("fieldManager", FIELD_MANAGER)],
-            content_type=JSON_PATCH,
-        )
-        self._state.in_flight[("nodestate", plan.name)] = plan.status
-        # The node's phase feeds its policies' counts and conditions.
-        self._state.dirty.many_policies(self._state.index.policies_of(plan.name))
-        await self._node_events(plan, previous)
-
-    async def _create_node_state(self, plan: NodePlan) -> None:
-        body = {
-            "apiVersion": f"{models.GROUP}/{models.VERSION}",
-            "kind": models.NODE_STATE_KIND,
-            "metadata": {
-                "name": plan.name,
-                "labels": {"app.kubernetes.io/managed-by": FIELD_MANAGER},
-                "ownerReferences": [
-                    {"apiVersion": "v1", "kind": "Node", "name": plan.name, "uid": plan.uid}
-                ],
-            },
-        }
-        try:
-            await self._write(
-                "nodestate-create",
-                method="POST",
-                path=f"{_API}/{models.NODE_STATE_PLURAL}",
-                body=body,
-                query=[("fieldManager", FIELD_MANAGER)],
-            )
-        except http.ApiError as exc:
-            if exc.status != 409:
-                raise
-
-    async def _node_events(self, plan: NodePlan, previous: Mapping[str, Any]) -> None:
-        assert plan.status is not None
-        ref = ObjectRef("v1", "Node", plan.name, plan.uid)
-        for event in announcements.node_announcements(previous, plan.status):
-            await self._recorder.post(
-                ref=ref, type_=event.type, reason=event.reason, message=event.message
-            )
-
-    # -- policies --------------------------------------------------------------------------------
-
-    async def _write_policy(self, name: str) -> None:
-        status = await self._plan_with_token("policy", lambda: self._planner.plan_policy(name))
-        if status is None:
-            return
-        policy = self._state.policies[name]
-        previous = self._state.policy_status.get(name) or {}
-        try:
-            await self._write(
-                "policy-status",
-                method="PATCH",
-                path=f"{_API}/{models.POLICY_PLURAL}/{name}/status",
-                body=[{"op": "add", "path": "/status", "value": status}],
-                query=[("fieldManager", FIELD_MANAGER)],
-                content_type=JSON_PATCH,
-            )
-        except (http.ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-            if isinstance(exc, http.ApiError) and exc.status == 404:
-                return  # deleted meanwhile; its DELETED event removes it from the cache
-            log.warning(
-                "policy status write failed; retrying",
-                kind=models.POLICY_KIND,
-                name=name,
-                error=str(exc),
-            )
-            self._retry_later("policy", name)
-            return
-        self._state.in_flight[("policy", name)] = status
-        await self._policy_events(policy.name, policy.uid, previous, status)
-
-    async def _policy_events(
-        self, name: str, uid: str, previous: Mapping[str, Any], status: Mapping[str, Any]
-    ) -> None:
-        for event in announcements.policy_announcements(previous, status):
-            await self._recorder.post(
-                ref=_policy_ref(name, uid),
-                type_=event.type,
-                reason=event.reason,
-                message=event.message,
-            )
-
-
-def _policy_ref(name: str, uid: str) -> ObjectRef:
-    return ObjectRef(f"{models.GROUP}/{models.VERSION}", models.POLICY_KIND, name, uid)
+            self._state.dirty.config()

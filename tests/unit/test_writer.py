@@ -1,0 +1,175 @@
+"""The writer's scheduling against an in-memory API: writes in flight, per-object order, holds.
+
+The real API server is in the integration tests; here a fake answers in a few milliseconds so
+that how many writes overlap, and for which objects, can be seen exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+from typing import Any
+
+import pytest
+
+from gpushare_operator.cache.planner import Planner, Timings
+from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.core import models
+from gpushare_operator.kube import http
+from gpushare_operator.kube.events import EventRecorder
+from gpushare_operator.kube.inflight import InFlight
+from gpushare_operator.kube.leadership import AlwaysLeader
+from gpushare_operator.kube.ratelimit import TokenBucket
+from gpushare_operator.kube.writer import ConfigTarget, Writer
+from tests.unit.test_planner import node, policy
+from tests.waiting import eventually
+
+NODES = 24
+
+
+class SlowApi:
+    """Answers writes after a short delay and records which objects were written at once."""
+
+    def __init__(self, nodes: dict[str, dict[str, Any]]) -> None:
+        self.nodes = nodes
+        self.open: collections.Counter[str] = collections.Counter()  # object path -> in flight
+        self.most_open = 0
+        self.overlaps: list[str] = []  # an object written twice at the same time
+        self.writes: list[tuple[str, str]] = []
+
+    async def request(self, api: object, *, method: str, path: str, **kw: Any) -> Any:
+        target = path.removesuffix("/status")
+        if method == "POST":  # a create names its object in the body
+            target = f"{path}/{kw['body']['metadata']['name']}"
+        if self.open[target]:
+            self.overlaps.append(target)
+        self.open[target] += 1
+        self.most_open = max(self.most_open, sum(self.open.values()))
+        try:
+            await asyncio.sleep(0.005)
+            self.writes.append((method, path))
+            return self._answer(method, path, kw.get("body"))
+        finally:
+            self.open[target] -= 1
+
+    def _answer(self, method: str, path: str, body: Any) -> Any:
+        if method == "PATCH" and path.startswith("/api/v1/nodes/"):
+            current = self.nodes[path.rsplit("/", 1)[1]]
+            current["metadata"]["labels"].update(body["metadata"].get("labels") or {})
+            return copy.deepcopy(current)
+        return copy.deepcopy(body) if isinstance(body, dict) else {}
+
+
+def writes_to(api: SlowApi, prefix: str) -> collections.Counter[str]:
+    return collections.Counter(path for method, path in api.writes if path.startswith(prefix))
+
+
+@pytest.fixture
+def cluster(monkeypatch: pytest.MonkeyPatch) -> tuple[ClusterState, Planner, SlowApi]:
+    state = ClusterState()
+    bodies = {f"n{i}": node(f"n{i}") for i in range(NODES)}
+    api = SlowApi(copy.deepcopy(bodies))
+    monkeypatch.setattr(http, "request", api.request)
+    state.upsert_policy(policy("p"))
+    key = state.policies["p"].config_key
+    assert key is not None
+    state.set_config_data({key: "x", "default": "y"}, initial=True)  # written long ago
+    for body in bodies.values():
+        state.upsert_node(body)
+    state.config_synced = True
+    timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=600)
+    return state, Planner(state, timings=timings), api
+
+
+def writer(state: ClusterState, planner: Planner, *, concurrency: int) -> Writer:
+    gate = AlwaysLeader()
+    return Writer(
+        api=None,  # type: ignore[arg-type]  # the fake request ignores it
+        state=state,
+        planner=planner,
+        gate=gate,
+        bucket=TokenBucket(qps=10_000, burst=10_000),
+        recorder=EventRecorder(api=None, allowed=lambda: False),  # type: ignore[arg-type]
+        config=ConfigTarget(namespace="gpu-operator", name="configs"),
+        concurrency=concurrency,
+    )
+
+
+async def run_until_written(w: Writer, api: SlowApi) -> None:
+    task = asyncio.create_task(w.run())
+    try:
+
+        async def settled() -> bool:
+            policies = writes_to(api, f"/apis/{models.GROUP}/{models.VERSION}/gpusharingpolicies")
+            return sum(policies.values()) >= 1 and w.backlog == 0
+
+        await eventually(settled, timeout=10, what="every write made")
+        await asyncio.sleep(0.6)  # a held-back policy would look again by now: nothing more
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_several_writes_are_in_flight_but_never_two_for_one_object(
+    cluster: tuple[ClusterState, Planner, SlowApi],
+) -> None:
+    state, planner, api = cluster
+    w = writer(state, planner, concurrency=4)
+    await run_until_written(w, api)
+    assert 1 < api.most_open <= 4
+    assert api.overlaps == []
+    # Each node: one label apply, its GPUNodeState created once and its status written once.
+    labels = writes_to(api, "/api/v1/nodes/")
+    assert sorted(labels) == sorted(f"/api/v1/nodes/n{i}" for i in range(NODES))
+    assert set(labels.values()) == {1}
+    statuses = [p for m, p in api.writes if m == "PATCH" and p.endswith("/status")]
+    assert len(statuses) == NODES + 1  # and the policy's, once, after its nodes settled
+
+
+async def test_a_policy_status_waits_for_its_nodes_to_settle(
+    cluster: tuple[ClusterState, Planner, SlowApi],
+) -> None:
+    state, planner, api = cluster
+    w = writer(state, planner, concurrency=2)
+    await run_until_written(w, api)
+    policy_at = [i for i, (_, p) in enumerate(api.writes) if "gpusharingpolicies" in p]
+    last_node = max(i for i, (_, p) in enumerate(api.writes) if "gpunodestates" in p)
+    assert policy_at and min(policy_at) > last_node
+
+
+async def test_an_object_dirtied_while_being_written_is_written_again_after() -> None:
+    handed_back: list[tuple[str, str]] = []
+    flight = InFlight(limit=2, again=handed_back.append)
+    release = asyncio.Event()
+
+    async def job() -> None:
+        await release.wait()
+
+    await flight.slot()
+    assert flight.claim(("node", "a"))
+    flight.spawn(("node", "a"), job())
+    assert not flight.claim(("node", "a"))  # dirty again while in flight: not twice at once
+    assert flight.busy == {("node", "a")}
+    release.set()
+    await flight.drain()
+    assert handed_back == [("node", "a")]
+    assert flight.busy == set()
+
+
+async def test_slots_bound_the_jobs_and_cancel_leaves_none_behind() -> None:
+    flight = InFlight(limit=2, again=lambda key: None)
+    forever = asyncio.Event()
+    for name in ("a", "b"):
+        await flight.slot()
+        flight.claim(("node", name))
+        flight.spawn(("node", name), forever.wait())  # type: ignore[arg-type]
+    third = asyncio.create_task(flight.slot())
+    await asyncio.sleep(0.01)
+    assert not third.done()  # no third slot while two jobs run
+    await flight.cancel()
+    await asyncio.wait_for(third, timeout=1)  # cancelled jobs gave their slots back
+    flight.release()
+    with pytest.raises(ValueError, match="at least one"):
+        InFlight(limit=0, again=lambda key: None)

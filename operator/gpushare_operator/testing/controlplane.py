@@ -25,7 +25,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +95,7 @@ class ControlPlane:
     bin_dir: Path = field(default_factory=default_bin_dir)
     workdir: Path | None = None
     extra_apiserver_args: tuple[str, ...] = ()
+    audit_policy: Mapping[str, Any] = field(default_factory=lambda: _AUDIT_POLICY)
     etcd_port: int = 0
     apiserver_port: int = 0
     _procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
@@ -240,7 +241,7 @@ class ControlPlane:
         (pki / "apiserver.crt").write_bytes(serving.cert_pem)
         (pki / "apiserver.key").write_bytes(serving.key_pem)
         certs.write_service_account_key(pki)
-        (self._dir / "audit-policy.json").write_text(json.dumps(_AUDIT_POLICY))
+        (self._dir / "audit-policy.json").write_text(json.dumps(self.audit_policy))
         self.admin_kubeconfig = self.kubeconfig_for_user(ADMIN_USER, groups=("system:masters",))
 
     def _start_etcd(self) -> None:

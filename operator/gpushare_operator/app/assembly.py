@@ -12,7 +12,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from gpushare_operator.app import observability
+from gpushare_operator.app import heap, observability
 from gpushare_operator.app.settings import Settings
 from gpushare_operator.cache.planner import Planner, Timings
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
@@ -93,6 +93,8 @@ class Assembly:
                 namespace=s.device_plugin_namespace, name=s.device_plugin_configmap
             ),
             telemetry=self.telemetry,
+            concurrency=s.write_concurrency,
+            policy_max_wait=s.policy_status_max_delay,
         )
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._http: web.AppRunner | None = None
@@ -185,6 +187,7 @@ class Assembly:
             gpu_pods=len(self.state.usage.pods),
         )
         self.state.settle_initial_keys()
+        heap.release_free_heap()
         self._spawn("elector", self.gate.run())
         self._spawn("policy-resync", self._resync_policies())
         await self.writer.run()

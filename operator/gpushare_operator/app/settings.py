@@ -25,6 +25,8 @@ class Settings:
     identity: str
     write_qps: float
     write_burst: int
+    write_concurrency: int
+    policy_status_max_delay: float
     config_propagation_delay: float
     config_key_grace_period: float
     mismatch_timeout: float
@@ -85,8 +87,15 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]
     )
     flag("http-port", "8080", "port for /metrics, /healthz and /readyz", _positive_int)
     flag("identity", socket.gethostname(), "this replica's identity in the Lease")
-    flag("write-qps", "20", "sustained API writes per second", _above_zero_float)
-    flag("write-burst", "50", "API writes allowed in a burst", _positive_int)
+    flag("write-qps", "100", "sustained API writes per second", _above_zero_float)
+    flag("write-burst", "200", "API writes allowed in a burst", _positive_int)
+    flag("write-concurrency", "16", "API writes in flight at once", _positive_int)
+    flag(
+        "policy-status-max-delay",
+        "60",
+        "seconds a policy status may wait for its nodes to settle",
+        _positive_float,
+    )
     flag(
         "config-propagation-delay",
         "75",
@@ -121,6 +130,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         identity=args.identity,
         write_qps=args.write_qps,
         write_burst=args.write_burst,
+        write_concurrency=args.write_concurrency,
+        policy_status_max_delay=args.policy_status_max_delay,
         config_propagation_delay=args.config_propagation_delay,
         config_key_grace_period=args.config_key_grace_period,
         mismatch_timeout=args.mismatch_timeout,

@@ -46,7 +46,9 @@ class Target:
     kind: str  # for logs and metrics
     field_selector: str | None = None
     label_selector: str | None = None
-    page_size: int = 500
+    # A page of 100 fifteen-kilobyte Nodes decodes to a few MiB; pages of 500 made the first
+    # list of a 5,000-node cluster the operator's peak memory, for no gain in speed.
+    page_size: int = 100
     watch_timeout: int = 290  # server-side; we reconnect from the last resourceVersion
 
 

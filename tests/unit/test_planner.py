@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import pytest
@@ -433,3 +434,77 @@ def test_an_older_configmap_event_after_our_own_write_is_ignored(state: ClusterS
     assert "p-ts4-abcdef" in state.key_seen_at
     state.set_config_data(None, initial=False, version="13")  # deleted
     assert state.config_data is None
+
+
+def test_timers_and_trackers_do_not_grow_with_replanning_or_departed_nodes(
+    state: ClusterState, planner: Planner, clock: Clock
+) -> None:
+    state.upsert_policy(policy("p"))
+    key = state.policies["p"].config_key
+    assert key is not None
+    sync_config(state, {key: "x"}, initial=True)
+    state.upsert_node(node("n1", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
+    for _ in range(100):  # a busy node: planned again on every pod event
+        planner.plan_node("n1")
+    assert len(planner._rechecks) == 1  # one Mismatch deadline, not a hundred
+    assert "n1" in planner._applied_since
+    state.delete_node("n1")
+    planner.plan_node("n1")
+    assert "n1" not in planner._applied_since
+
+
+@pytest.mark.parametrize(
+    ("published", "ago", "expected"),
+    [
+        ("Applied", 100, "Mismatch"),  # applied 100 s ago by an earlier leader; timeout is 60 s
+        ("Applied", 10, "Applied"),  # 50 s still to wait, not a whole timeout
+        ("Mismatch", 0, "Mismatch"),  # stays reported as it was
+    ],
+)
+def test_the_mismatch_clock_survives_a_restart(
+    state: ClusterState, clock: Clock, published: str, ago: float, expected: str
+) -> None:
+    epoch = 1_800_000_000.0
+    planner = Planner(
+        state,
+        timings=Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60),
+        wallclock=lambda: "2027-01-15T08:00:00Z",
+        epoch=lambda: epoch,
+    )
+    state.upsert_policy(policy("p"))
+    key = state.policies["p"].config_key
+    assert key is not None
+    sync_config(state, {key: "x"}, initial=True)
+    state.upsert_node(node("n1", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
+    stamp = datetime.datetime.fromtimestamp(epoch - ago, datetime.UTC)
+    status = {
+        "policy": "p",
+        "configKey": key,
+        "phase": published,
+        "lastTransitionTime": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    state.upsert_node_state({"metadata": {"name": "n1"}, "status": status})
+    decision = planner.decide(state.nodes["n1"])
+    assert decision.phase == expected
+    if expected == "Applied":
+        assert decision.recheck_at == clock.now + 50
+
+
+def test_a_replan_before_our_write_is_seen_keeps_its_transition_time(
+    state: ClusterState, clock: Clock
+) -> None:
+    stamps = iter(["2026-11-29T00:00:00Z", "2026-11-29T00:00:01Z"])
+    planner = Planner(
+        state,
+        timings=Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60),
+        wallclock=lambda: next(stamps),
+    )
+    state.upsert_policy(policy("p"))
+    key = state.policies["p"].config_key
+    assert key is not None
+    sync_config(state, {key: "x"}, initial=True)
+    state.upsert_node(node("n1", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
+    plan = planner.plan_node("n1")
+    assert plan is not None and plan.status is not None
+    state.in_flight[("nodestate", "n1")] = plan.status  # written; its watch event not yet here
+    assert planner.plan_node("n1") is None  # a second later: the same status, no second write

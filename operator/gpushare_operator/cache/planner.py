@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import heapq
 import re
+import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,13 @@ _OUR_KEY = re.compile(r"^(default|([a-z0-9.-]+-)?(ts|mps)\d+-[0-9a-f]{6})$")
 
 def rfc3339_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _epoch(stamp: object) -> float | None:
+    try:
+        return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +63,16 @@ class Planner:
         *,
         timings: Timings,
         wallclock: Callable[[], str] = rfc3339_now,
+        epoch: Callable[[], float] = time.time,
     ) -> None:
         self.state = state
         self.timings = timings
         self._wallclock = wallclock
+        self._epoch = epoch
         self._applied_since: dict[str, tuple[str, float]] = {}
         self._unused_since: dict[str, float] = {}
         self._rechecks: list[tuple[float, str, str]] = []  # (when, kind, name)
+        self._scheduled: set[tuple[float, str, str]] = set()  # what _rechecks holds
         self.held: dict[str, float] = {}  # node -> when its held-back Pending status ends
         # Set by the writer while the ConfigMap cannot be written (e.g. namespace missing).
         self.config_error: str | None = None
@@ -71,14 +82,19 @@ class Planner:
     # -- time ------------------------------------------------------------------------------------
 
     def recheck(self, when: float | None, kind: str, name: str) -> None:
-        if when is not None:
-            heapq.heappush(self._rechecks, (when, kind, name))
+        # Every plan of an Applied node asks again for the same Mismatch deadline: keep one.
+        if when is None or (when, kind, name) in self._scheduled:
+            return
+        self._scheduled.add((when, kind, name))
+        heapq.heappush(self._rechecks, (when, kind, name))
 
     def due(self) -> float | None:
         """Re-dirty whatever a timer has come due for; return when the next timer fires."""
         now = self.state.clock()
         while self._rechecks and self._rechecks[0][0] <= now:
-            _, kind, name = heapq.heappop(self._rechecks)
+            entry = heapq.heappop(self._rechecks)
+            self._scheduled.discard(entry)
+            _, kind, name = entry
             if kind == "node":
                 self.state.dirty.node(name)
             elif kind == "policy":
@@ -103,8 +119,7 @@ class Planner:
 
     def decide(self, record: NodeRecord) -> nodestates.NodeDecision:
         policy = self.governing(record.name)
-        applied = self._applied_since.get(record.name)
-        since = applied[1] if applied and policy and applied[0] == policy.config_key else None
+        since = self._applied_clock(record.name, policy)
         return nodestates.decide(
             record=record,
             policy=policy,
@@ -114,13 +129,40 @@ class Planner:
             mismatch_timeout=self.timings.mismatch_timeout,
         )
 
+    def _applied_clock(self, name: str, policy: CompiledPolicy | None) -> float | None:
+        """When this node's label went on for this policy's key, on our monotonic clock."""
+        if policy is None:
+            return None
+        applied = self._applied_since.get(name)
+        if applied is not None:
+            return applied[1] if applied[0] == policy.config_key else None
+        return self._published_since(name, policy)
+
+    def _published_since(self, name: str, policy: CompiledPolicy) -> float | None:
+        """What the published status says, for a node we have not timed ourselves.
+
+        After a restart or a failover the Mismatch clock would otherwise start again from
+        zero: a node that GFD never confirmed would wait a whole timeout more to be reported.
+        """
+        status = self.state.node_states.get(name) or {}
+        if status.get("configKey") != policy.config_key or status.get("policy") != policy.name:
+            return None
+        now = self.state.clock()
+        if status.get("phase") == NodePhase.MISMATCH:
+            return now - self.timings.mismatch_timeout
+        at = _epoch(status.get("lastTransitionTime"))
+        if status.get("phase") != NodePhase.APPLIED or at is None:
+            return None
+        return now - max(0.0, self._epoch() - at)
+
     def _track_applied(self, name: str, decision: nodestates.NodeDecision) -> None:
         policy = decision.policy
         if decision.phase in (NodePhase.APPLIED, NodePhase.MISMATCH) and policy is not None:
             key = policy.config_key or ""
             current = self._applied_since.get(name)
             if current is None or current[0] != key:
-                self._applied_since[name] = (key, self.state.clock())
+                since = self._published_since(name, policy) if current is None else None
+                self._applied_since[name] = (key, self.state.clock() if since is None else since)
         elif decision.phase is not NodePhase.VERIFIED:
             # Verified keeps its entry: a later disagreement counts from the original application.
             self._applied_since.pop(name, None)
@@ -130,6 +172,7 @@ class Planner:
         record = state.nodes.get(name)
         if record is None:
             self.held.pop(name, None)
+            self._applied_since.pop(name, None)
             return None  # gone: its GPUNodeState follows through the ownerReference
         decision = self.decide(record)
         self._track_applied(name, decision)
@@ -175,7 +218,11 @@ class Planner:
         exists = record.name in state.node_states
         if not exists and decision.policy is None and not state.index.policies_of(record.name):
             return None  # never matched by any policy: no GPUNodeState at all
-        previous = state.node_states.get(record.name)
+        # What we last wrote, if its watch event is still on its way: its transition times
+        # are the ones to keep, or a re-plan a second later would differ and write again.
+        previous = state.in_flight.get(("nodestate", record.name)) or state.node_states.get(
+            record.name
+        )
         allocated, pods = 0, 0
         supported = decision.phase is not NodePhase.UNSUPPORTED
         if supported and decision.policy is not None and decision.policy.sharing is not None:
@@ -239,7 +286,7 @@ class Planner:
         policy = self.state.policies.get(name)
         if policy is None:
             return None
-        previous = self.state.policy_status.get(name)
+        previous = self.state.in_flight.get(("policy", name)) or self.state.policy_status.get(name)
         status = policystatus.render_policy_status(
             policy=policy,
             tally=self.tally(policy),
@@ -261,6 +308,8 @@ class Planner:
             if policy.config_key and policy.config_text:
                 wanted[policy.config_key] = policy.config_text
         now = state.clock()
+        for key in set(self._unused_since) - set(state.config_data or {}):
+            del self._unused_since[key]  # gone from the ConfigMap: nothing left to time
         for key, text in (state.config_data or {}).items():
             if key in wanted or not _OUR_KEY.match(key):
                 self._unused_since.pop(key, None)

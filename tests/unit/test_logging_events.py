@@ -48,6 +48,18 @@ async def test_same_event_is_posted_once_per_window(api: FakeApi) -> None:
     assert all(path == "/api/v1/namespaces/default/events" for _, path in api.calls)
 
 
+async def test_the_dedupe_memory_forgets_what_is_past_its_window(api: FakeApi) -> None:
+    clock = Clock()
+    events = recorder(clock, dedupe_window=600, per_second=100, burst=100)
+    for round_ in range(5):  # nodes come and go: each round's events are about new objects
+        for i in range(50):
+            ref = ObjectRef("v1", "Node", f"n{round_}-{i}", f"uid-{round_}-{i}")
+            await events.post(ref=ref, type_="Normal", reason="Applied", message="applied")
+        clock.now += 400
+    assert events.posted == 250
+    assert events.remembered <= 100  # the last two rounds at most, not all five
+
+
 async def test_a_flapping_condition_cannot_flood(api: FakeApi) -> None:
     clock = Clock()
     events = recorder(clock, per_second=1, burst=5)

@@ -59,11 +59,13 @@ class EventRecorder:
         self._allowed = allowed  # the leader gate: a follower (or a fenced leader) posts nothing
         self._stamp = clock()
         self._last: dict[tuple[str, str, str], float] = {}
+        self._prune_at = self._stamp + dedupe_window
         self.posted = 0
         self.dropped = 0
 
     def _admit(self, key: tuple[str, str, str]) -> bool:
         now = self._clock()
+        self._forget_old(now)
         self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
         self._stamp = now
         if now - self._last.get(key, float("-inf")) < self._window or self._tokens < 1:
@@ -72,6 +74,19 @@ class EventRecorder:
         self._tokens -= 1
         self._last[key] = now
         return True
+
+    @property
+    def remembered(self) -> int:
+        """How many recent events the dedupe window still holds."""
+        return len(self._last)
+
+    def _forget_old(self, now: float) -> None:
+        """Drop what is past the dedupe window, once per window: an operator that runs for
+        months sees every node come and go, and must not keep a key for each."""
+        if now < self._prune_at:
+            return
+        self._prune_at = now + self._window
+        self._last = {k: t for k, t in self._last.items() if now - t < self._window}
 
     async def post(self, *, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
         """Post one Event; failures are logged, never raised (events are best effort)."""

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds etcd, kube-apiserver and kubectl from the Go module proxy into $1/bin.
 #
-# Each binary is built only when missing, so a warm cache costs nothing.  Static, trimmed
+# Each binary is built only when missing or stamped with another version (a .NAME.version file
+# beside it), so a warm cache costs nothing and a version bump in versions.mk rebuilds.  Static, trimmed
 # builds with the version stamped in: the apiserver derives its emulation version from
 # gitVersion, and an unstamped build reports v0.0.0-master, which kubectl and the
 # apiserver's compatibility checks treat as a different release.
@@ -23,25 +24,27 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   kv+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=${now}"
 done
 
-build() {  # build NAME MODULE_DIR PACKAGE LDFLAGS
-  local name="$1" dir="$2" pkg="$3" ldflags="$4"
-  if [[ -x "$out/bin/$name" ]]; then
-    echo "controlplane: $name already built"
+build() {  # build NAME MODULE_DIR PACKAGE LDFLAGS VERSION
+  local name="$1" dir="$2" pkg="$3" ldflags="$4" version="$5"
+  local stamp="$out/bin/.$name.version"
+  if [[ -x "$out/bin/$name" && "$(cat "$stamp" 2>/dev/null)" == "$version" ]]; then
+    echo "controlplane: $name $version already built"
     return
   fi
   echo "controlplane: building $name ($pkg)"
   local start=$SECONDS
   (cd "$here/$dir" && go build -trimpath -ldflags "-s -w $ldflags" -o "$out/bin/$name.tmp" "$pkg")
   mv "$out/bin/$name.tmp" "$out/bin/$name"
+  echo "$version" > "$stamp"
   echo "controlplane: built $name in $((SECONDS - start)) s"
 }
 
-build etcd etcd . "-X go.etcd.io/etcd/api/v3/version.GitSHA=${etcd}"
-build kube-apiserver kubernetes k8s.io/kubernetes/cmd/kube-apiserver "$kv"
-build kubectl kubernetes k8s.io/kubernetes/cmd/kubectl "$kv"
+build etcd etcd . "-X go.etcd.io/etcd/api/v3/version.GitSHA=${etcd}" "$etcd"
+build kube-apiserver kubernetes k8s.io/kubernetes/cmd/kube-apiserver "$kv" "$k8s"
+build kubectl kubernetes k8s.io/kubernetes/cmd/kubectl "$kv" "$k8s"
 # Garbage collection (ownerReferences) and namespace deletion only happen in the
 # controller manager; without it a deleted namespace stays Terminating for ever.
-build kube-controller-manager kubernetes k8s.io/kubernetes/cmd/kube-controller-manager "$kv"
+build kube-controller-manager kubernetes k8s.io/kubernetes/cmd/kube-controller-manager "$kv" "$k8s"
 # Helm for the chart tests (lint, template, install); its own module again.
 # Without the Kubernetes version stamped in, `helm template` assumes v1.20 and refuses charts
 # that declare a kubeVersion; stamp the version of the client-go it was built against.
@@ -51,4 +54,4 @@ hv=" -X helm.sh/helm/v3/internal/version.version=${helm}"
 for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
   hv+=" -X ${pkg}.k8sVersionMajor=1 -X ${pkg}.k8sVersionMinor=${kminor}"
 done
-build helm helm helm.sh/helm/v3/cmd/helm "$hv"
+build helm helm helm.sh/helm/v3/cmd/helm "$hv" "$helm"

@@ -23,7 +23,7 @@ import orjson
 import yaml
 
 from gpushare_operator.core import models
-from gpushare_operator.testing import bodies
+from gpushare_operator.testing import bodies, podbodies
 from gpushare_operator.testing.rawclient import ApiError, RawClient
 
 POOLS = ("inference", "training", "batch", "research", "dev")
@@ -134,9 +134,9 @@ def pod_body(index: int, *, nodes: int, namespace: str | None = None) -> dict[st
     node = node_name(index % nodes)
     name = f"pod-{index:06d}"
     if index % SHARED_EVERY == 0:
-        body = bodies.shared_gpu_pod(name=name, node=node, namespace=ns, managed_fields=False)
+        body = podbodies.shared_gpu_pod(name=name, node=node, namespace=ns, managed_fields=False)
     else:
-        body = bodies.plain_pod(name=name, node=node, namespace=ns, managed_fields=False)
+        body = podbodies.plain_pod(name=name, node=node, namespace=ns, managed_fields=False)
     metadata = body["metadata"]
     for key in ("uid", "creationTimestamp", "generateName", "ownerReferences"):
         metadata.pop(key, None)  # the server assigns these; a foreign owner would be GC'd

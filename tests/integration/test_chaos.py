@@ -33,7 +33,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpushare_operator.testing import bodies
+from gpushare_operator.testing import bodies, podbodies
 from gpushare_operator.testing.controlplane import ControlPlane, free_port
 from gpushare_operator.testing.simulator import GpuClusterSimulator
 from tests.integration import helpers as h
@@ -268,7 +268,7 @@ async def quiet(plane: ControlPlane, *, seconds: float = 2.0, timeout: float = 6
 
 def pod_manifest(name: str, *, namespace: str, node: str, count: int) -> dict[str, Any]:
     """A realistic inference pod asking for ``count`` nvidia.com/gpu, bound to ``node``."""
-    body = bodies.shared_gpu_pod(
+    body = podbodies.shared_gpu_pod(
         name=name,
         node=node,
         namespace=namespace,

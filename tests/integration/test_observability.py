@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpushare_operator.testing import bodies
+from gpushare_operator.testing import podbodies
 from gpushare_operator.testing.controlplane import ControlPlane
 from gpushare_operator.testing.simulator import GpuClusterSimulator
 from tests.integration import helpers as h
@@ -168,7 +168,7 @@ async def test_metrics_match_the_published_policy_status(
     for name in nodes:
         await wait_verified(sim, name)
     # Three slots in use on the first node: bound by hand, as the scheduler would.
-    pod = bodies.shared_gpu_pod(
+    pod = podbodies.shared_gpu_pod(
         name=h.unique("vllm"),
         node=nodes[0],
         namespace=namespace,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpushare_operator.testing import bodies
+from gpushare_operator.testing import podbodies
 from gpushare_operator.testing.controlplane import ControlPlane
 from gpushare_operator.testing.simulator import GpuClusterSimulator, RawClient
 from tests.integration import helpers as h
@@ -76,7 +76,7 @@ def release(helm: Helm, namespace: str, plugin_namespace: str) -> Iterator[str]:
 
 def pod_body(name: str, *, node: str, namespace: str, count: int) -> dict[str, Any]:
     """A shared-GPU pod as a controller would create it (the ReplicaSet itself is not here)."""
-    body = bodies.shared_gpu_pod(
+    body = podbodies.shared_gpu_pod(
         name=name, node=node, namespace=namespace, count=count, managed_fields=False
     )
     metadata = body["metadata"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpushare_operator.testing import bodies
+from gpushare_operator.testing import podbodies
 from gpushare_operator.testing.controlplane import ControlPlane
 from gpushare_operator.testing.simulator import GpuClusterSimulator
 from tests.integration import helpers as h
@@ -58,13 +58,13 @@ def pod_manifest(
     init_count: int = 0,
     sidecar_count: int = 0,
 ) -> dict[str, Any]:
-    """A realistic inference pod (``bodies.shared_gpu_pod``) as a user would submit it.
+    """A realistic inference pod (``podbodies.shared_gpu_pod``) as a user would submit it.
 
     Server-set fields go (uid, timestamps, status, managedFields), and so does the owner
     reference: its ReplicaSet does not exist and the garbage collector would delete the pod.
     Regular init containers may not have probes; sidecars (restartable ones) may.
     """
-    body = bodies.shared_gpu_pod(
+    body = podbodies.shared_gpu_pod(
         name=name,
         node=node,
         namespace=namespace,
@@ -217,7 +217,7 @@ async def test_pods_are_counted_through_their_whole_life(
     # Neither a pod asking for a resource the policy does not advertise, nor a CPU-only pod,
     # nor an unscheduled one counts.
     await create_pod(sim, pods_ns, "other-resource", n1, resource=SHARED, count=4)
-    plain = bodies.plain_pod(name="web", node=n1, namespace=pods_ns, managed_fields=False)
+    plain = podbodies.plain_pod(name="web", node=n1, namespace=pods_ns, managed_fields=False)
     manifest = {"metadata": {"name": "web"}, "spec": plain["spec"]}
     await h.ok(sim.client, "POST", f"/api/v1/namespaces/{pods_ns}/pods", manifest)
     await create_pod(sim, pods_ns, "unscheduled", None, count=1)

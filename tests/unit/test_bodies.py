@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gpushare_operator.testing import bodies
+from gpushare_operator.testing import bodies, podbodies
 
 GFD_LABELS = (
     "nvidia.com/gpu.present",
@@ -189,7 +189,7 @@ def test_watch_event_line_is_one_newline_terminated_json_event_with_a_resource_v
 
 @pytest.mark.parametrize("resource", ["nvidia.com/gpu", "nvidia.com/gpu.shared"])
 def test_shared_gpu_pod_asks_for_the_resource_in_limits_and_is_bound(resource: str) -> None:
-    pod = bodies.shared_gpu_pod(
+    pod = podbodies.shared_gpu_pod(
         name="vllm-7d9c-x1", namespace="ml", node="gpu-1", resource=resource, count=2
     )
     assert 6_000 <= _size(pod) <= 11_000
@@ -207,7 +207,7 @@ def test_shared_gpu_pod_asks_for_the_resource_in_limits_and_is_bound(resource: s
 
 
 def test_shared_gpu_pod_init_and_sidecar_containers_and_unbound_pods() -> None:
-    pod = bodies.shared_gpu_pod(
+    pod = podbodies.shared_gpu_pod(
         name="vllm-7d9c-x2", node=None, count=1, init_count=3, sidecar_count=2
     )
     assert "nodeName" not in pod["spec"]
@@ -220,13 +220,13 @@ def test_shared_gpu_pod_init_and_sidecar_containers_and_unbound_pods() -> None:
 
 
 def test_plain_pod_has_no_gpu_and_pods_share_no_mutable_parts() -> None:
-    plain = bodies.plain_pod(name="web-5f6b-a", node="cpu-1", phase="Succeeded")
+    plain = podbodies.plain_pod(name="web-5f6b-a", node="cpu-1", phase="Succeeded")
     assert 6_000 <= _size(plain) <= 11_000
     assert "nvidia" not in json.dumps(plain["spec"]["containers"])
     assert plain["status"]["phase"] == "Succeeded"
-    other = bodies.plain_pod(name="web-5f6b-b", node="cpu-1")
+    other = podbodies.plain_pod(name="web-5f6b-b", node="cpu-1")
     plain["spec"]["containers"][0]["env"].clear()
     plain["spec"]["tolerations"].clear()
     assert other["spec"]["containers"][0]["env"]
     assert other["spec"]["tolerations"]
-    assert bodies.plain_pod(name="web-5f6b-b", node="cpu-1") == other
+    assert podbodies.plain_pod(name="web-5f6b-b", node="cpu-1") == other

@@ -37,7 +37,7 @@ from gpushare_operator.core.pods import (
     project_pod,
     total,
 )
-from gpushare_operator.testing import bodies
+from gpushare_operator.testing import podbodies
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
@@ -182,15 +182,15 @@ def fresh(text: str) -> str:
 
 
 def test_pod_without_a_tracked_resource_is_not_kept() -> None:
-    assert project_pod(bodies.plain_pod(name="web", node="n1"), tracked=tracked_default) is None
-    fpga = bodies.shared_gpu_pod(name="f", node="n1", resource=FPGA)
+    assert project_pod(podbodies.plain_pod(name="web", node="n1"), tracked=tracked_default) is None
+    fpga = podbodies.shared_gpu_pod(name="f", node="n1", resource=FPGA)
     assert project_pod(fpga, tracked=tracked_default) is None
     assert project_pod(fpga, tracked={FPGA}.__contains__) is not None
     assert project_pod({}, tracked=tracked_default) is None
 
 
 def test_record_keeps_identity_node_phase_and_requests_only() -> None:
-    body = bodies.shared_gpu_pod(name="vllm-0", node="gpu-1", namespace="serving", count=2)
+    body = podbodies.shared_gpu_pod(name="vllm-0", node="gpu-1", namespace="serving", count=2)
     assert body["metadata"]["managedFields"]  # the body is a realistic one
     record = project_pod(body, tracked=tracked_default)
     assert record == PodRecord(
@@ -224,7 +224,7 @@ def _reachable(obj: object) -> Iterator[object]:
 
 
 def test_record_holds_no_part_of_the_body() -> None:
-    body = bodies.shared_gpu_pod(name="p", node="n1", init_count=3, sidecar_count=1)
+    body = podbodies.shared_gpu_pod(name="p", node="n1", init_count=3, sidecar_count=1)
     record = project_pod(body, tracked=tracked_default)
     assert record is not None
     held = list(_reachable(record))
@@ -236,16 +236,16 @@ def test_record_holds_no_part_of_the_body() -> None:
 def test_effective_request_of_a_realistic_pod() -> None:
     # fetch-model (init, 3) runs alongside nothing declared before it; proxy (sidecar, 1) is
     # declared after it, so: max(3, 1 app + 1 sidecar) = 3.
-    body = bodies.shared_gpu_pod(name="p", node="n1", count=1, init_count=3, sidecar_count=1)
+    body = podbodies.shared_gpu_pod(name="p", node="n1", count=1, init_count=3, sidecar_count=1)
     record = project_pod(body, tracked=tracked_default)
     assert record is not None and record.requests == ((SHARED, 3),)
-    small = bodies.shared_gpu_pod(name="q", node="n1", count=2, init_count=1, sidecar_count=1)
+    small = podbodies.shared_gpu_pod(name="q", node="n1", count=2, init_count=1, sidecar_count=1)
     record = project_pod(small, tracked=tracked_default)
     assert record is not None and record.requests == ((SHARED, 3),)
 
 
 def test_unbound_pod_is_kept_with_no_node_and_holds_no_slots() -> None:
-    body = bodies.shared_gpu_pod(name="waiting", node=None)
+    body = podbodies.shared_gpu_pod(name="waiting", node=None)
     record = project_pod(body, tracked=tracked_default)
     assert record is not None
     assert record.node is None
@@ -267,7 +267,7 @@ def test_unbound_pod_is_kept_with_no_node_and_holds_no_slots() -> None:
     ],
 )
 def test_holds_slots(node: str | None, phase: str, holds: bool) -> None:
-    body = bodies.shared_gpu_pod(name="p", node=node, phase=phase)
+    body = podbodies.shared_gpu_pod(name="p", node=node, phase=phase)
     record = project_pod(body, tracked=tracked_default)
     assert record is not None and record.phase == phase
     assert record.holds_slots is holds
@@ -282,7 +282,7 @@ def test_missing_phase_is_pending() -> None:
 def test_records_share_interned_strings_and_request_tuples() -> None:
     records = []
     for index in range(2):
-        body = bodies.shared_gpu_pod(
+        body = podbodies.shared_gpu_pod(
             name=f"p{index}", node=fresh("gpu-node-7"), namespace=fresh("team-a")
         )
         body["status"]["phase"] = fresh("Running")
@@ -457,7 +457,7 @@ def test_pod_events_mark_their_node_and_policy_dirty() -> None:
     assert set(state.dirty.nodes) == {"n2"}
     drain(state)
     state.upsert_pod(pod_body("v", node=None))  # unbound and new: no counter moved
-    state.upsert_pod(bodies.plain_pod(name="web", node="n1"))
+    state.upsert_pod(podbodies.plain_pod(name="web", node="n1"))
     assert not state.dirty.nodes and not state.dirty.policies
 
 

@@ -1,4 +1,6 @@
-"""Realistic object bodies: GPU Nodes and Pods as a real kubelet + NFD + GFD cluster shows them.
+"""Realistic GPU Node bodies, as a real kubelet + NFD + GFD cluster shows them.
+
+(Pods are built in ``podbodies``.)
 
 The operator's reason to exist is to stay cheap on exactly these bodies: a GPU Node is about
 15 KB of JSON (managedFields, 40 images, ~75 labels, conditions), and a benchmark or test fed a
@@ -16,23 +18,38 @@ they return as immutable.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import datetime, timedelta
 
 import orjson
-import yaml
 
-Body = dict[str, Any]
+from gpushare_operator.testing.bodyparts import (
+    GPU_RESOURCE,
+    SHARED_GPU_RESOURCE,
+    Body,
+    creation_time,
+    managed_entry,
+    name_digest,
+    octet,
+    rfc3339,
+    uuid_of,
+)
 
-GPU_RESOURCE = "nvidia.com/gpu"
-SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
+__all__ = [
+    "GPU_RESOURCE",
+    "KUBELET_CONDITIONS",
+    "SHARED_GPU_RESOURCE",
+    "Body",
+    "gpu_node",
+    "heartbeat",
+    "relabel",
+    "watch_event_line",
+]
+
 KUBELET_CONDITIONS = ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")
 
-_EPOCH = datetime(2025, 3, 3, 8, 0, 0, tzinfo=UTC)
 _REGION = "us-east-2"
 
 
@@ -126,56 +143,6 @@ _NODE_CONDITIONS = (
 )
 
 
-def _digest(name: str, salt: str = "") -> str:
-    return hashlib.sha256(f"{salt}/{name}".encode()).hexdigest()
-
-
-def _stamp(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _uuid(h: str) -> str:
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-a{h[17:20]}-{h[20:32]}"
-
-
-def _octet(digest: str, at: int) -> int:
-    return int(digest[at : at + 2], 16)
-
-
-def _created_at(key: str) -> datetime:
-    """Objects of one cluster appeared over a month; pick a stable moment in it per key."""
-    return _EPOCH + timedelta(seconds=int(_digest(key, "created")[:8], 16) % (30 * 86_400))
-
-
-def _fields(value: Any) -> Body:
-    """The ``fieldsV1`` set owning every field of ``value``, in the API server's notation.
-
-    Lists of objects with a ``name``/``type``/``containerPort`` are associative (``k:`` keys),
-    other lists are atomic, as in the structural-merge schema of the built-in types.
-    """
-    if isinstance(value, dict):
-        return {f"f:{key}": _fields(item) for key, item in value.items()}
-    if not (isinstance(value, list) and value and isinstance(value[0], dict)):
-        return {}
-    keyed: Body = {}
-    for item in value:
-        if "containerPort" in item:
-            key = {"containerPort": item["containerPort"], "protocol": item["protocol"]}
-        elif "name" in item or "type" in item:
-            key = {"name": item["name"]} if "name" in item else {"type": item["type"]}
-        else:
-            return {}
-        keyed[f"k:{json.dumps(key, separators=(',', ':'))}"] = {".": {}, **_fields(item)}
-    return keyed
-
-
-def _managed(manager: str, at: str, owned: Body, *, subresource: str = "") -> Body:
-    entry: Body = {"manager": manager, "operation": "Update", "apiVersion": "v1", "time": at}
-    if subresource:
-        entry["subresource"] = subresource
-    return entry | {"fieldsType": "FieldsV1", "fieldsV1": _fields(owned)}
-
-
 # -- nodes -----------------------------------------------------------------------------------
 
 
@@ -197,10 +164,10 @@ def gpu_node(
     one.  GFD reports no sharing yet (``gpu.replicas=1``, ``gpu.sharing-strategy=none``).
     """
     machine = _MACHINES.get(product, _GENERIC)
-    digest = _digest(name)
-    created = _created_at(name)
-    zone = f"{_REGION}{'abc'[_octet(digest, 8) % 3]}"
-    ip = f"10.{_octet(digest, 0)}.{_octet(digest, 2)}.{_octet(digest, 4) or 1}"
+    digest = name_digest(name)
+    created = creation_time(name)
+    zone = f"{_REGION}{'abc'[octet(digest, 8) % 3]}"
+    ip = f"10.{octet(digest, 0)}.{octet(digest, 2)}.{octet(digest, 4) or 1}"
     instance = f"i-0{digest[12:28]}"
     kubelet_labels = _pairs(
         f"beta.kubernetes.io/arch=amd64 beta.kubernetes.io/instance-type={machine.instance_type}"
@@ -222,8 +189,8 @@ def gpu_node(
     }
     metadata: Body = {
         "name": name,
-        "uid": _uuid(digest),
-        "creationTimestamp": _stamp(created),
+        "uid": uuid_of(digest),
+        "creationTimestamp": rfc3339(created),
         "labels": kubelet_labels | _NFD_LABELS | gfd | admin,
         "annotations": kubelet_annotations
         | {
@@ -232,14 +199,14 @@ def gpu_node(
             "nvidia.com/gpu-driver-upgrade-enabled": "true",
         },
     }
-    cidr = f"100.{_octet(digest, 6) % 64 + 64}.{_octet(digest, 10)}.0/24"
+    cidr = f"100.{octet(digest, 6) % 64 + 64}.{octet(digest, 10)}.0/24"
     spec = {"podCIDR": cidr, "podCIDRs": [cidr], "providerID": f"aws:///{zone}/{instance}"}
     status = _node_status(name=name, machine=machine, gpus=gpus, ip=ip, created=created)
     status["images"] = _node_images(images)
     if managed_fields:
         owners = {"kubelet": kubelet_annotations, "gpu-feature-discovery": gfd, "admin": admin}
         metadata["managedFields"] = _node_managers(
-            at=_stamp(created), owners=owners, spec=spec, status=status
+            at=rfc3339(created), owners=owners, spec=spec, status=status
         )
     return {
         "kind": "Node",
@@ -258,14 +225,16 @@ def _node_managers(
     kubelet_status["conditions"] = status["conditions"][1:]  # not NetworkUnavailable (the CNI's)
     ttl = {"node.alpha.kubernetes.io/ttl": ""}
     return [
-        _managed("kubelet", at, {"metadata": {"annotations": owners["kubelet"]}}),
-        _managed("kube-controller-manager", at, {"metadata": {"annotations": ttl}, "spec": spec}),
-        _managed("nfd-master", at, {"metadata": {"labels": _NFD_LABELS}}),
-        _managed(
+        managed_entry("kubelet", at, {"metadata": {"annotations": owners["kubelet"]}}),
+        managed_entry(
+            "kube-controller-manager", at, {"metadata": {"annotations": ttl}, "spec": spec}
+        ),
+        managed_entry("nfd-master", at, {"metadata": {"labels": _NFD_LABELS}}),
+        managed_entry(
             "gpu-feature-discovery", at, {"metadata": {"labels": owners["gpu-feature-discovery"]}}
         ),
-        _managed("kubectl-label", at, {"metadata": {"labels": owners["admin"]}}),
-        _managed(
+        managed_entry("kubectl-label", at, {"metadata": {"labels": owners["admin"]}}),
+        managed_entry(
             "kubelet",
             status["conditions"][-1]["lastHeartbeatTime"],
             {"status": kubelet_status},
@@ -301,9 +270,9 @@ def _node_status(*, name: str, machine: _Machine, gpus: int, ip: str, created: d
         "ephemeral-storage": "3455869940266",
         "memory": f"{machine.memory_kib - 7_768_000}Ki",
     }
-    since = _stamp(created + timedelta(minutes=1))
-    beat = _stamp(created + timedelta(days=2))
-    machine_digest = _digest(name, "machine")
+    since = rfc3339(created + timedelta(minutes=1))
+    beat = rfc3339(created + timedelta(days=2))
+    machine_digest = name_digest(name, "machine")
     return {
         "capacity": capacity,
         "allocatable": allocatable,
@@ -326,8 +295,8 @@ def _node_status(*, name: str, machine: _Machine, gpus: int, ip: str, created: d
         "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
         "nodeInfo": {
             "machineID": machine_digest[:32],
-            "systemUUID": _uuid(machine_digest[32:]).upper(),
-            "bootID": _uuid(_digest(name, "boot")),
+            "systemUUID": uuid_of(machine_digest[32:]).upper(),
+            "bootID": uuid_of(name_digest(name, "boot")),
             "kernelVersion": _NFD_LABELS["feature.node.kubernetes.io/kernel-version.full"],
             "osImage": "Ubuntu 22.04.5 LTS",
             "containerRuntimeVersion": "containerd://1.7.27",
@@ -363,7 +332,7 @@ def _images(count: int) -> tuple[tuple[str, str, int], ...]:
         repository, tag = reference.rsplit(":", 1)
         if index >= len(rows):
             tag = f"{tag}-{index // len(rows)}"
-        digest = _digest(f"{repository}:{tag}", "image")
+        digest = name_digest(f"{repository}:{tag}", "image")
         size = megabytes * 1_000_000 + int(digest[:5], 16)
         images.append((f"{repository}@sha256:{digest}", f"{repository}:{tag}", size))
     return tuple(sorted(images, key=lambda image: -image[2]))
@@ -400,217 +369,3 @@ def watch_event_line(event_type: str, obj: Body, *, resource_version: str) -> by
     """One line of a watch stream as the API server sends it, newline included."""
     stamped = {**obj, "metadata": {**obj["metadata"], "resourceVersion": resource_version}}
     return orjson.dumps({"type": event_type, "object": stamped}, option=orjson.OPT_APPEND_NEWLINE)
-
-
-# -- pods ------------------------------------------------------------------------------------
-
-# What does not vary between the pods of a Deployment, as its manifest would say it.  Parsed
-# once; each pod gets a fresh copy (an orjson round trip), so no two bodies share a mutable part.
-_POD_TEMPLATE = orjson.dumps(
-    yaml.safe_load(
-        """
-        metadata:
-          labels: {app.kubernetes.io/component: server, app.kubernetes.io/part-of: platform}
-          annotations: {prometheus.io/port: "8000", prometheus.io/scrape: "true"}
-          ownerReferences:
-          - {apiVersion: apps/v1, kind: ReplicaSet, controller: true, blockOwnerDeletion: true}
-        spec:
-          dnsPolicy: ClusterFirst
-          enableServiceLinks: true
-          preemptionPolicy: PreemptLowerPriority
-          priority: 0
-          restartPolicy: Always
-          schedulerName: default-scheduler
-          securityContext: {fsGroup: 1000, runAsNonRoot: true, runAsUser: 1000}
-          terminationGracePeriodSeconds: 30
-          tolerations:
-          - {key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute,
-             tolerationSeconds: 300}
-          - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute,
-             tolerationSeconds: 300}
-          volumes:
-          - {name: models, persistentVolumeClaim: {claimName: model-cache, readOnly: true}}
-          - {name: dshm, emptyDir: {medium: Memory, sizeLimit: 16Gi}}
-          - name: kube-api-access
-            projected:
-              defaultMode: 420
-              sources:
-              - serviceAccountToken: {expirationSeconds: 3607, path: token}
-              - configMap: {name: kube-root-ca.crt, items: [{key: ca.crt, path: ca.crt}]}
-              - downwardAPI:
-                  items:
-                  - {path: namespace, fieldRef: {apiVersion: v1, fieldPath: metadata.namespace}}
-        container:
-          args: [--port, "8000", --max-model-len, "8192", --gpu-memory-utilization, "0.45"]
-          env:
-          - {name: HF_HOME, value: /models/.cache}
-          - {name: OMP_NUM_THREADS, value: "4"}
-          - {name: NCCL_DEBUG, value: WARN}
-          - {name: POD_NAME, valueFrom: {fieldRef: {apiVersion: v1, fieldPath: metadata.name}}}
-          ports: [{name: http, containerPort: 8000, protocol: TCP}]
-          readinessProbe: &probe
-            httpGet: {path: /health, port: 8000, scheme: HTTP}
-            periodSeconds: 10
-            timeoutSeconds: 2
-            successThreshold: 1
-            failureThreshold: 3
-          livenessProbe: *probe
-          volumeMounts:
-          - {name: models, mountPath: /models, readOnly: true}
-          - {name: dshm, mountPath: /dev/shm}
-          - name: kube-api-access
-            mountPath: /var/run/secrets/kubernetes.io/serviceaccount
-            readOnly: true
-          terminationMessagePath: /dev/termination-log
-          terminationMessagePolicy: File
-          imagePullPolicy: IfNotPresent
-          securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
-        """
-    )
-)
-
-
-def shared_gpu_pod(
-    *,
-    name: str,
-    node: str | None,
-    namespace: str = "default",
-    resource: str = SHARED_GPU_RESOURCE,
-    count: int = 1,
-    phase: str = "Running",
-    init_count: int = 0,
-    sidecar_count: int = 0,
-    managed_fields: bool = True,
-) -> Body:
-    """An inference Pod with ``count`` of ``resource`` in its app container's ``limits``.
-
-    Only limits, as people write it (the API server copies extended-resource limits into
-    requests on admission, and the operator must count either).  ``init_count`` and
-    ``sidecar_count`` add a regular and a restartable (sidecar) init container with that request,
-    for the scheduler's effective-request rule; 0 leaves that container out.  ``node`` binds it
-    through ``spec.nodeName``, the way the scheduler does; ``None`` leaves it unscheduled.
-    """
-    containers = [("server", "docker.io/vllm/vllm-openai:v0.8.4", count, "")]
-    if init_count:
-        containers.append(("fetch-model", "ghcr.io/acme/model-fetcher:1.8.2", init_count, "init"))
-    if sidecar_count:
-        containers.append(("proxy", "ghcr.io/acme/router:4.2.0", sidecar_count, "sidecar"))
-    body = _pod(name=name, namespace=namespace, node=node, phase=phase, app="vllm-inference")
-    spec = body["spec"]
-    template = spec.pop("containers")[0]
-    spec["tolerations"].insert(
-        0, {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-    )
-    for container_name, image, request, role in containers:
-        container = {"name": container_name, "image": image, **orjson.loads(orjson.dumps(template))}
-        container["resources"]["limits"][resource] = str(request)
-        if role == "sidecar":
-            container["restartPolicy"] = "Always"
-        spec.setdefault("initContainers" if role else "containers", []).append(container)
-    return _finish_pod(body, phase=phase, managed_fields=managed_fields)
-
-
-def plain_pod(
-    *,
-    name: str,
-    node: str | None,
-    namespace: str = "default",
-    phase: str = "Running",
-    managed_fields: bool = True,
-) -> Body:
-    """A CPU-only web Pod: most of any cluster's Pods, which the operator must skip cheaply."""
-    body = _pod(name=name, namespace=namespace, node=node, phase=phase, app="storefront")
-    body["spec"]["containers"][0] |= {"name": "web", "image": "ghcr.io/acme/storefront:2.14.1"}
-    return _finish_pod(body, phase=phase, managed_fields=managed_fields)
-
-
-def _pod(*, name: str, namespace: str, node: str | None, phase: str, app: str) -> Body:
-    """A pod of ``app`` with one unnamed container; the callers name and equip the containers."""
-    key = f"{namespace}/{name}"
-    digest = _digest(key, "pod")
-    created = _created_at(key)
-    template_hash = _digest(app, "template")[:10]
-    loaded = orjson.loads(_POD_TEMPLATE)
-    metadata, spec, container = loaded["metadata"], loaded["spec"], loaded["container"]
-    container["resources"] = {
-        "limits": {"cpu": "8", "memory": "48Gi"},
-        "requests": {"cpu": "4", "memory": "32Gi"},
-    }
-    metadata["labels"] |= {"app.kubernetes.io/name": app, "pod-template-hash": template_hash}
-    metadata["annotations"]["kubectl.kubernetes.io/restartedAt"] = _stamp(created)
-    metadata["ownerReferences"][0] |= {
-        "name": f"{app}-{template_hash}",
-        "uid": _uuid(_digest(app, "replicaset")),
-    }
-    spec |= {"containers": [container], "serviceAccount": app, "serviceAccountName": app}
-    if node is not None:
-        spec["nodeName"] = node
-    identity = {"name": name, "generateName": f"{app}-{template_hash}-", "namespace": namespace}
-    identity |= {"uid": _uuid(digest), "creationTimestamp": _stamp(created)}
-    return {"kind": "Pod", "apiVersion": "v1", "metadata": identity | metadata, "spec": spec}
-
-
-def _finish_pod(body: Body, *, phase: str, managed_fields: bool) -> Body:
-    """Add what kubelet reports, and who wrote which field, once the spec is complete."""
-    metadata, spec = body["metadata"], body["spec"]
-    body["status"] = status = _pod_status(spec=spec, phase=phase, key=metadata["uid"])
-    if managed_fields:
-        at = metadata["creationTimestamp"]
-        owned = {k: v for k, v in metadata.items() if k in ("labels", "annotations")}
-        owned |= {k: v for k, v in metadata.items() if k in ("generateName", "ownerReferences")}
-        metadata["managedFields"] = [
-            _managed("kube-controller-manager", at, {"metadata": owned, "spec": spec}),
-            _managed(
-                "kubelet", status.get("startTime", at), {"status": status}, subresource="status"
-            ),
-        ]
-    return body
-
-
-def _pod_status(*, spec: Body, phase: str, key: str) -> Body:
-    if "nodeName" not in spec:
-        message = "0/12 nodes are available: 12 Insufficient nvidia.com/gpu.shared."
-        unscheduled: Body = {"type": "PodScheduled", "status": "False", "lastProbeTime": None}
-        unscheduled |= {"reason": "Unschedulable", "message": message}
-        return {"phase": "Pending", "qosClass": "Burstable", "conditions": [unscheduled]}
-    digest = _digest(key, "status")
-    at = _stamp(_created_at(key) + timedelta(seconds=3))
-    up = "True" if phase == "Running" else "False"
-    kinds = ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")
-    values = (up, "True", up, up, "True")
-    host_ip = f"10.{_octet(digest, 6)}.{_octet(digest, 8)}.{_octet(digest, 10) or 1}"
-    pod_ip = f"100.{_octet(digest, 0) % 64 + 64}.{_octet(digest, 2)}.{_octet(digest, 4)}"
-    state = {
-        "Running": {"running": {"startedAt": at}},
-        "Pending": {"waiting": {"reason": "ContainerCreating"}},
-    }.get(phase, {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": at}})
-    statuses = []
-    for container in spec["containers"]:
-        image = container["image"]
-        statuses.append(
-            {
-                "name": container["name"],
-                "image": image,
-                "imageID": f"{image.rsplit(':', 1)[0]}@sha256:{_digest(image, 'image')}",
-                "containerID": f"containerd://{_digest(container['name'], digest)}",
-                "ready": phase == "Running",
-                "started": phase == "Running",
-                "restartCount": 0,
-                "lastState": {},
-                "state": state,
-            }
-        )
-    return {
-        "phase": phase,
-        "conditions": [
-            {"type": kind, "status": value, "lastProbeTime": None, "lastTransitionTime": at}
-            for kind, value in zip(kinds, values, strict=True)
-        ],
-        "hostIP": host_ip,
-        "hostIPs": [{"ip": host_ip}],
-        "podIP": pod_ip,
-        "podIPs": [{"ip": pod_ip}],
-        "qosClass": "Burstable",
-        "startTime": at,
-        "containerStatuses": statuses,
-    }

@@ -13,7 +13,7 @@ import signal
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpushare_operator.testing import bodies
+from gpushare_operator.testing import bodies, podbodies
 from gpushare_operator.testing.simulator import GpuClusterSimulator
 
 logger = logging.getLogger("gpushare.demo")
@@ -65,7 +65,7 @@ async def _create_sample_pods(sim: GpuClusterSimulator) -> None:
         status, _ = await sim.client.get(f"{pods}/{name}")
         if status == 200:
             continue
-        body = bodies.shared_gpu_pod(
+        body = podbodies.shared_gpu_pod(
             name=name,
             node=node,
             namespace=DEMO_NAMESPACE,

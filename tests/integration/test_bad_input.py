@@ -115,3 +115,49 @@ async def test_policies_that_slipped_past_admission(
     finally:
         for policy in created:
             await h.delete_policy(sim.client, policy)
+
+
+async def test_a_broken_update_leaves_the_nodes_as_they_were(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    relaxed_crd: None,
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("pool")
+    [name] = await sim.create_gpu_nodes(pool=pool, count=1)
+    body = h.policy(h.unique("edited"), pool=pool, replicas=4)
+    policy = body["metadata"]["name"]
+    try:
+        await _create_until_accepted(sim, body)
+        await start_operator("--device-plugin-namespace", namespace)
+        working = await eventually(
+            lambda: h.get_policy(sim.client, policy),
+            until=lambda b: (b.get("status") or {}).get("verifiedNodes") == 1,
+            what="the policy verified on its node",
+        )
+        key = working["status"]["configKey"]
+        writes_before = len(h.operator_writes(control_plane))
+
+        await h.patch_policy(sim.client, policy, {"replicas": 100})  # the relaxed CRD allows it
+        broken = await eventually(
+            lambda: h.get_policy(sim.client, policy),
+            until=lambda b: h.condition(b.get("status"), "Ready").get("reason") == "InvalidSpec",
+            what="InvalidSpec",
+        )
+        ready = h.condition(broken["status"], "Ready")
+        assert "replicas" in ready["message"]
+        assert "generation 1 stays in force" in ready["message"]
+        assert broken["status"]["observedGeneration"] == 2
+        assert broken["status"]["configKey"] == key
+
+        await asyncio.sleep(2)  # a release of the node would happen by now
+        labels = (await h.node(sim.client, name))["metadata"]["labels"]
+        assert labels[h.CONFIG_LABEL] == key
+        assert labels[h.POLICY_LABEL] == policy
+        later = h.operator_writes(control_plane)[writes_before:]
+        assert not h.writes_to(later, resource="nodes", name=name)
+        state = await h.node_state(sim.client, name)
+        assert state is not None and state["status"]["phase"] == "Verified"
+    finally:
+        await h.delete_policy(sim.client, policy)

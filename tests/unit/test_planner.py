@@ -508,3 +508,39 @@ def test_a_replan_before_our_write_is_seen_keeps_its_transition_time(
     assert plan is not None and plan.status is not None
     state.in_flight[("nodestate", "n1")] = plan.status  # written; its watch event not yet here
     assert planner.plan_node("n1") is None  # a second later: the same status, no second write
+
+
+def test_a_broken_update_keeps_the_last_good_generation_in_force(
+    state: ClusterState, planner: Planner
+) -> None:
+    state.upsert_policy(policy("p", replicas=4))
+    key = state.policies["p"].config_key
+    assert key is not None
+    sync_config(state, {key: "x"}, initial=True)
+    state.upsert_node(node("n1", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
+    state.upsert_policy(policy("p", replicas=100, generation=2))  # past an older CRD's admission
+    kept = state.policies["p"]
+    assert not kept.valid and kept.usable and kept.kept_generation == 1
+    assert state.governing("n1") is kept
+    assert kept.config_key == key and kept.replicas == 4
+    plan = planner.plan_node("n1")
+    assert plan is None or plan.labels is None  # the node keeps its labels: nothing is undone
+    status = planner.plan_policy("p")
+    assert status is not None and status["observedGeneration"] == 2
+    assert status["configKey"] == key
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert "replicas" in ready["message"] and "generation 1 stays in force" in ready["message"]
+
+    state.upsert_policy(policy("p", replicas=100, generation=3))  # broken again: still gen 1
+    assert state.policies["p"].kept_generation == 1
+    state.upsert_policy(policy("p", replicas=6, generation=4))  # fixed
+    fixed = state.policies["p"]
+    assert fixed.valid and fixed.kept_generation is None and fixed.config_key != key
+
+
+def test_a_policy_that_never_worked_governs_nothing(state: ClusterState) -> None:
+    state.upsert_node(node("n1"))
+    state.upsert_policy(policy("p", replicas=100))
+    assert not state.policies["p"].usable
+    assert state.governing("n1") is None

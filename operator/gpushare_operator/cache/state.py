@@ -18,7 +18,7 @@ from gpushare_operator.core import devconfigs, nodestates, resolution
 from gpushare_operator.core import nodes as core_nodes
 from gpushare_operator.core import pods as core_pods
 from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.policies import CompiledPolicy, compile_policy
+from gpushare_operator.core.policies import CompiledPolicy, compile_policy, keep_last_good
 
 ALWAYS_TRACKED = frozenset({core_nodes.GPU_RESOURCE, core_nodes.SHARED_RESOURCE})
 
@@ -48,10 +48,10 @@ class ClusterState:
     # -- governance ----------------------------------------------------------------------------
 
     def governing(self, node: str) -> CompiledPolicy | None:
-        """The policy that governs ``node``: highest priority, then name, among valid matches."""
+        """The policy that governs ``node``: highest priority, then name, among usable matches."""
         policies = self.policies
         candidates = (policies[p] for p in self.index.policies_of(node) if p in policies)
-        return resolution.winner(p for p in candidates if p.valid)
+        return resolution.winner(p for p in candidates if p.usable)
 
     def _refresh_governors(self, nodes: Iterable[str]) -> None:
         for node in nodes:
@@ -126,6 +126,8 @@ class ClusterState:
         if old is not None and (old.uid, old.generation) == (uid, generation):
             return  # status-only change (usually our own write): nothing to recompile
         new = compile_policy(name=name, uid=uid, generation=generation, spec=body.get("spec"))
+        if old is not None:
+            new = keep_last_good(old, new)
         self.policies[name] = new
         self._track_resource(new)
         self._reindex_policy(old, new)

@@ -7,6 +7,7 @@ hashing its device-plugin config) happens here, once per spec generation.  Statu
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,10 +31,18 @@ class CompiledPolicy:
     config_text: str | None
     error: str | None  # why the policy cannot be used; None when it is valid
     error_reason: str | None = None  # CamelCase reason for conditions and Events
+    # While this generation is invalid, the earlier valid generation still in force (its
+    # selector, priority and config are what the other fields hold); None otherwise.
+    kept_generation: int | None = None
 
     @property
     def valid(self) -> bool:
         return self.error is None
+
+    @property
+    def usable(self) -> bool:
+        """Whether it governs nodes: valid, or an earlier valid generation kept in force."""
+        return self.error is None or self.kept_generation is not None
 
     @property
     def paused(self) -> bool:
@@ -54,6 +63,25 @@ def _validation_message(exc: pydantic.ValidationError) -> str:
         where = ".".join(str(p) for p in error["loc"]) or "spec"
         parts.append(f"spec.{where}: {error['msg']}")
     return "; ".join(parts)
+
+
+def keep_last_good(current: CompiledPolicy, update: CompiledPolicy) -> CompiledPolicy:
+    """A broken update of a working policy: report the error, keep applying what worked.
+
+    A spec that slips past admission (an older CRD, a hand-made object) must not undo a working
+    configuration on every node of the policy; the nodes stay as they are until the spec is
+    fixed or the policy deleted.  A policy that never worked has nothing to keep.
+    """
+    if update.valid or not current.usable or current.uid != update.uid:
+        return update
+    kept = current.kept_generation if current.kept_generation is not None else current.generation
+    return dataclasses.replace(
+        current,
+        generation=update.generation,
+        error=update.error,
+        error_reason=update.error_reason,
+        kept_generation=kept,
+    )
 
 
 def _invalid(*, name: str, uid: str, generation: int, message: str, reason: str) -> CompiledPolicy:

@@ -38,7 +38,13 @@ def _listed(pairs: Sequence[tuple[str, str]]) -> str:
 
 def _ready(policy: CompiledPolicy, tally: PolicyTally, config_problem: str | None) -> Cond:
     if not policy.valid:
-        return Cond("Ready", "False", policy.error_reason or "Invalid", policy.error or "")
+        message = policy.error or ""
+        if policy.kept_generation is not None:
+            message += (
+                f"; generation {policy.kept_generation} stays in force on its nodes until the"
+                " spec is fixed"
+            )
+        return Cond("Ready", "False", policy.error_reason or "Invalid", message)
     if config_problem is not None:
         return Cond("Ready", "False", "DevicePluginConfigUnavailable", config_problem)
     if tally.mismatched:

@@ -37,6 +37,7 @@ PODS = Target(
     path="/api/v1/pods",
     kind="Pod",
     field_selector="status.phase!=Succeeded,status.phase!=Failed",
+    page_size=250,  # ~8 KB a pod: about the 2 MB of a page of 100 Nodes, in fewer round trips
 )
 # A watch is re-opened every ~5 minutes and bookmarks arrive about once a minute: an informer
 # silent for this long is stuck, and /healthz says so.

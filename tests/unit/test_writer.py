@@ -16,7 +16,7 @@ import pytest
 from gpushare_operator.cache.planner import Planner, Timings
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import models
-from gpushare_operator.kube import http
+from gpushare_operator.kube import http, writing
 from gpushare_operator.kube.events import EventRecorder
 from gpushare_operator.kube.inflight import InFlight
 from gpushare_operator.kube.leadership import AlwaysLeader
@@ -33,6 +33,7 @@ class SlowApi:
 
     def __init__(self, nodes: dict[str, dict[str, Any]]) -> None:
         self.nodes = nodes
+        self.fail_once: set[str] = set()  # paths answered 503 the first time
         self.open: collections.Counter[str] = collections.Counter()  # object path -> in flight
         self.most_open = 0
         self.overlaps: list[str] = []  # an object written twice at the same time
@@ -48,6 +49,9 @@ class SlowApi:
         self.most_open = max(self.most_open, sum(self.open.values()))
         try:
             await asyncio.sleep(0.005)
+            if path in self.fail_once:
+                self.fail_once.discard(path)
+                raise http.ApiError(status=503, reason="ServiceUnavailable", body={})
             self.writes.append((method, path))
             return self._answer(method, path, kw.get("body"))
         finally:
@@ -173,3 +177,48 @@ async def test_slots_bound_the_jobs_and_cancel_leaves_none_behind() -> None:
     flight.release()
     with pytest.raises(ValueError, match="at least one"):
         InFlight(limit=0, again=lambda key: None)
+
+
+async def test_a_failed_write_is_retried_without_waiting_for_another_event(
+    cluster: tuple[ClusterState, Planner, SlowApi], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, planner, api = cluster
+    monkeypatch.setattr(writing, "RETRY_AFTER", 0.3)
+    w = writer(state, planner, concurrency=4)
+    task = asyncio.create_task(w.run())
+    try:
+
+        async def settled() -> bool:
+            return w.backlog == 0 and len(api.writes) > NODES
+
+        await eventually(settled, timeout=10, what="the first writes")
+        await asyncio.sleep(0.6)  # the writer is asleep: no timer is due for minutes
+        status_path = f"/apis/{models.GROUP}/{models.VERSION}/gpunodestates/n3/status"
+        api.fail_once.add(status_path)
+        state.delete_node_state("n3")  # its GPUNodeState is gone: create and publish it again
+
+        async def retried() -> bool:
+            return api.writes.count(("PATCH", status_path)) == 2
+
+        # The failure sets a retry timer after the writer went back to sleep; nothing else
+        # happens in the cluster, so only that timer can bring the write about.
+        await eventually(retried, timeout=5, what="the failed status write retried")
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_a_write_dropped_for_lost_leadership_stays_dirty(
+    cluster: tuple[ClusterState, Planner, SlowApi],
+) -> None:
+    state, planner, _ = cluster
+    w = writer(state, planner, concurrency=1)
+    while state.dirty.pop_node() or state.dirty.pop_policy() or state.dirty.pop_config():
+        pass
+
+    async def fenced() -> None:
+        raise writing.LostLeadership()
+
+    await w._guarded(("node", "n5"), fenced())
+    assert "n5" in state.dirty.nodes  # the gate may reopen without a resync: not forgotten

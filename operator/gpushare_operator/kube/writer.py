@@ -198,10 +198,16 @@ class Writer:
         try:
             await work
         except LostLeadership:
-            pass  # the gate closed; when leading again, a resync looks at everything
+            # The gate may open again without the loop ever seeing it closed (one late
+            # renewal): keep the object dirty rather than count on a resync.
+            self._dirty_again(key)
         except Exception:  # never let one bad object stop all writing
             log.exception("write failed; retrying", kind=key[0], name=key[1])
             self._out.retry_later(*key)
+        finally:
+            # A job may have set a timer (a retry, a propagation wait) while the loop slept
+            # until an earlier one: wake it to look at the timers again.
+            self._wake.set()
 
     def _dirty_again(self, key: Key) -> None:
         kind, name = key

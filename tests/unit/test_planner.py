@@ -544,3 +544,31 @@ def test_a_policy_that_never_worked_governs_nothing(state: ClusterState) -> None
     state.upsert_policy(policy("p", replicas=100))
     assert not state.policies["p"].usable
     assert state.governing("n1") is None
+
+
+def test_a_node_labelled_again_starts_a_fresh_mismatch_clock(
+    state: ClusterState, clock: Clock
+) -> None:
+    epoch = 1_800_000_000.0
+    planner = Planner(
+        state,
+        timings=Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60),
+        wallclock=lambda: "2027-01-15T08:00:00Z",
+        epoch=lambda: epoch,
+    )
+    state.upsert_policy(policy("p"))
+    key = state.policies["p"].config_key
+    assert key is not None
+    sync_config(state, {key: "x"}, initial=True)
+    status = {"policy": "p", "configKey": key, "phase": "Mismatch"}
+    state.upsert_node_state({"metadata": {"name": "n1"}, "status": status})
+    state.upsert_node(node("n1", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
+    plan = planner.plan_node("n1")  # first sight since start: the published Mismatch stands
+    assert plan is None or plan.status is None or plan.status["phase"] == "Mismatch"
+    state.upsert_node(node("n1"))  # someone strips our labels
+    plan = planner.plan_node("n1")
+    assert plan is not None and plan.labels is not None  # we label it again
+    state.upsert_node(node("n1", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
+    decision = planner.decide(state.nodes["n1"])
+    assert decision.phase == "Applied"  # GFD gets its whole window again
+    assert decision.recheck_at == clock.now + 60

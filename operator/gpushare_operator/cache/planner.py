@@ -70,6 +70,9 @@ class Planner:
         self._wallclock = wallclock
         self._epoch = epoch
         self._applied_since: dict[str, tuple[str, float]] = {}
+        # Nodes this process has decided on: for them the published status is history, not a
+        # clock to resume (see _published_since).
+        self._decided: set[str] = set()
         self._unused_since: dict[str, float] = {}
         self._rechecks: list[tuple[float, str, str]] = []  # (when, kind, name)
         self._scheduled: set[tuple[float, str, str]] = set()  # what _rechecks holds
@@ -136,7 +139,7 @@ class Planner:
         applied = self._applied_since.get(name)
         if applied is not None:
             return applied[1] if applied[0] == policy.config_key else None
-        return self._published_since(name, policy)
+        return None if name in self._decided else self._published_since(name, policy)
 
     def _published_since(self, name: str, policy: CompiledPolicy) -> float | None:
         """What the published status says, for a node we have not timed ourselves.
@@ -157,11 +160,15 @@ class Planner:
 
     def _track_applied(self, name: str, decision: nodestates.NodeDecision) -> None:
         policy = decision.policy
+        first = name not in self._decided
+        self._decided.add(name)
         if decision.phase in (NodePhase.APPLIED, NodePhase.MISMATCH) and policy is not None:
             key = policy.config_key or ""
             current = self._applied_since.get(name)
             if current is None or current[0] != key:
-                since = self._published_since(name, policy) if current is None else None
+                # Only a node met for the first time since start resumes a published clock;
+                # one we saw unlabelled and labelled again starts afresh.
+                since = self._published_since(name, policy) if first else None
                 self._applied_since[name] = (key, self.state.clock() if since is None else since)
         elif decision.phase is not NodePhase.VERIFIED:
             # Verified keeps its entry: a later disagreement counts from the original application.
@@ -173,6 +180,7 @@ class Planner:
         if record is None:
             self.held.pop(name, None)
             self._applied_since.pop(name, None)
+            self._decided.discard(name)
             return None  # gone: its GPUNodeState follows through the ownerReference
         decision = self.decide(record)
         self._track_applied(name, decision)

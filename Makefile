@@ -64,7 +64,7 @@ bench: venv ## In-process micro-benchmarks of the ingest paths (table on stdout,
 BENCH_SCALE_ARGS ?=
 
 .PHONY: bench-scale
-bench-scale: venv controlplane ## Scale benchmark on a local control plane: 5,000 nodes, 50,000 pods, gpushare vs kopf-native (~20 min; JSON + PNG in .bench/). BENCH_SCALE_ARGS=--quick: 500 nodes.
+bench-scale: venv controlplane ## Scale benchmark on a local control plane: 5,000 nodes, 50,000 pods, gpushare vs kopf-native (~22 min; JSON + PNG in .bench/). BENCH_SCALE_ARGS=--quick: 500 nodes.
 	$(VPY) -m pip install --quiet -e '.[bench]'
 	$(VPY) -m benchmarks.scale $(BENCH_SCALE_ARGS)
 

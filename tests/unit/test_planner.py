@@ -453,6 +453,27 @@ def test_timers_and_trackers_do_not_grow_with_replanning_or_departed_nodes(
     assert "n1" not in planner._applied_since
 
 
+EPOCH = 1_800_000_000.0  # the wall clock of a replica that has just started
+
+
+def restarted_planner(state: ClusterState) -> Planner:
+    return Planner(
+        state,
+        timings=Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60),
+        wallclock=lambda: "2027-01-15T08:00:00Z",
+        epoch=lambda: EPOCH,
+    )
+
+
+def policy_with_written_key(state: ClusterState) -> str:
+    """Policy ``p`` whose config key has been in the ConfigMap since before start."""
+    state.upsert_policy(policy("p"))
+    key = state.policies["p"].config_key
+    assert key is not None
+    sync_config(state, {key: "x"}, initial=True)
+    return key
+
+
 @pytest.mark.parametrize(
     ("published", "ago", "expected"),
     [
@@ -464,19 +485,10 @@ def test_timers_and_trackers_do_not_grow_with_replanning_or_departed_nodes(
 def test_the_mismatch_clock_survives_a_restart(
     state: ClusterState, clock: Clock, published: str, ago: float, expected: str
 ) -> None:
-    epoch = 1_800_000_000.0
-    planner = Planner(
-        state,
-        timings=Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60),
-        wallclock=lambda: "2027-01-15T08:00:00Z",
-        epoch=lambda: epoch,
-    )
-    state.upsert_policy(policy("p"))
-    key = state.policies["p"].config_key
-    assert key is not None
-    sync_config(state, {key: "x"}, initial=True)
+    planner = restarted_planner(state)
+    key = policy_with_written_key(state)
     state.upsert_node(node("n1", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
-    stamp = datetime.datetime.fromtimestamp(epoch - ago, datetime.UTC)
+    stamp = datetime.datetime.fromtimestamp(EPOCH - ago, datetime.UTC)
     status = {
         "policy": "p",
         "configKey": key,
@@ -549,17 +561,8 @@ def test_a_policy_that_never_worked_governs_nothing(state: ClusterState) -> None
 def test_a_node_labelled_again_starts_a_fresh_mismatch_clock(
     state: ClusterState, clock: Clock
 ) -> None:
-    epoch = 1_800_000_000.0
-    planner = Planner(
-        state,
-        timings=Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60),
-        wallclock=lambda: "2027-01-15T08:00:00Z",
-        epoch=lambda: epoch,
-    )
-    state.upsert_policy(policy("p"))
-    key = state.policies["p"].config_key
-    assert key is not None
-    sync_config(state, {key: "x"}, initial=True)
+    planner = restarted_planner(state)
+    key = policy_with_written_key(state)
     status = {"policy": "p", "configKey": key, "phase": "Mismatch"}
     state.upsert_node_state({"metadata": {"name": "n1"}, "status": status})
     state.upsert_node(node("n1", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))

@@ -157,7 +157,11 @@ async def test_an_object_dirtied_while_being_written_is_written_again_after() ->
     assert not flight.claim(("node", "a"))  # dirty again while in flight: not twice at once
     assert flight.busy == {("node", "a")}
     release.set()
-    await flight.drain()
+
+    async def done() -> bool:
+        return not flight.busy
+
+    await eventually(done, timeout=2, what="the job to end")
     assert handed_back == [("node", "a")]
     assert flight.busy == set()
 

@@ -66,11 +66,6 @@ class InFlight:
                 self._return.discard(key)
                 self._again(key)
 
-    async def drain(self) -> None:
-        """Wait for every background job to finish."""
-        while self._tasks:
-            await asyncio.wait(set(self._tasks))
-
     async def cancel(self) -> None:
         """Stop every background job (shutdown): nothing may be left running."""
         tasks = set(self._tasks)

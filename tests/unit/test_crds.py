@@ -215,10 +215,11 @@ def test_spec_schema_carries_the_admission_rules(by_plural: dict[str, dict[str, 
     assert root["required"] == ["spec"]
     assert root["x-kubernetes-validations"] == [dict(r) for r in crds.POLICY_NAME_RULES]
     spec = root["properties"]["spec"]
-    assert spec["required"] == ["strategy", "replicas"]
+    assert spec["required"] == ["strategy"]  # replicas: required by a CEL rule, not Exclusive
+    assert spec["x-kubernetes-validations"] == [dict(r) for r in crds.SPEC_RULES]
     fields = spec["properties"]
-    assert fields["strategy"]["enum"] == ["TimeSlicing", "MPS"]
-    assert (fields["replicas"]["minimum"], fields["replicas"]["maximum"]) == (2, 64)
+    assert fields["strategy"]["enum"] == ["TimeSlicing", "MPS", "Exclusive"]
+    assert (fields["replicas"]["minimum"], fields["replicas"]["maximum"]) == (1, 64)
     assert (fields["priority"]["minimum"], fields["priority"]["maximum"]) == (0, 1_000_000_000)
     assert fields["priority"]["default"] == 0
     resource = fields["resourceName"]
@@ -228,10 +229,14 @@ def test_spec_schema_carries_the_admission_rules(by_plural: dict[str, dict[str, 
     assert selector["default"] == {}
     assert selector["x-kubernetes-map-type"] == "atomic"
     match_labels = selector["properties"]["matchLabels"]
-    assert match_labels["x-kubernetes-validations"] == [dict(r) for r in crds.MATCH_LABELS_RULES]
+    assert match_labels["x-kubernetes-validations"] == [
+        dict(r) for r in (*crds.MATCH_LABELS_RULES, *crds.STABLE_MATCH_LABELS_RULES)
+    ]
     assert match_labels["additionalProperties"]["maxLength"] == 63
     requirement = selector["properties"]["matchExpressions"]["items"]
-    assert requirement["x-kubernetes-validations"] == [dict(r) for r in crds.REQUIREMENT_RULES]
+    assert requirement["x-kubernetes-validations"] == [
+        dict(r) for r in (*crds.REQUIREMENT_RULES, *crds.STABLE_REQUIREMENT_RULES)
+    ]
     assert requirement["required"] == ["key", "operator"]
     assert requirement["properties"]["operator"]["enum"] == [
         "In",

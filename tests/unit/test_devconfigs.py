@@ -82,7 +82,7 @@ def sharing_configs() -> st.SearchStrategy[SharingConfig]:
     return st.builds(
         SharingConfig,
         strategy=st.sampled_from(["TimeSlicing", "MPS"]),
-        replicas=st.integers(2, 64),
+        replicas=st.integers(2, 48),
         resource_name=st.just("nvidia.com/gpu") | short_names.map("nvidia.com/{}".format),
         rename_by_default=st.booleans(),
         fail_requests_greater_than_one=st.booleans(),
@@ -209,11 +209,11 @@ def test_the_policy_name_does_not_change_the_hash() -> None:
 
 def test_longest_policy_name_is_cut_to_fit_a_label_value() -> None:
     name = "p" * 253
-    key = config_key(policy_name=name, config=SharingConfig(strategy="MPS", replicas=64))
+    key = config_key(policy_name=name, config=SharingConfig(strategy="MPS", replicas=48))
     assert len(key) == 63
     assert is_valid_label_value(key)
     assert CONFIGMAP_KEY.fullmatch(key)
-    assert key.startswith("p" * 50 + "-mps64-")
+    assert key.startswith("p" * 50 + "-mps48-")
 
 
 def test_cut_policy_names_end_on_a_letter_or_digit() -> None:
@@ -250,7 +250,8 @@ def test_keys_are_valid_everywhere_they_are_used(name: str, config: SharingConfi
 
 @given(policy_names(), st.integers(2, 10**6))
 def test_keys_fit_with_any_replica_count(name: str, replicas: int) -> None:
-    key = config_key(policy_name=name, config=SharingConfig(strategy="MPS", replicas=replicas))
+    config = SharingConfig(strategy="TimeSlicing", replicas=replicas)
+    key = config_key(policy_name=name, config=config)
     assert len(key) <= 63
     assert is_valid_label_value(key)
 
@@ -372,3 +373,31 @@ def test_sharing_strategy_label() -> None:
     assert sharing_strategy_label(MPS) == "mps"
     with pytest.raises(ConfigError):
         sharing_strategy_label(SharingConfig(strategy="None", replicas=2))
+
+
+def test_mps_beyond_48_clients_is_refused_as_the_plugin_refuses_it() -> None:
+    with pytest.raises(ConfigError, match="at most 48 for MPS, not 49"):
+        render_config(SharingConfig(strategy="MPS", replicas=49))
+    assert render_config(SharingConfig(strategy="TimeSlicing", replicas=64))
+
+
+def test_exclusive_renders_without_a_sharing_section_under_a_key_of_its_own() -> None:
+    config = SharingConfig(strategy="Exclusive", replicas=1)
+    assert render_config(config) == {"version": "v1", "flags": {"migStrategy": "none"}}
+    key = config_key(policy_name="training", config=config)
+    digest = hashlib.sha256(render_config_text(config).encode()).hexdigest()[:6]
+    assert key == f"training-excl-{digest}"
+    assert advertised_resource(config) == "nvidia.com/gpu"
+    assert sharing_strategy_label(config) == "none"
+    with pytest.raises(ConfigError, match="Exclusive has 1 replica per GPU, not 2"):
+        render_config(SharingConfig(strategy="Exclusive", replicas=2))
+
+
+def test_replicas_of_one_in_a_sharing_section_are_refused() -> None:
+    body = {
+        "version": "v1",
+        "flags": {"migStrategy": "none"},
+        "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 1}]}},
+    }
+    with pytest.raises(ConfigError, match="at least 2, not 1"):
+        validate_config(body)

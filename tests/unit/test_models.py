@@ -52,10 +52,28 @@ def test_minimal_spec_takes_the_documented_defaults() -> None:
         "replicas": 4,
         "resourceName": "nvidia.com/gpu",
         "renameByDefault": False,
-        "failRequestsGreaterThanOne": False,
+        "failRequestsGreaterThanOne": None,
         "paused": False,
     }
     assert parsed.strategy is SharingStrategy.TIME_SLICING
+    assert parsed.fail_requests_greater_than_one is False  # the plugin's time-slicing default
+
+
+def test_fail_requests_defaults_to_the_plugins_default_per_strategy() -> None:
+    mps = GPUSharingPolicySpec.model_validate({"strategy": "MPS", "replicas": 4})
+    assert mps.failRequestsGreaterThanOne is None
+    assert mps.fail_requests_greater_than_one is True
+    told = GPUSharingPolicySpec.model_validate(
+        {"strategy": "MPS", "replicas": 4, "failRequestsGreaterThanOne": False}
+    )
+    assert told.fail_requests_greater_than_one is False
+
+
+def test_exclusive_needs_no_replicas_and_has_one_slot_per_gpu() -> None:
+    for body in ({"strategy": "Exclusive"}, {"strategy": "Exclusive", "replicas": 1}):
+        parsed = GPUSharingPolicySpec.model_validate(body)
+        assert parsed.strategy is SharingStrategy.EXCLUSIVE
+        assert parsed.slots_per_gpu == 1
 
 
 def test_full_spec_from_the_design_round_trips() -> None:
@@ -119,9 +137,24 @@ def test_valid_specs_are_accepted(body: dict[str, Any]) -> None:
 
 BAD_SPECS = {
     "no-strategy": ({"replicas": 4}, "strategy", "Field required"),
-    "no-replicas": ({"strategy": "MPS"}, "replicas", "Field required"),
-    "unknown-strategy": (spec(strategy="MIG"), "strategy", "'TimeSlicing' or 'MPS'"),
-    "replicas-1": (spec(replicas=1), "replicas", "greater than or equal to 2"),
+    "no-replicas": ({"strategy": "MPS"}, "", "replicas must be 2 to 64 when strategy is MPS"),
+    "unknown-strategy": (
+        spec(strategy="MIG"),
+        "strategy",
+        "'TimeSlicing', 'MPS' or 'Exclusive'",
+    ),
+    "replicas-1": (spec(replicas=1), "", "replicas must be 2 to 64 when strategy is TimeSlicing"),
+    "mps-49": (spec(strategy="MPS", replicas=49), "", "at most 48 when strategy is MPS"),
+    "exclusive-4": (
+        spec(strategy="Exclusive", replicas=4),
+        "",
+        "replicas must be absent or 1 when strategy is Exclusive",
+    ),
+    "exclusive-renamed": (
+        {"strategy": "Exclusive", "renameByDefault": True},
+        "",
+        "renameByDefault applies only to TimeSlicing and MPS",
+    ),
     "replicas-65": (spec(replicas=65), "replicas", "less than or equal to 64"),
     "replicas-string": (spec(replicas="4"), "replicas", "valid integer"),
     "replicas-bool": (spec(replicas=True), "replicas", "valid integer"),
@@ -387,8 +420,8 @@ def test_invalid_policy_statuses_are_refused(body: dict[str, Any], message: str)
     [
         ({}, "Field required"),
         ({"phase": "Done"}, "'Pending', 'Applied'"),
-        ({"phase": "Applied", "replicas": 1}, "greater than or equal to 2"),
-        ({"phase": "Applied", "strategy": "MIG"}, "'TimeSlicing' or 'MPS'"),
+        ({"phase": "Applied", "replicas": 0}, "greater than or equal to 1"),
+        ({"phase": "Applied", "strategy": "MIG"}, "'TimeSlicing', 'MPS' or 'Exclusive'"),
         ({"phase": "Applied", "lastTransitionTime": "2025-01-31 12:00"}, "RFC 3339"),
     ],
     ids=["no-phase", "phase", "replicas", "strategy", "time"],
@@ -399,7 +432,7 @@ def test_invalid_node_statuses_are_refused(body: dict[str, Any], message: str) -
 
 
 def test_enums_carry_the_api_spellings() -> None:
-    assert [s.value for s in SharingStrategy] == ["TimeSlicing", "MPS"]
+    assert [s.value for s in SharingStrategy] == ["TimeSlicing", "MPS", "Exclusive"]
     assert [p.value for p in NodePhase] == [
         "Pending",
         "Applied",

@@ -22,12 +22,28 @@ class Clock:
         return self.now
 
 
-def node(name: str, *, pool: str = "a", count: str = "4", **extra: str) -> dict[str, Any]:
+def node(
+    name: str,
+    *,
+    pool: str = "a",
+    count: str = "4",
+    allocatable: str | None = None,
+    **extra: str,
+) -> dict[str, Any]:
+    """A GPU node; by default kubelet advertises what its GFD replicas label says, as the
+    device plugin would after a restart with that config."""
     labels = {"pool": pool, "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": count}
     labels.update(extra)
+    if allocatable is None:
+        replicas = extra.get("nvidia.com/gpu.replicas", "1")
+        allocatable = str(int(count) * int(replicas)) if count.isdigit() else "0"
     return {
         "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1", "labels": labels},
-        "status": {"capacity": {"nvidia.com/gpu": count}, "conditions": [{"type": "Ready"}]},
+        "status": {
+            "capacity": {"nvidia.com/gpu": allocatable},
+            "allocatable": {"cpu": "8", "nvidia.com/gpu": allocatable},
+            "conditions": [{"type": "Ready"}],
+        },
     }
 
 

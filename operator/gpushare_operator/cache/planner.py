@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import heapq
+import math
 import re
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -17,13 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.core import devconfigs, nodestates, policystatus
+from gpushare_operator.core import devconfigs, nodestates, policystatus, resolution
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
 
 # Keys this operator renders: `default` and `<policy>-<ts|mps><replicas>-<6 hex>`.
-_OUR_KEY = re.compile(r"^(default|([a-z0-9.-]+-)?(ts|mps)\d+-[0-9a-f]{6})$")
+_OUR_KEY = re.compile(r"^(default|([a-z0-9.-]+-)?(ts\d+|mps\d+|excl)-[0-9a-f]{6})$")
 
 
 def rfc3339_now() -> str:
@@ -117,8 +118,11 @@ class Planner:
         data = self.state.config_data
         if key is None or data is None or key not in data:
             return nodestates.KeyState(present=False)
+        delay = self.timings.propagation_delay
         seen = self.state.key_seen_at.get(key, float("-inf"))
-        return nodestates.KeyState(present=True, ready_at=seen + self.timings.propagation_delay)
+        wall = self.state.key_seen_wall.get(key, float("-inf"))
+        ready_wall = None if wall == float("-inf") else _rfc3339(wall + delay)
+        return nodestates.KeyState(present=True, ready_at=seen + delay, ready_at_wall=ready_wall)
 
     def decide(self, record: NodeRecord) -> nodestates.NodeDecision:
         policy = self.governing(record.name)
@@ -133,7 +137,8 @@ class Planner:
         )
 
     def _applied_clock(self, name: str, policy: CompiledPolicy | None) -> float | None:
-        """When this node's label went on for this policy's key, on our monotonic clock."""
+        """Since when this node has shown this policy's label without confirming it, on our
+        monotonic clock; None: from now."""
         if policy is None:
             return None
         applied = self._applied_since.get(name)
@@ -170,8 +175,11 @@ class Planner:
                 # one we saw unlabelled and labelled again starts afresh.
                 since = self._published_since(name, policy) if first else None
                 self._applied_since[name] = (key, self.state.clock() if since is None else since)
-        elif decision.phase is not NodePhase.VERIFIED:
-            # Verified keeps its entry: a later disagreement counts from the original application.
+        if decision.phase is NodePhase.VERIFIED and policy is not None:
+            # A later disagreement (the device plugin restarting, say) is timed from when it
+            # starts: a restart window of a confirmed node is no Mismatch.
+            self._applied_since.pop(name, None)
+        elif decision.phase not in (NodePhase.APPLIED, NodePhase.MISMATCH):
             self._applied_since.pop(name, None)
 
     def plan_node(self, name: str) -> NodePlan | None:
@@ -259,10 +267,16 @@ class Planner:
             tally.matched += 1
             decision = self.decide(record)
             winner = decision.policy
-            if winner is None or winner.name != policy.name:
-                tally.conflicts.append((node, winner.name if winner else "none"))
+            if winner is not None and winner.name == policy.name:
+                self._count(tally, record, decision, policy)
                 continue
-            self._count(tally, record, decision, policy)
+            problem = nodestates.unsupported(record, policy)
+            outranks = winner is None or resolution.rank_key(policy) < resolution.rank_key(winner)
+            if problem is not None and outranks and policy.usable:
+                tally.unsupported += 1  # skipped here: the next usable policy governs it
+                tally.skipped.append((node, problem[1]))
+            else:
+                tally.conflicts.append((node, winner.name if winner else "none"))
         tally.allocated = self.state.usage.policy_slots(policy.name)
         return tally
 
@@ -277,6 +291,9 @@ class Planner:
         phase = decision.phase
         if phase is NodePhase.UNSUPPORTED:
             tally.unsupported += 1
+            tally.unusable += 1
+            problem = nodestates.unsupported(record, policy)
+            tally.skipped.append((record.name, problem[1] if problem else decision.message))
             return
         gpus = record.gpus or 0
         tally.gpus += gpus
@@ -344,6 +361,11 @@ class Planner:
         if self.state.in_flight.get(("configmap", "")) == wanted:
             return None
         return wanted
+
+
+def _rfc3339(epoch: float) -> str:
+    moment = datetime.datetime.fromtimestamp(math.ceil(epoch), datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _meets(a: Collection[str], b: Collection[str]) -> bool:

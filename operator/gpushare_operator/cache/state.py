@@ -24,8 +24,14 @@ ALWAYS_TRACKED = frozenset({core_nodes.GPU_RESOURCE, core_nodes.SHARED_RESOURCE}
 
 
 class ClusterState:
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wallclock: Callable[[], float] = time.time,
+    ) -> None:
         self.clock = clock
+        self.wallclock = wallclock
         self.nodes: dict[str, NodeRecord] = {}
         self.policies: dict[str, CompiledPolicy] = {}
         self.policy_status: dict[str, Mapping[str, Any]] = {}
@@ -34,6 +40,8 @@ class ClusterState:
         self.config_synced = False
         self.config_version: int | None = None  # resourceVersion of what config_data shows
         self.key_seen_at: dict[str, float] = {}
+        # The same moments on the wall clock, fixed once: a published wait never drifts.
+        self.key_seen_wall: dict[str, float] = {}
         self.config_label_counts: Counter[str] = Counter()
         self.index = MatchIndex()
         self.dirty = DirtySet()
@@ -47,11 +55,19 @@ class ClusterState:
 
     # -- governance ----------------------------------------------------------------------------
 
-    def governing(self, node: str) -> CompiledPolicy | None:
-        """The policy that governs ``node``: highest priority, then name, among usable matches."""
+    def candidates(self, node: str) -> list[CompiledPolicy]:
+        """Usable policies matching ``node``, the winner by priority and name first."""
         policies = self.policies
-        candidates = (policies[p] for p in self.index.policies_of(node) if p in policies)
-        return resolution.winner(p for p in candidates if p.usable)
+        matched = (policies[p] for p in self.index.policies_of(node) if p in policies)
+        return resolution.ranked(p for p in matched if p.usable)
+
+    def governing(self, node: str) -> CompiledPolicy | None:
+        """The policy that governs ``node``: the first usable match by rank that can work
+        there (falling through an Unsupported one), else the first, which reports why not."""
+        record = self.nodes.get(node)
+        if record is None:
+            return None
+        return nodestates.choose(record, self.candidates(node))
 
     def _refresh_governors(self, nodes: Iterable[str]) -> None:
         for node in nodes:
@@ -94,7 +110,8 @@ class ClusterState:
         self._count_config_label(new, +1)
         self.nodes[name] = new
         before = self.index.policies_of(name)
-        if old is None or old.labels != new.labels:
+        # Capacity alone can make (or unmake) a GPU node: that re-matches it too.
+        if old is None or old.labels != new.labels or old.is_gpu_node != new.is_gpu_node:
             self.index.update_node(new, self.policies.values())
             self._refresh_governors((name,))
         self.dirty.node(name)
@@ -210,14 +227,16 @@ class ClusterState:
         if number is not None and known is not None and number < known:
             return
         self.config_version = number
-        now = self.clock()
+        now, wall = self.clock(), self.wallclock()
         fresh = dict(data) if data is not None else None
         for key in fresh or {}:
             if key not in self.key_seen_at:
                 self.key_seen_at[key] = float("-inf") if initial else now
+                self.key_seen_wall[key] = float("-inf") if initial else wall
         for key in list(self.key_seen_at):
             if fresh is None or key not in fresh:
                 del self.key_seen_at[key]
+                self.key_seen_wall.pop(key, None)
         changed = fresh != self.config_data
         self.config_data = fresh
         self.config_synced = True
@@ -230,10 +249,11 @@ class ClusterState:
         """Once every cache has synced: a key present at startup but named by no node may be
         only seconds old (a leader wrote it and died), so it waits the propagation delay from now;
         a key some node already names has evidently propagated."""
-        now = self.clock()
+        now, wall = self.clock(), self.wallclock()
         for key, seen in self.key_seen_at.items():
             if seen == float("-inf") and not self.config_label_counts.get(key):
                 self.key_seen_at[key] = now
+                self.key_seen_wall[key] = wall
 
     def _dirty_nodes_waiting_on_keys(self) -> None:
         for policy in self.policies.values():

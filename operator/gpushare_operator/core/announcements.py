@@ -27,6 +27,7 @@ _POLICY_RULES = {
     ("Ready", "False", "InvalidSpec"): "InvalidPolicy",
     ("Ready", "False", "InvalidConfig"): "InvalidPolicy",
     ("Overcommitted", "True", None): "Overcommitted",
+    ("Unsupported", "True", None): "NodesUnsupported",
 }
 
 # Node conditions: type → reasons that deserve a Warning on the Node when they appear.

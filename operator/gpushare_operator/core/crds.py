@@ -15,7 +15,7 @@ from typing import Any, Final, TypedDict
 
 from pydantic import BaseModel
 
-from gpushare_operator.core import models
+from gpushare_operator.core import models, rewrites
 
 Schema = dict[str, Any]
 
@@ -103,6 +103,58 @@ REQUIREMENT_RULES: Final = (
         "values must be non-empty when operator is In or NotIn",
     ),
 )
+# One rule per label that gpushare's own configuration rewrites, so each refusal names its key.
+_PRODUCT: Final = cel_string(rewrites.GPU_PRODUCT)
+_SHARED: Final = cel_string(rewrites.SHARED_SUFFIX)
+_SHARED_PRODUCT_MESSAGE: Final = (
+    f"a selector value ending in {rewrites.SHARED_SUFFIX} for {rewrites.GPU_PRODUCT} is refused:"
+    f" {rewrites.SHARED_PRODUCT_WHY}"
+)
+STABLE_MATCH_LABELS_RULES: Final = (
+    *(
+        _rule(f"!({cel_string(key)} in self)", f"matchLabels: {rewrites.rewritten_key_error(key)}")
+        for key in rewrites.REWRITTEN_LABELS
+    ),
+    _rule(
+        f"!({_PRODUCT} in self) || !self[{_PRODUCT}].endsWith({_SHARED})",
+        f"matchLabels: {_SHARED_PRODUCT_MESSAGE}",
+    ),
+)
+STABLE_REQUIREMENT_RULES: Final = (
+    *(
+        _rule(f"self.key != {cel_string(key)}", str(rewrites.rewritten_key_error(key)))
+        for key in rewrites.REWRITTEN_LABELS
+    ),
+    _rule(
+        f"self.key != {_PRODUCT} || !has(self.values)"
+        f" || self.values.all(v, !v.endsWith({_SHARED}))",
+        _SHARED_PRODUCT_MESSAGE,
+    ),
+)
+_EXCLUSIVE: Final = cel_string(models.SharingStrategy.EXCLUSIVE)
+_MPS: Final = cel_string(models.SharingStrategy.MPS)
+SPEC_RULES: Final = (
+    _rule(
+        f"self.strategy != {_EXCLUSIVE} || !has(self.replicas) || self.replicas == 1",
+        "replicas must be absent or 1 when strategy is Exclusive",
+    ),
+    _rule(
+        f"self.strategy == {_EXCLUSIVE}"
+        f" || (has(self.replicas) && self.replicas >= {models.MIN_REPLICAS})",
+        f"replicas must be {models.MIN_REPLICAS} to {models.MAX_REPLICAS} when strategy is"
+        " TimeSlicing or MPS",
+    ),
+    _rule(
+        f"self.strategy != {_MPS} || !has(self.replicas)"
+        f" || self.replicas <= {models.MAX_MPS_REPLICAS}",
+        f"replicas must be at most {models.MAX_MPS_REPLICAS} when strategy is MPS: MPS serves"
+        f" at most {models.MAX_MPS_REPLICAS} clients per GPU",
+    ),
+    _rule(
+        f"self.strategy != {_EXCLUSIVE} || !has(self.renameByDefault) || !self.renameByDefault",
+        "renameByDefault applies only to TimeSlicing and MPS",
+    ),
+)
 RESOURCE_NAME_RULES: Final = (
     _rule("!self.contains('kubernetes.io/')", "resourceName must not be in kubernetes.io"),
     _rule("!self.startsWith('requests.')", "resourceName must not start with 'requests.'"),
@@ -124,9 +176,14 @@ _CONDITIONS: Final[Schema] = {
 # selector is atomic, as metav1.LabelSelector is, so that server-side apply replaces it whole.
 _EXTENSIONS: Final[dict[tuple[type[BaseModel], str | None], Schema]] = {
     (models.LabelSelector, None): {"x-kubernetes-map-type": "atomic"},
-    (models.LabelSelector, "matchLabels"): {"x-kubernetes-validations": MATCH_LABELS_RULES},
+    (models.LabelSelector, "matchLabels"): {
+        "x-kubernetes-validations": (*MATCH_LABELS_RULES, *STABLE_MATCH_LABELS_RULES)
+    },
     (models.LabelSelector, "matchExpressions"): {"x-kubernetes-list-type": "atomic"},
-    (models.LabelSelectorRequirement, None): {"x-kubernetes-validations": REQUIREMENT_RULES},
+    (models.LabelSelectorRequirement, None): {
+        "x-kubernetes-validations": (*REQUIREMENT_RULES, *STABLE_REQUIREMENT_RULES)
+    },
+    (models.GPUSharingPolicySpec, None): {"x-kubernetes-validations": SPEC_RULES},
     (models.LabelSelectorRequirement, "key"): {"x-kubernetes-validations": LABEL_KEY_RULES},
     (models.LabelSelectorRequirement, "values"): {"x-kubernetes-list-type": "atomic"},
     (models.GPUSharingPolicySpec, "resourceName"): {

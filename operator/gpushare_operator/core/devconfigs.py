@@ -13,7 +13,15 @@ the bytes, so a pyyaml change that would silently rename every key fails a test 
 
 The plugin ignores unknown keys and, at best, logs and ignores ``rename``/``devices`` in shared
 resources; a mistake there does not fail, it just shares nothing. So :func:`validate_config`
-is stricter than the plugin: it accepts exactly the shape this module renders.
+is stricter than the plugin: it accepts exactly the shape this module renders, and within it
+applies the rules of the plugin's own parser (``api/config/v1`` in NVIDIA/k8s-device-plugin):
+a sharing section with a non-empty resource list, replicas of at least 2 for a shared resource
+(the plugin treats 1 as not replicated), at most 48 for MPS (MPS serves at most 48 clients per
+device), resource names in the ``nvidia.com`` domain.
+
+An Exclusive policy renders without a sharing section: the same content as ``default``, under
+a key of its own, so that moving a node between Exclusive and shared is a label change like any
+other.
 """
 
 from __future__ import annotations
@@ -32,7 +40,9 @@ DEFAULT_KEY: Final = "default"
 VERSION: Final = "v1"
 TIME_SLICING: Final = "TimeSlicing"
 MPS: Final = "MPS"
+EXCLUSIVE: Final = "Exclusive"
 MIN_REPLICAS: Final = 2
+MAX_MPS_REPLICAS: Final = 48
 RESOURCE_DOMAIN: Final = "nvidia.com"
 SHARED_SUFFIX: Final = ".shared"
 MAX_RESOURCE_NAME_LENGTH: Final = 63
@@ -41,8 +51,8 @@ SHARING_STRATEGY_LABEL: Final = "nvidia.com/gpu.sharing-strategy"
 
 _MIG_STRATEGIES: Final = ("none", "single", "mixed")
 _SECTIONS: Final = {TIME_SLICING: "timeSlicing", MPS: "mps"}
-_KEY_TAGS: Final = {TIME_SLICING: "ts", MPS: "mps"}
-_GFD_STRATEGIES: Final = {TIME_SLICING: "time-slicing", MPS: "mps"}
+_KEY_TAGS: Final = {TIME_SLICING: "ts", MPS: "mps", EXCLUSIVE: "excl"}
+_GFD_STRATEGIES: Final = {TIME_SLICING: "time-slicing", MPS: "mps", EXCLUSIVE: "none"}
 _FLAGS: Final = {"migStrategy": "none"}
 _STRATEGY_FLAGS: Final = ("renameByDefault", "failRequestsGreaterThanOne")
 _HASH_LENGTH: Final = 6
@@ -58,7 +68,8 @@ class ConfigError(ValueError):
 class SharingConfig:
     """The part of a policy's spec that decides the rendered config, and so its key.
 
-    ``strategy`` is ``"TimeSlicing"`` or ``"MPS"`` (a ``StrEnum`` member works too).
+    ``strategy`` is ``"TimeSlicing"``, ``"MPS"`` or ``"Exclusive"`` (a ``StrEnum`` member works
+    too); Exclusive has 1 replica and no sharing flags.
     """
 
     strategy: str
@@ -67,16 +78,25 @@ class SharingConfig:
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
 
+    @property
+    def shared(self) -> bool:
+        return self.strategy != EXCLUSIVE
+
 
 def render_config(config: SharingConfig) -> dict[str, Any]:
     """The config as a plain dict, validated; raise :class:`ConfigError` if it cannot work.
 
-    ``failRequestsGreaterThanOne`` is always written out: the plugin's default for an omitted
-    value differs between strategies (false for time-slicing, true for MPS). Plugin releases
-    before the value became configurable for MPS ignore it there and refuse every request for
-    more than one MPS slot; writing it changes nothing for them.
+    ``failRequestsGreaterThanOne`` is always written out, as the caller resolved it: the
+    plugin's default for an omitted value differs between strategies (false for time-slicing,
+    true for MPS), and an explicit value says in the ConfigMap what is in force.
     """
-    rendered: dict[str, Any] = {
+    if _checked_strategy(config.strategy) == EXCLUSIVE:
+        if config.replicas != 1:
+            raise ConfigError(f"Exclusive has 1 replica per GPU, not {config.replicas}")
+        rendered: dict[str, Any] = {"version": VERSION, "flags": dict(_FLAGS)}
+        validate_config(rendered)
+        return rendered
+    rendered = {
         "version": VERSION,
         "flags": dict(_FLAGS),
         "sharing": {
@@ -113,14 +133,15 @@ def config_key(*, policy_name: str, config: SharingConfig) -> str:
     """
     text = render_config_text(config)
     digest = hashlib.sha256(text.encode()).hexdigest()[:_HASH_LENGTH]
-    suffix = f"{_KEY_TAGS[config.strategy]}{config.replicas}-{digest}"
+    tag = _KEY_TAGS[_checked_strategy(config.strategy)]
+    suffix = f"{tag}{config.replicas if config.shared else ''}-{digest}"
     prefix = _key_prefix(policy_name, budget=MAX_KEY_LENGTH - len(suffix) - 1)
     return f"{prefix}-{suffix}" if prefix else suffix
 
 
 def advertised_resource(config: SharingConfig) -> str:
     """The extended resource whose slots pods request on a node governed by ``config``."""
-    if config.rename_by_default:
+    if config.rename_by_default and config.shared:
         return config.resource_name + SHARED_SUFFIX
     return config.resource_name
 
@@ -145,8 +166,10 @@ def _section(strategy: str) -> str:
 
 
 def _checked_strategy(strategy: str) -> str:
-    if strategy not in _SECTIONS:
-        raise ConfigError(f"strategy {strategy!r} is not supported; use {TIME_SLICING} or {MPS}")
+    if strategy not in _KEY_TAGS:
+        raise ConfigError(
+            f"strategy {strategy!r} is not supported; use {TIME_SLICING}, {MPS} or {EXCLUSIVE}"
+        )
     return strategy
 
 
@@ -182,10 +205,10 @@ def _validate_sharing(sharing: Any) -> None:
             "sharing: exactly one of timeSlicing or mps must be set, "
             f"not {' and '.join(present) or 'neither'}"
         )
-    _validate_strategy(sharing[present[0]], where=f"sharing.{present[0]}")
+    _validate_strategy(sharing[present[0]], where=f"sharing.{present[0]}", mps=present[0] == "mps")
 
 
-def _validate_strategy(body: Any, *, where: str) -> None:
+def _validate_strategy(body: Any, *, where: str, mps: bool) -> None:
     if not isinstance(body, Mapping):
         raise ConfigError(f"{where} must be an object")
     _only_fields(body, allowed=(*_STRATEGY_FLAGS, "resources"), where=where)
@@ -196,13 +219,14 @@ def _validate_strategy(body: Any, *, where: str) -> None:
     if isinstance(resources, str) or not isinstance(resources, Sequence) or not resources:
         raise ConfigError(f"{where}.resources must be a non-empty list")
     names = [
-        _validate_resource(r, where=f"{where}.resources[{i}]") for i, r in enumerate(resources)
+        _validate_resource(r, where=f"{where}.resources[{i}]", mps=mps)
+        for i, r in enumerate(resources)
     ]
     if len(set(names)) != len(names):
         raise ConfigError(f"{where}.resources names a resource more than once: {names}")
 
 
-def _validate_resource(resource: Any, *, where: str) -> str:
+def _validate_resource(resource: Any, *, where: str, mps: bool) -> str:
     if not isinstance(resource, Mapping):
         raise ConfigError(f"{where} must be an object with name and replicas")
     for ignored in ("rename", "devices"):
@@ -216,6 +240,10 @@ def _validate_resource(resource: Any, *, where: str) -> str:
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < MIN_REPLICAS:
         raise ConfigError(
             f"{where}.replicas must be an integer of at least {MIN_REPLICAS}, not {replicas!r}"
+        )
+    if mps and replicas > MAX_MPS_REPLICAS:
+        raise ConfigError(
+            f"{where}.replicas must be at most {MAX_MPS_REPLICAS} for MPS, not {replicas}"
         )
     name = resource.get("name")
     if not isinstance(name, str):

@@ -38,6 +38,7 @@ from gpushare_operator.core.labels import is_valid_label_key as is_valid_label_k
 from gpushare_operator.core.labels import is_valid_label_value as is_valid_label_value
 from gpushare_operator.core.labels import label_key_error as label_key_error
 from gpushare_operator.core.labels import label_value_error as label_value_error
+from gpushare_operator.core.rewrites import rewritten_key_error, shared_product_error
 
 GROUP: Final = "gpushare.dev"
 VERSION: Final = "v1alpha1"
@@ -57,6 +58,9 @@ NODE_STATE_SHORT_NAMES: Final = ("gns",)
 DEFAULT_RESOURCE_NAME: Final = "nvidia.com/gpu"
 MIN_REPLICAS: Final = 2
 MAX_REPLICAS: Final = 64
+# NVIDIA's MPS documentation: at most 48 client processes per device on Volta and later; the
+# device plugin enforces a replica limit for MPS since v0.15.0.
+MAX_MPS_REPLICAS: Final = 48
 MAX_PRIORITY: Final = 1_000_000_000
 
 # A policy's name goes into the `gpushare.dev/policy` node label and into its config key
@@ -175,14 +179,17 @@ Rfc3339 = Annotated[
 # Strict numbers and booleans, as the apiserver has them: "4" is not 4, and true is not 1.
 Count = Annotated[StrictInt, Field(ge=0)]
 Replicas = Annotated[StrictInt, Field(ge=MIN_REPLICAS, le=MAX_REPLICAS)]
+# Exclusive has one slot per GPU; the field allows 1 so that it may say so explicitly.
+SpecReplicas = Annotated[StrictInt, Field(ge=1, le=MAX_REPLICAS)]
 SelectorOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 
 
 class SharingStrategy(enum.StrEnum):
-    """How the replicas of a GPU share it: TimeSlicing (interleaved contexts) or MPS."""
+    """How a GPU is shared: TimeSlicing (interleaved contexts), MPS, or Exclusive (not at all)."""
 
     TIME_SLICING = "TimeSlicing"
     MPS = "MPS"
+    EXCLUSIVE = "Exclusive"
 
 
 class NodePhase(enum.StrEnum):
@@ -243,17 +250,63 @@ class GPUSharingPolicySpec(_Model):
     priority: Annotated[StrictInt, Field(ge=0, le=MAX_PRIORITY)] = 0
     """Where policies overlap, the highest priority wins; ties go to the name that sorts first."""
     strategy: SharingStrategy
-    """How replicas share a GPU: TimeSlicing or MPS."""
-    replicas: Replicas
-    """Slots advertised per physical GPU, 2 to 64."""
+    """How replicas share a GPU: TimeSlicing, MPS, or Exclusive (no sharing)."""
+    replicas: SpecReplicas | None = None
+    """Slots advertised per physical GPU: 2 to 64 (MPS: to 48); absent or 1 for Exclusive."""
     resourceName: ResourceName = DEFAULT_RESOURCE_NAME
     """The extended resource whose replicas are advertised, e.g. nvidia.com/gpu."""
     renameByDefault: StrictBool = False
     """Advertise the replicas as <resourceName>.shared instead of <resourceName>."""
-    failRequestsGreaterThanOne: StrictBool = False
-    """Refuse pods that request more than one shared slot of the resource."""
+    failRequestsGreaterThanOne: StrictBool | None = None
+    """Refuse pods that request more than one shared slot; unset: the device plugin's default
+    for the strategy (true for MPS, false for TimeSlicing)."""
     paused: StrictBool = False
     """Change no node while true; status keeps being reported."""
+
+    @model_validator(mode="after")
+    def _replicas_fit_strategy(self) -> Self:
+        if self.strategy is SharingStrategy.EXCLUSIVE:
+            if self.replicas not in (None, 1):
+                raise ValueError("replicas must be absent or 1 when strategy is Exclusive")
+            if self.renameByDefault:
+                raise ValueError("renameByDefault applies only to TimeSlicing and MPS")
+            return self
+        if self.replicas is None or self.replicas < MIN_REPLICAS:
+            raise ValueError(
+                f"replicas must be {MIN_REPLICAS} to {MAX_REPLICAS} when strategy is"
+                f" {self.strategy}"
+            )
+        if self.strategy is SharingStrategy.MPS and self.replicas > MAX_MPS_REPLICAS:
+            raise ValueError(f"replicas must be at most {MAX_MPS_REPLICAS} when strategy is MPS")
+        return self
+
+    @model_validator(mode="after")
+    def _selector_is_stable(self) -> Self:
+        for key in self.nodeSelector.matchLabels or {}:
+            if (error := rewritten_key_error(key)) is not None:
+                raise ValueError(f"nodeSelector.matchLabels: {error}")
+        for key, value in (self.nodeSelector.matchLabels or {}).items():
+            if (error := shared_product_error(key, value)) is not None:
+                raise ValueError(f"nodeSelector.matchLabels: {error}")
+        for expression in self.nodeSelector.matchExpressions or ():
+            error = rewritten_key_error(expression.key)
+            for value in expression.values or ():
+                error = error or shared_product_error(expression.key, value)
+            if error is not None:
+                raise ValueError(f"nodeSelector.matchExpressions: {error}")
+        return self
+
+    @property
+    def slots_per_gpu(self) -> int:
+        """Replicas per GPU, 1 for Exclusive."""
+        return self.replicas or 1
+
+    @property
+    def fail_requests_greater_than_one(self) -> bool:
+        """What is in force: the spec's value, else the device plugin's default."""
+        if self.failRequestsGreaterThanOne is not None:
+            return self.failRequestsGreaterThanOne
+        return self.strategy is SharingStrategy.MPS
 
 
 class Condition(_Model):
@@ -310,6 +363,8 @@ class GPUSharingPolicyStatus(_HasSlots):
     """Applied nodes whose GPU Feature Discovery labels confirm the config."""
     conflictingNodes: Count = 0
     """Matched nodes won by a higher-priority policy."""
+    unsupportedNodes: Count = 0
+    """Matched nodes this policy would win but cannot work on; the next usable policy governs."""
     gpus: Count = 0
     """Physical GPUs on the nodes this policy governs."""
     configKey: str | None = None
@@ -332,11 +387,14 @@ class GPUNodeStateStatus(_HasSlots):
     gpus: Count = 0
     """Physical GPUs on the node."""
     product: str | None = None
-    """The GPU product name, from GPU Feature Discovery."""
+    """The GPU product name from GPU Feature Discovery, without its -SHARED suffix."""
     memoryMiBPerGPU: Count | None = None
     """Memory per GPU in MiB, from GPU Feature Discovery."""
-    replicas: Replicas | None = None
-    """Replicas per GPU of the governing policy."""
+    replicas: SpecReplicas | None = None
+    """Replicas per GPU of the governing policy (1 for Exclusive)."""
+    configReadyAt: Rfc3339 | None = None
+    """When a newly written config key will have reached the node's device plugin, and the
+    node may be labelled with it (RFC 3339); set only while the node waits for that."""
     pods: Count = 0
     """Running or pending pods that hold slots on the node."""
     conditions: Conditions = []

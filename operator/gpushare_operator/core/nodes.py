@@ -2,7 +2,9 @@
 
 A realistic GPU Node is ~15 KB of JSON and ~54 KiB decoded (managedFields, 40 images,
 conditions, nodeInfo).  We keep name, uid, the resourceVersion of the last change that
-mattered, labels and two capacities; every GPU fact is derived from those on demand.  Label
+mattered, labels, two capacities and the allocatable ``nvidia.com/*`` resources (what the
+device plugin really advertises, which ``Verified`` checks); every GPU fact is derived from
+those on demand.  Label
 keys and common values are interned, so 5,000 nodes share one copy of ``nvidia.com/gpu.product``
 and of ``NVIDIA-H100-80GB-HBM3``.
 """
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpushare_operator.core.labelsets import LabelSet
+from gpushare_operator.core.rewrites import base_product
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 POLICY_LABEL = "gpushare.dev/policy"
@@ -29,6 +32,7 @@ GPU_SHARING = "nvidia.com/gpu.sharing-strategy"
 MIG_STRATEGY = "nvidia.com/mig.strategy"
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_RESOURCE = "nvidia.com/gpu.shared"
+NVIDIA_RESOURCES = "nvidia.com/"
 
 _intern = sys.intern
 
@@ -61,6 +65,15 @@ class NodeRecord:
     labels: Mapping[str, str]
     gpu_capacity: int | None
     shared_capacity: int | None
+    # (resource, quantity) of allocatable nvidia.com/* resources, as the API server wrote them.
+    allocatable: tuple[tuple[str, str], ...] = ()
+
+    def allocatable_of(self, resource: str) -> int | None:
+        """What kubelet says pods may request of ``resource`` now; None when it is absent."""
+        for name, quantity in self.allocatable:
+            if name == resource:
+                return _int_or_none(quantity)
+        return None
 
     @property
     def is_gpu_node(self) -> bool:
@@ -102,7 +115,8 @@ class NodeRecord:
 
     @property
     def product(self) -> str | None:
-        return self.labels.get(GPU_PRODUCT)
+        """The GPU product without the ``-SHARED`` suffix GFD adds while sharing is on."""
+        return base_product(self.labels.get(GPU_PRODUCT))
 
     @property
     def memory_mib(self) -> int | None:
@@ -132,6 +146,31 @@ def _capacity(status: Mapping[str, Any], resource: str) -> int | None:
     return _int_or_none(capacity.get(resource))
 
 
+def _nvidia_allocatable(status: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    allocatable = status.get("allocatable")
+    if not isinstance(allocatable, Mapping):
+        return ()
+    return tuple(
+        (_intern(name), _intern(str(quantity)))
+        for name, quantity in allocatable.items()
+        if name.startswith(NVIDIA_RESOURCES)
+    )
+
+
+def _allocatable_unchanged(kept: tuple[tuple[str, str], ...], status: Mapping[str, Any]) -> bool:
+    """``kept == _nvidia_allocatable(status)`` without building anything: heartbeats pass here."""
+    allocatable = status.get("allocatable")
+    if not isinstance(allocatable, Mapping):
+        return not kept
+    seen = 0
+    for name, quantity in allocatable.items():
+        if name.startswith(NVIDIA_RESOURCES):
+            if seen >= len(kept) or kept[seen] != (name, quantity):
+                return False
+            seen += 1
+    return seen == len(kept)
+
+
 def slim_labels(raw: object) -> LabelSet:
     """Labels with interned values and a key layout shared across nodes (see ``labelsets``)."""
     return LabelSet(raw if isinstance(raw, Mapping) else None)
@@ -155,6 +194,7 @@ def project_node(obj: Mapping[str, Any]) -> NodeRecord:
         labels=slim_labels(metadata.get("labels")),
         gpu_capacity=_capacity(status, GPU_RESOURCE),
         shared_capacity=_capacity(status, SHARED_RESOURCE),
+        allocatable=_nvidia_allocatable(status),
     )
 
 
@@ -166,6 +206,7 @@ def content_unchanged(record: NodeRecord, obj: Mapping[str, Any]) -> bool:
         labels_equal(record, metadata.get("labels"))
         and record.gpu_capacity == _capacity(status, GPU_RESOURCE)
         and record.shared_capacity == _capacity(status, SHARED_RESOURCE)
+        and _allocatable_unchanged(record.allocatable, status)
         and record.uid == metadata.get("uid")
     )
 

@@ -1,13 +1,16 @@
 """What a GPU node should look like: the labels we own on it, and its GPUNodeState status.
 
-``decide`` is the whole phase machine of DESIGN.md §3, as a pure function of the node's record,
-the policy that won it, what is known of its config key, and the clock.  ``render_status`` turns
-the decision into the status dict that is compared with what the API server holds.
+``decide`` is the whole phase machine of a node, as a pure function of the node's record, the
+policy that governs it (``choose``: the first usable one by rank), what is known of its config
+key, and the clock.  ``render_status`` turns the decision into the status dict that is compared
+with what the API server holds.  Nothing rendered changes with the clock alone: a wait is
+published once, as the absolute time it ends (``configReadyAt``), so re-plans during it write
+nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +28,7 @@ class KeyState:
 
     present: bool
     ready_at: float | None = None  # monotonic time from which nodes may name it
+    ready_at_wall: str | None = None  # the same moment, RFC 3339, fixed when the key was seen
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +39,7 @@ class NodeDecision:
     message: str
     labels: Labels | None  # our two labels as wanted (None value = remove); None = leave as is
     recheck_at: float | None = None  # when the decision may change by time alone
+    config_ready_at: str | None = None  # published while waiting for config propagation
 
 
 def _release(record: NodeRecord) -> NodeDecision:
@@ -50,6 +55,15 @@ def _release(record: NodeRecord) -> NodeDecision:
 def unsupported(record: NodeRecord, policy: CompiledPolicy) -> tuple[str, str] | None:
     """(reason, message) when ``policy`` cannot work on this node; None when it can."""
     return _unsupported(record, policy)
+
+
+def choose(record: NodeRecord, ranked: Sequence[CompiledPolicy]) -> CompiledPolicy | None:
+    """The policy that governs the node: the first of ``ranked`` (winner first) that can work
+    there.  When none can, the first, so that the node reports why it is Unsupported."""
+    for policy in ranked:
+        if _unsupported(record, policy) is None:
+            return policy
+    return ranked[0] if ranked else None
 
 
 def _unsupported(record: NodeRecord, policy: CompiledPolicy) -> tuple[str, str] | None:
@@ -72,19 +86,53 @@ def _applied(
     now: float,
     mismatch_timeout: float,
 ) -> NodeDecision:
-    assert policy.sharing is not None
-    strategy = devconfigs.sharing_strategy_label(policy.sharing)
-    if record.reported_replicas == policy.replicas and record.sharing_strategy == strategy:
-        message = f"GPU Feature Discovery reports {policy.replicas} replicas, {strategy}"
+    disagreements = _disagreements(record, policy)
+    if not disagreements:
+        assert policy.sharing is not None
+        strategy = devconfigs.sharing_strategy_label(policy.sharing)
+        resource = devconfigs.advertised_resource(policy.sharing)
+        message = (
+            f"GPU Feature Discovery reports {policy.replicas} replicas, {strategy}; kubelet shows"
+            f" {record.allocatable_of(resource)} {resource} allocatable"
+        )
         return NodeDecision(policy, NodePhase.VERIFIED, "Verified", message, None)
     since = now if applied_since is None else applied_since
     deadline = since + mismatch_timeout
-    seen = f"replicas={record.reported_replicas}, sharing-strategy={record.sharing_strategy}"
+    seen = "; ".join(disagreements)
     if now >= deadline:
-        message = f"after {mismatch_timeout:.0f} s GPU Feature Discovery still reports {seen}"
+        message = f"not confirmed within {mismatch_timeout:.0f} s: {seen}"
         return NodeDecision(policy, NodePhase.MISMATCH, "NotConfirmed", message, None)
-    message = f"label applied; waiting for GPU Feature Discovery (now {seen})"
+    message = f"label applied; waiting for the device plugin and GPU Feature Discovery: {seen}"
     return NodeDecision(policy, NodePhase.APPLIED, "Applied", message, None, recheck_at=deadline)
+
+
+def _disagreements(record: NodeRecord, policy: CompiledPolicy) -> list[str]:
+    """What the node shows that the policy's config in force would not: GFD's replicas and
+    sharing-strategy labels, and kubelet's allocatable of the advertised resource.
+
+    An Exclusive config is confirmed by the absence of sharing labels as well as by GFD's
+    explicit ``1`` / ``none``: GFD releases before sharing support wrote neither; the
+    allocatable check still proves the GPUs are there, one slot each.
+    """
+    assert policy.sharing is not None
+    replicas = policy.replicas or 1
+    strategy = devconfigs.sharing_strategy_label(policy.sharing)
+    shared = policy.sharing.shared
+    resource = devconfigs.advertised_resource(policy.sharing)
+    problems = []
+    reported = record.reported_replicas
+    if reported != replicas and (shared or reported is not None):
+        problems.append(f"nvidia.com/gpu.replicas is {reported}, expected {replicas}")
+    reported_strategy = record.sharing_strategy
+    if reported_strategy != strategy and (shared or reported_strategy is not None):
+        problems.append(
+            f"nvidia.com/gpu.sharing-strategy is {reported_strategy}, expected {strategy}"
+        )
+    allocatable = record.allocatable_of(resource)
+    expected = (record.gpus or 0) * replicas
+    if allocatable != expected:
+        problems.append(f"allocatable {resource} is {allocatable}, expected {expected}")
+    return problems
 
 
 def decide(
@@ -113,7 +161,10 @@ def decide(
         message = f"config key {policy.config_key} is not in the device-plugin ConfigMap yet"
         return NodeDecision(policy, NodePhase.PENDING, "ConfigNotWritten", message, None)
     if key.ready_at is not None and now < key.ready_at:
-        message = f"waiting {key.ready_at - now:.0f} s for the kubelet to propagate the new config"
+        message = (
+            f"config key {policy.config_key} is new: the kubelet refreshes the device plugin's"
+            f" view of the ConfigMap periodically, so the node is labelled from {key.ready_at_wall}"
+        )
         return NodeDecision(
             policy,
             NodePhase.PENDING,
@@ -121,6 +172,7 @@ def decide(
             message,
             None,
             recheck_at=key.ready_at,
+            config_ready_at=key.ready_at_wall,
         )
     labels: Labels = {CONFIG_LABEL: policy.config_key, POLICY_LABEL: policy.name}
     message = f"labelling the node with config key {policy.config_key}"
@@ -163,6 +215,7 @@ def render_status(
         "slots": {"capacity": capacity, "allocated": allocated},
         "slotsSummary": f"{allocated}/{capacity}",
         "pods": pods,
+        "configReadyAt": decision.config_ready_at,
         "conditions": conditions.render_conditions(
             [
                 conditions.Cond("Ready", ready, decision.reason, decision.message),

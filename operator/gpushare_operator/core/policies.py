@@ -54,7 +54,8 @@ class CompiledPolicy:
 
     @property
     def replicas(self) -> int | None:
-        return self.spec.replicas if self.spec is not None else None
+        """Slots per GPU (1 for Exclusive); None for a policy that never compiled."""
+        return self.spec.slots_per_gpu if self.spec is not None else None
 
 
 def _validation_message(exc: pydantic.ValidationError) -> str:
@@ -101,12 +102,13 @@ def _invalid(*, name: str, uid: str, generation: int, message: str, reason: str)
 
 
 def sharing_config(spec: GPUSharingPolicySpec) -> devconfigs.SharingConfig:
+    exclusive = spec.strategy is SharingStrategy.EXCLUSIVE
     return devconfigs.SharingConfig(
         strategy=str(spec.strategy),
-        replicas=spec.replicas,
+        replicas=spec.slots_per_gpu,
         resource_name=spec.resourceName,
-        rename_by_default=spec.renameByDefault,
-        fail_requests_greater_than_one=spec.failRequestsGreaterThanOne,
+        rename_by_default=spec.renameByDefault and not exclusive,
+        fail_requests_greater_than_one=spec.fail_requests_greater_than_one and not exclusive,
     )
 
 
@@ -120,6 +122,11 @@ def compile_policy(
     except selectors.SelectorError as exc:
         return _invalid(
             name=name, uid=uid, generation=generation, message=str(exc), reason="InvalidSelector"
+        )
+    # Admission refuses these; one that got past an older CRD governs nothing.
+    if (problem := selectors.rewritten_label_error(selector)) is not None:
+        return _invalid(
+            name=name, uid=uid, generation=generation, message=problem, reason="InvalidSelector"
         )
     try:
         parsed = GPUSharingPolicySpec.model_validate(raw)

@@ -23,11 +23,14 @@ class PolicyTally:
     verified: int = 0
     pending: int = 0
     mismatched: int = 0
-    unsupported: int = 0
+    unsupported: int = 0  # would win but cannot work there (skipped, or nothing else works)
+    unusable: int = 0  # of those, governed anyway: no other policy could work there either
     gpus: int = 0
     capacity: int = 0
     allocated: int = 0
     conflicts: list[tuple[str, str]] = field(default_factory=list)  # (node, winning policy)
+    # Nodes this policy would win but cannot work on: (node, why).
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _listed(pairs: Sequence[tuple[str, str]]) -> str:
@@ -50,13 +53,27 @@ def _ready(policy: CompiledPolicy, tally: PolicyTally, config_problem: str | Non
     if tally.mismatched:
         message = f"{tally.mismatched} node(s) never confirmed the config"
         return Cond("Ready", "False", "NodesMismatched", message)
-    if tally.pending or tally.governed > tally.applied + tally.unsupported:
-        waiting = tally.governed - tally.applied - tally.unsupported
+    if tally.pending or tally.governed > tally.applied + tally.unusable:
+        waiting = tally.governed - tally.applied - tally.unusable
         return Cond("Ready", "False", "NodesPending", f"{waiting} node(s) not configured yet")
     if tally.governed == 0:
         return Cond("Ready", "True", "NoNodes", "no GPU node is governed by this policy")
     message = f"{tally.applied} node(s) applied, {tally.verified} verified"
     return Cond("Ready", "True", "Applied", message)
+
+
+def _unsupported(tally: PolicyTally) -> Cond:
+    if not tally.skipped:
+        return Cond(
+            "Unsupported", "False", "Supported", "the policy can work on every node it wins"
+        )
+    shown = "; ".join(f"{node}: {why}" for node, why in tally.skipped[:MAX_LISTED_NODES])
+    more = len(tally.skipped) - MAX_LISTED_NODES
+    message = (
+        f"{len(tally.skipped)} node(s) this policy would win cannot use it, so the next usable"
+        f" policy governs them: {shown}" + (f"; and {more} more" if more > 0 else "")
+    )
+    return Cond("Unsupported", "True", "NodesUnsupported", message)
 
 
 def policy_conditions(
@@ -76,6 +93,7 @@ def policy_conditions(
         wanted.append(
             Cond("Conflicting", "False", "NoConflict", "this policy wins every node it matches")
         )
+    wanted.append(_unsupported(tally))
     wanted.append(conditions.overcommitted(allocated=tally.allocated, capacity=tally.capacity))
     paused = policy.paused
     wanted.append(
@@ -106,6 +124,7 @@ def render_policy_status(
         "appliedNodes": tally.applied,
         "verifiedNodes": tally.verified,
         "conflictingNodes": len(tally.conflicts),
+        "unsupportedNodes": tally.unsupported,
         "gpus": tally.gpus,
         "slots": {"capacity": tally.capacity, "allocated": tally.allocated},
         "slotsSummary": f"{tally.allocated}/{tally.capacity}",

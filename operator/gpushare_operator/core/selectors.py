@@ -8,8 +8,11 @@ allocates nothing.
 
 Semantics are exactly those of ``metav1.LabelSelectorAsSelector``: every ``matchLabels`` pair and
 every ``matchExpressions`` entry must hold; ``NotIn`` and ``DoesNotExist`` hold when the key is
-absent. One deliberate difference: a missing (``None``) selector selects every node, like ``{}``,
-because an omitted ``nodeSelector`` in a policy means "every GPU node".
+absent. Two deliberate differences: a missing (``None``) selector selects every node, like ``{}``,
+because an omitted ``nodeSelector`` in a policy means "every GPU node"; and a value for
+``nvidia.com/gpu.product`` also matches that value with GPU Feature Discovery's ``-SHARED``
+suffix, because GFD appends it once the policy's own sharing is in force (see ``rewrites``).
+The suffixed value is folded into the precomputed value set, so matching costs nothing more.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from gpushare_operator.core import rewrites
 from gpushare_operator.core.labels import label_key_error, label_value_error
 
 EQUALS: Final = "Equals"  # a matchLabels pair; not accepted in matchExpressions
@@ -68,12 +72,18 @@ def _must_rank(r: Requirement) -> int:
     return _MUST_ORDER[r.operator]
 
 
+def _values(r: Requirement) -> frozenset[str | None]:
+    if r.key == rewrites.GPU_PRODUCT:
+        return frozenset((*r.values, *(v + rewrites.SHARED_SUFFIX for v in r.values)))
+    return frozenset(r.values)
+
+
 def _must_check(r: Requirement) -> _Check:
-    return (r.key, _ABSENT if r.operator == DOES_NOT_EXIST else frozenset(r.values))
+    return (r.key, _ABSENT if r.operator == DOES_NOT_EXIST else _values(r))
 
 
 def _must_not_check(r: Requirement) -> _Check:
-    return (r.key, _ABSENT if r.operator == EXISTS else frozenset(r.values))
+    return (r.key, _ABSENT if r.operator == EXISTS else _values(r))
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +137,18 @@ class CompiledSelector:
 
 
 EVERYTHING: Final = CompiledSelector()
+
+
+def rewritten_label_error(selector: CompiledSelector) -> str | None:
+    """Why a policy may not use this selector: it names a label that gpushare's own
+    configuration makes the GPU agents rewrite (see ``rewrites``); None when it is fine."""
+    for requirement in selector.requirements:
+        problem = rewrites.rewritten_key_error(requirement.key)
+        for value in requirement.values:
+            problem = problem or rewrites.shared_product_error(requirement.key, value)
+        if problem is not None:
+            return problem
+    return None
 
 
 def compile_selector(raw: Mapping[str, Any] | None) -> CompiledSelector:

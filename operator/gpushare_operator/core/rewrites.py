@@ -1,0 +1,64 @@
+"""Labels that gpushare's own configuration makes change, and so must never decide governance.
+
+Once a node carries a device-plugin config, NVIDIA's agents relabel it: GPU Feature Discovery
+writes the replicas and sharing strategy it now sees, sets ``mps.capable`` under MPS, stamps
+every pass with a timestamp, and appends ``-SHARED`` to ``nvidia.com/gpu.product`` while
+time-slicing or MPS is in force with ``renameByDefault: false`` (the GPU Operator's
+time-slicing documentation shows ``Tesla-T4`` becoming ``Tesla-T4-SHARED``); gpushare writes the
+config and policy labels itself.  A selector on any of these would make a policy's own effect
+move the node to another policy, which restarts the device plugin, which undoes the effect: a
+loop per node.  So they are refused in selectors, and the product is matched on its base name.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+GPU_PRODUCT: Final = "nvidia.com/gpu.product"
+SHARED_SUFFIX: Final = "-SHARED"
+
+# key -> why a selector may not use it (said in admission errors and conditions).
+REWRITTEN_LABELS: Final = {
+    "nvidia.com/gpu.replicas": (
+        "GPU Feature Discovery sets it to the replicas of the config gpushare applies"
+    ),
+    "nvidia.com/gpu.sharing-strategy": (
+        "GPU Feature Discovery sets it to the sharing strategy of the config gpushare applies"
+    ),
+    "nvidia.com/mps.capable": (
+        "GPU Feature Discovery sets it while an MPS config that gpushare applies is in force"
+    ),
+    "nvidia.com/gfd.timestamp": "GPU Feature Discovery rewrites it on every labelling pass",
+    "nvidia.com/device-plugin.config": "gpushare writes it to apply a policy's config",
+    "gpushare.dev/policy": "gpushare writes it to record which policy governs the node",
+}
+
+SHARED_PRODUCT_WHY: Final = (
+    "GPU Feature Discovery appends -SHARED to nvidia.com/gpu.product while time-slicing or MPS"
+    " is in force, and gpushare matches the product on its base name; select the base name"
+)
+
+
+def rewritten_key_error(key: str) -> str | None:
+    """Why a selector may not name ``key``; None when it may."""
+    why = REWRITTEN_LABELS.get(key)
+    if why is None:
+        return None
+    return (
+        f"a selector on label {key} is refused: {why}, so the policy's own effect would move"
+        " the node to another policy"
+    )
+
+
+def shared_product_error(key: str, value: str) -> str | None:
+    """Why a selector value for the product label is refused; None when it is fine."""
+    if key == GPU_PRODUCT and value.endswith(SHARED_SUFFIX):
+        return f"a selector value {value!r} for {GPU_PRODUCT} is refused: {SHARED_PRODUCT_WHY}"
+    return None
+
+
+def base_product(product: str | None) -> str | None:
+    """The product name without GFD's sharing suffix."""
+    if product is not None and product.endswith(SHARED_SUFFIX):
+        return product[: -len(SHARED_SUFFIX)]
+    return product

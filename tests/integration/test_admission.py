@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from gpushare_operator.core import models
+from gpushare_operator.core import models, rewrites
 from gpushare_operator.testing.controlplane import ControlPlane
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
@@ -196,6 +196,8 @@ EMPTY = "values must be empty when operator is Exists or DoesNotExist"
 ME0 = "spec.nodeSelector.matchExpressions[0]"
 ML = "spec.nodeSelector.matchLabels"
 NAME_RULE = f"a GPUSharingPolicy name must be at most {models.POLICY_NAME_MAX_LENGTH} characters"
+REWRITTEN_KEYS = sorted(rewrites.REWRITTEN_LABELS)
+PRODUCT = rewrites.GPU_PRODUCT
 
 
 @dataclass(frozen=True)
@@ -213,12 +215,51 @@ REJECTED = [
     Rejected("strategy-lowercase", spec(strategy="mps"), "spec.strategy", 'supported values: "'),
     Rejected("strategy-missing", spec(strategy=...), "spec.strategy", "Required value"),
     # replicas
-    Rejected("replicas-1", spec(replicas=1), "spec.replicas", "greater than or equal to 2"),
-    Rejected("replicas-0", spec(replicas=0), "spec.replicas", "greater than or equal to 2"),
+    Rejected("replicas-1", spec(replicas=1), "spec", "replicas must be 2 to 64 when strategy"),
+    Rejected("replicas-0", spec(replicas=0), "spec.replicas", "greater than or equal to 1"),
     Rejected("replicas-65", spec(replicas=65), "spec.replicas", "less than or equal to 64"),
     Rejected("replicas-string", spec(replicas="4"), "spec.replicas", "must be of type integer"),
     Rejected("replicas-float", spec(replicas=2.5), "spec.replicas", "must be of type integer"),
-    Rejected("replicas-missing", spec(replicas=...), "spec.replicas", "Required value"),
+    Rejected("replicas-missing", spec(replicas=...), "spec", "replicas must be 2 to 64 when"),
+    Rejected(
+        "mps-49",
+        spec(strategy="MPS", replicas=49),
+        "spec",
+        "replicas must be at most 48 when strategy is MPS",
+    ),
+    Rejected(
+        "exclusive-replicas-4",
+        spec(strategy="Exclusive", replicas=4),
+        "spec",
+        "replicas must be absent or 1 when strategy is Exclusive",
+    ),
+    Rejected(
+        "exclusive-renamed",
+        {"strategy": "Exclusive", "renameByDefault": True},
+        "spec",
+        "renameByDefault applies only to TimeSlicing and MPS",
+    ),
+    # labels that gpushare's own configuration rewrites: one case per key and place
+    *(
+        Rejected(f"rewritten-{place}-{key}", body, where, f"a selector on label {key} is refused")
+        for key in REWRITTEN_KEYS
+        for place, body, where in (
+            ("matchLabels", match_labels({key: "x"}), ML),
+            ("expression", expression(key=key, operator="Exists"), ME0),
+        )
+    ),
+    Rejected(
+        "shared-product-in",
+        expression(key=PRODUCT, values=["A10G-SHARED"]),
+        ME0,
+        "ending in -SHARED for nvidia.com/gpu.product is refused",
+    ),
+    Rejected(
+        "shared-product-matchlabels",
+        match_labels({PRODUCT: "NVIDIA-A10G-SHARED"}),
+        ML,
+        "ending in -SHARED for nvidia.com/gpu.product is refused",
+    ),
     # priority
     Rejected("priority-negative", spec(priority=-1), "spec.priority", "greater than or equal to 0"),
     Rejected(
@@ -509,11 +550,11 @@ CEL_ONLY = spec(
 def test_bounds_and_cel_problems_are_reported_together(objects: Objects) -> None:
     too_long = unique_name().ljust(models.POLICY_NAME_MAX_LENGTH + 1, "n")
 
-    status, response = objects.create(POLICIES, policy({**CEL_ONLY, "replicas": 1}, name=too_long))
+    status, response = objects.create(POLICIES, policy({**CEL_ONLY, "replicas": 0}, name=too_long))
 
     assert status == 422
     messages = {cause.get("field"): cause["message"] for cause in response["details"]["causes"]}
-    assert "greater than or equal to 2" in messages["spec.replicas"]
+    assert "greater than or equal to 1" in messages["spec.replicas"]
     assert EMPTY in messages[ME0]
     assert MATCH_LABELS_KEYS in messages[ML]
     assert "resourceName must not be in kubernetes.io" in messages["spec.resourceName"]
@@ -551,7 +592,6 @@ DEFAULTED_SPEC: Json = {
     "priority": 0,
     "resourceName": models.DEFAULT_RESOURCE_NAME,
     "renameByDefault": False,
-    "failRequestsGreaterThanOne": False,
     "paused": False,
 }
 DESIGN_EXAMPLE: Json = {
@@ -575,9 +615,32 @@ ACCEPTED: list[tuple[str, Json, Json]] = [
     ("design-example", DESIGN_EXAMPLE, DESIGN_EXAMPLE),
     ("empty-selector", spec(nodeSelector={}), {**DEFAULTED_SPEC, **spec()}),
     (
-        "mps-64",
-        spec(strategy="MPS", replicas=64),
-        {**DEFAULTED_SPEC, **spec(strategy="MPS", replicas=64)},
+        "mps-48",
+        spec(strategy="MPS", replicas=48),
+        {**DEFAULTED_SPEC, **spec(strategy="MPS", replicas=48)},
+    ),
+    ("ts-64", spec(replicas=64), {**DEFAULTED_SPEC, **spec(replicas=64)}),
+    (
+        "exclusive",
+        {"strategy": "Exclusive", "nodeSelector": {"matchLabels": {"team": "training"}}},
+        {
+            **DEFAULTED_SPEC,
+            "strategy": "Exclusive",
+            "nodeSelector": {"matchLabels": {"team": "training"}},
+        },
+    ),
+    (
+        "exclusive-replicas-1",
+        {"strategy": "Exclusive", "replicas": 1},
+        {**DEFAULTED_SPEC, "strategy": "Exclusive", "replicas": 1},
+    ),
+    (
+        "product-exists",
+        expression(key=PRODUCT, operator="Exists"),
+        {
+            **DEFAULTED_SPEC,
+            **spec(nodeSelector={"matchExpressions": [{"key": PRODUCT, "operator": "Exists"}]}),
+        },
     ),
     ("replicas-2", spec(replicas=2), {**DEFAULTED_SPEC, **spec(replicas=2)}),
     (
@@ -681,6 +744,7 @@ POLICY_STATUS: Json = {
     "appliedNodes": 2,
     "verifiedNodes": 1,
     "conflictingNodes": 1,
+    "unsupportedNodes": 0,
     "gpus": 8,
     "slots": {"capacity": 32, "allocated": 3},
     "slotsSummary": "3/32",
@@ -806,10 +870,10 @@ def test_policy_status_is_written_only_through_the_status_subresource(objects: O
             id="strategy",
         ),
         pytest.param(
-            {**NODE_STATUS, "replicas": 1},
+            {**NODE_STATUS, "replicas": 0},
             "status.replicas",
-            "greater than or equal to 2",
-            id="replicas-1",
+            "greater than or equal to 1",
+            id="replicas-0",
         ),
         pytest.param(
             {**NODE_STATUS, "replicas": 65},

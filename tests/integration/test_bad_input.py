@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpushare_operator.core import crds
 from gpushare_operator.testing.controlplane import ControlPlane
 from gpushare_operator.testing.simulator import GpuClusterSimulator
 from tests.integration import helpers as h
@@ -31,6 +32,10 @@ def _relaxed(crd: dict[str, Any]) -> dict[str, Any]:
     schema["properties"]["replicas"].pop("maximum")
     selector = schema["properties"]["nodeSelector"]["properties"]
     selector["matchExpressions"]["items"].pop("x-kubernetes-validations")
+    # An older CRD without the rules that refuse labels our own configuration rewrites.
+    stable = [dict(rule) for rule in crds.STABLE_MATCH_LABELS_RULES]
+    rules = selector["matchLabels"]["x-kubernetes-validations"]
+    selector["matchLabels"]["x-kubernetes-validations"] = [r for r in rules if r not in stable]
     return crd
 
 
@@ -74,10 +79,16 @@ async def test_policies_that_slipped_past_admission(
     bad_selector["spec"]["nodeSelector"] = {
         "matchExpressions": [{"key": "pool", "operator": "Exists", "values": [pool]}]
     }
-    created = [too_many["metadata"]["name"], bad_selector["metadata"]["name"]]
+    # Matches the unconfigured node today (GFD says 1 replica), and would stop matching as soon
+    # as its own config were in force: it must govern nothing.
+    rewritten = h.policy(h.unique("rewritten"), pool=pool)
+    rewritten["spec"]["nodeSelector"]["matchLabels"]["nvidia.com/gpu.replicas"] = "1"
+    created = [too_many, bad_selector, rewritten]
+    created = [body["metadata"]["name"] for body in created]
     try:
         await _create_until_accepted(sim, too_many)
         await _create_until_accepted(sim, bad_selector)
+        await _create_until_accepted(sim, rewritten)
         running = await start_operator("--device-plugin-namespace", namespace)
 
         spec_policy = await eventually(
@@ -98,6 +109,16 @@ async def test_policies_that_slipped_past_admission(
         message = h.condition(selector_policy["status"], "SelectorValid")["message"]
         assert "Exists" in message
         assert "values" in message
+
+        rewritten_policy = await eventually(
+            lambda: h.get_policy(sim.client, created[2]),
+            until=lambda b: h.condition(b.get("status"), "SelectorValid").get("status") == "False",
+            what="SelectorValid=False for a rewritten label",
+        )
+        message = h.condition(rewritten_policy["status"], "SelectorValid")["message"]
+        assert "a selector on label nvidia.com/gpu.replicas is refused" in message
+        assert "GPU Feature Discovery sets it" in message
+        assert rewritten_policy["status"]["matchedNodes"] == 0
 
         for policy in created:
             events = await eventually(

@@ -41,7 +41,8 @@ def build_registry(assembly: Assembly, *, stop: asyncio.Event) -> kopf.OperatorR
         # async on purpose: kopf runs sync handlers in a thread, and the caches are loop-only.
         obj: dict[str, Any] = dict(event.get("object") or {})
         if event.get("type") == "DELETED":
-            assembly.state.delete_policy(str(obj.get("metadata", {}).get("name")))
+            metadata = obj.get("metadata") or {}
+            assembly.state.delete_policy(str(metadata.get("name")), uid=metadata.get("uid"))
         else:
             assembly.state.upsert_policy(obj)
 

@@ -38,11 +38,11 @@ class MatchIndex:
         for policy in matched - before:
             self._by_policy.setdefault(policy, set()).add(node)
         if matched:
-            if len(self._shared) > 4 * len(self._by_policy) + 64:
-                self._shared = {s: s for s in self._by_node.values()}  # drop unused sets
             self._by_node[node] = self._shared.setdefault(matched, matched)
         else:
             self._by_node.pop(node, None)
+        if len(self._shared) > 4 * len(self._by_policy) + 64 or not self._by_node:
+            self._shared = {s: s for s in self._by_node.values()}  # drop unused sets
 
     def update_node(self, record: NodeRecord, policies: Iterable[CompiledPolicy]) -> bool:
         """Re-match one node; True when its set of matching policies changed."""

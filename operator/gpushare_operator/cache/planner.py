@@ -95,6 +95,7 @@ class Planner:
     def due(self) -> float | None:
         """Re-dirty whatever a timer has come due for; return when the next timer fires."""
         now = self.state.clock()
+        self.state.expire_tombstones()
         while self._rechecks and self._rechecks[0][0] <= now:
             entry = heapq.heappop(self._rechecks)
             self._scheduled.discard(entry)
@@ -310,6 +311,7 @@ class Planner:
     def plan_policy(self, name: str) -> dict[str, Any] | None:
         policy = self.state.policies.get(name)
         if policy is None:
+            self.rendered_policies.pop(name, None)  # gone: nothing to report for it
             return None
         previous = self.state.in_flight.get(("policy", name)) or self.state.policy_status.get(name)
         status = policystatus.render_policy_status(

@@ -21,6 +21,15 @@ from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy, compile_policy, keep_last_good
 
 ALWAYS_TRACKED = frozenset({core_nodes.GPU_RESOURCE, core_nodes.SHARED_RESOURCE})
+# How long a deleted policy's uid is remembered: longer than any list of policies can take to
+# answer, so a list that began before the delete cannot bring it back.
+TOMBSTONE_SECONDS = 600.0
+
+
+def _version(metadata: Mapping[str, Any]) -> int | None:
+    """A resourceVersion as a number (an etcd revision on every real server), or None."""
+    text = metadata.get("resourceVersion")
+    return int(text) if isinstance(text, str) and text.isdigit() else None
 
 
 class ClusterState:
@@ -35,6 +44,8 @@ class ClusterState:
         self.nodes: dict[str, NodeRecord] = {}
         self.policies: dict[str, CompiledPolicy] = {}
         self.policy_status: dict[str, Mapping[str, Any]] = {}
+        self.policy_versions: dict[str, int] = {}  # name -> resourceVersion of what we hold
+        self.deleted_policies: dict[str, float] = {}  # uid -> when its delete was seen
         self.node_states: dict[str, Mapping[str, Any]] = {}  # GPUNodeState name → status
         self.config_data: dict[str, str] | None = None  # None: ConfigMap absent
         self.config_synced = False
@@ -125,6 +136,7 @@ class ClusterState:
             return
         self._count_config_label(old, -1)
         self.in_flight.pop(("node", name), None)
+        self.dirty.node(name)  # the planner forgets its clocks for it
         self.dirty.many_policies(self.index.remove_node(name))
         self._refresh_governors((name,))
         self.dirty.config()
@@ -132,10 +144,29 @@ class ClusterState:
     # -- policies (kopf events) ---------------------------------------------------------------
 
     def upsert_policy(self, body: Mapping[str, Any]) -> None:
+        """Take a policy from kopf's watch or from a list, whichever arrives; never go back.
+
+        Both feed this one method, and either may be older than what is held: a list answered
+        before a watch event was applied, or one that began before a delete.  So a deleted uid
+        never returns, and for the same uid neither the resourceVersion nor the generation may
+        move backwards.
+        """
         metadata = body.get("metadata") or {}
         name = str(metadata.get("name"))
         uid = str(metadata.get("uid"))
         generation = int(metadata.get("generation") or 0)
+        version = _version(metadata)
+        if uid in self.deleted_policies:
+            return  # a list that started before the delete: the policy is gone for good
+        held = self.policies.get(name)
+        if held is not None and held.uid == uid:
+            known = self.policy_versions.get(name)
+            if generation < held.generation or (
+                version is not None and known is not None and version < known
+            ):
+                return  # older than what we hold
+        if version is not None:
+            self.policy_versions[name] = version
         self.policy_status[name] = body.get("status") or {}
         self.in_flight.pop(("policy", name), None)
         old = self.policies.get(name)
@@ -160,15 +191,37 @@ class ClusterState:
         self.dirty.many_policies({p for n in affected for p in self.index.policies_of(n)})
         self.dirty.config()
 
-    def delete_policy(self, name: str) -> None:
-        if self.policies.pop(name, None) is None:
+    def delete_policy(self, name: str, *, uid: str | None = None) -> None:
+        """Forget a policy; ``uid``, when given, must be the one held (a stale delete of an
+        earlier incarnation of the name must not remove the new one)."""
+        held = self.policies.get(name)
+        if held is None or (uid is not None and uid != held.uid):
             return
+        self.deleted_policies[held.uid] = self.clock()
+        del self.policies[name]
         self.policy_status.pop(name, None)
+        self.policy_versions.pop(name, None)
+        self.in_flight.pop(("policy", name), None)
+        self.tracked_resources = set(ALWAYS_TRACKED).union(
+            devconfigs.advertised_resource(p.sharing)
+            for p in self.policies.values()
+            if p.sharing is not None
+        )
+        self.dirty.policy(name)  # the planner forgets what it rendered for it
         affected = self.index.remove_policy(name)
         self._refresh_governors(affected)
         self.dirty.many_nodes(affected)
         self.dirty.many_policies({p for n in affected for p in self.index.policies_of(n)})
         self.dirty.config()
+
+    def expire_tombstones(self) -> None:
+        """Forget deleted uids that no list in flight can still carry."""
+        if not self.deleted_policies:
+            return
+        now = self.clock()
+        for gone, since in list(self.deleted_policies.items()):
+            if now - since > TOMBSTONE_SECONDS:
+                del self.deleted_policies[gone]
 
     def _track_resource(self, policy: CompiledPolicy) -> None:
         if policy.sharing is None:

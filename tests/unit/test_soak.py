@@ -1,0 +1,135 @@
+"""Nothing is kept for what is gone: 5,000 nodes and 200 policies, created and deleted 3 times.
+
+The cache and planner run as the writer runs them (every dirty object planned, timers served),
+with GPU pods on the nodes and config keys coming and going; after each round every per-object
+structure must be back to its size before the first, and tracemalloc growth between the end of
+the first round and the end of the third must stay under ``BLOCKS_BOUND`` blocks and
+``GROWTH_BOUND`` bytes (counted over the operator's own code; interned strings, label layouts
+and compiled rules of the first round may stay; nothing may grow per object).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import tracemalloc
+from collections.abc import Iterator, Sized
+from typing import Any
+
+from gpushare_operator.cache.planner import Planner, Timings
+from gpushare_operator.cache.state import TOMBSTONE_SECONDS, ClusterState
+from gpushare_operator.core.devconfigs import render_default_text
+from gpushare_operator.testing import podbodies
+from tests.unit.test_planner import Clock, node, policy, sync_config
+
+# `make test` runs a tenth of the size; `make soak` (GPUSHARE_SOAK=full) the whole of it.
+FULL = os.environ.get("GPUSHARE_SOAK") == "full"
+NODES = 5_000 if FULL else 500
+POLICIES = 200 if FULL else 20
+ROUNDS = 3
+# Between the end of round 1 and the end of round 3.  A leak of anything per object would keep
+# at least 2 x NODES blocks; the bytes allow for one resize of CPython's table of interned
+# strings (~1.9 MiB at full size, one block), which node names pass through.
+BLOCKS_BOUND = NODES // 5
+GROWTH_BOUND = 4 * 1024 * 1024
+
+
+def footprint(state: ClusterState, planner: Planner) -> dict[str, int]:
+    """The size of every container held per object, by owner and attribute."""
+    owners = {
+        "state": state,
+        "index": state.index,
+        "usage": state.usage,
+        "dirty": state.dirty,
+        "planner": planner,
+    }
+    sizes = {}
+    for owner, obj in owners.items():
+        for attribute, value in vars(obj).items():
+            if isinstance(value, Sized) and not isinstance(value, str):
+                sizes[f"{owner}.{attribute}"] = len(value)
+    return sizes
+
+
+def operator_memory() -> tracemalloc.Snapshot:
+    """What the cache and core hold (the test's own bodies and pytest's capture left out)."""
+    gc.collect()
+    ours = [
+        tracemalloc.Filter(inclusive=True, filename_pattern=f"*/gpushare_operator/{layer}/*")
+        for layer in ("core", "cache")
+    ]
+    return tracemalloc.take_snapshot().filter_traces(ours)
+
+
+def drain(state: ClusterState, planner: Planner) -> None:
+    """What the writer does, minus the writes: plan everything dirty, serve the timers."""
+    planner.due()
+    while True:
+        if (name := state.dirty.pop_node()) is not None:
+            planner.plan_node(name)
+        elif (name := state.dirty.pop_policy()) is not None:
+            planner.plan_policy(name)
+        elif state.dirty.pop_config():
+            data = planner.plan_config()
+            if data is not None:
+                sync_config(state, data, initial=False)  # our write, seen back
+        else:
+            return
+
+
+def gpu_pods(count: int) -> Iterator[dict[str, Any]]:
+    for index in range(count):
+        body = podbodies.shared_gpu_pod(
+            name=f"pod-{index}", node=f"n{index}", namespace="soak", count=1
+        )
+        body["metadata"]["uid"] = f"pod-uid-{index}"
+        yield body
+
+
+def one_round(state: ClusterState, planner: Planner, clock: Clock) -> None:
+    for index in range(POLICIES):
+        state.upsert_policy(policy(f"p{index}", pool=f"pool{index}", replicas=2 + index % 8))
+    drain(state, planner)
+    for index in range(NODES):
+        state.upsert_node(node(f"n{index}", pool=f"pool{index % POLICIES}"))
+    for body in gpu_pods(NODES // 5):
+        state.upsert_pod(body)
+    drain(state, planner)
+    clock.now += 3_600  # every wait, grace period and timer runs out
+    drain(state, planner)
+    for index in range(NODES // 5):
+        state.delete_pod(f"pod-uid-{index}")
+    for index in range(NODES):
+        state.delete_node(f"n{index}")
+    for index in range(POLICIES):
+        state.delete_policy(f"p{index}")
+    drain(state, planner)
+    clock.now += max(3_600, TOMBSTONE_SECONDS + 1)
+    drain(state, planner)
+    drain(state, planner)  # the config keys' grace period has ended: the GC write, seen back
+
+
+def test_create_and_delete_everything_three_times_leaves_nothing() -> None:
+    clock = Clock()
+    state = ClusterState(clock=clock, wallclock=clock)
+    timings = Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60)
+    planner = Planner(state, timings=timings, wallclock=lambda: "2026-11-30T00:00:00Z")
+    sync_config(state, {"default": render_default_text()}, initial=True)
+    drain(state, planner)
+    baseline = footprint(state, planner)
+
+    tracemalloc.start()
+    try:
+        one_round(state, planner, clock)
+        assert footprint(state, planner) == baseline
+        after_first = operator_memory()
+        for _ in range(ROUNDS - 1):
+            one_round(state, planner, clock)
+            assert footprint(state, planner) == baseline
+        growth = operator_memory().compare_to(after_first, "filename")
+    finally:
+        tracemalloc.stop()
+    blocks = sum(stat.count_diff for stat in growth)
+    kept = sum(stat.size_diff for stat in growth)
+    assert blocks < BLOCKS_BOUND, f"{blocks} blocks kept over {ROUNDS - 1} rounds: {growth[:5]}"
+    assert kept < GROWTH_BOUND, f"{kept} bytes kept over {ROUNDS - 1} rounds: {growth[:5]}"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.core import devconfigs, nodestates, policystatus, resolution
+from gpushare_operator.core import devconfigs, nodestates, policystatus, resolution, statusdiff
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
@@ -82,6 +82,46 @@ class Planner:
         self.config_error: str | None = None
         # The last status rendered per policy (what /metrics reports), written or not.
         self.rendered_policies: dict[str, dict[str, Any]] = {}
+        # Status fields the installed CRDs drop, per kind ("nodestate", "policy"): left out of
+        # renders, so that an older schema costs a condition, not a rewrite loop.
+        self.pruned: dict[str, frozenset[statusdiff.Path]] = {}
+        # ConfigMap keys shaped like ours that another field manager owns: key -> manager.
+        # Never fought over: left out of what we plan and of what we compare.
+        self.foreign_keys: dict[str, str] = {}
+        self._suspected: dict[str, frozenset[statusdiff.Path]] = {}
+
+    # -- what the API server kept of our writes --------------------------------------------------
+
+    def echoed(self, kind: str, *, written: Mapping[str, Any], echoed: object) -> bool:
+        """Compare a status write's answer with what was sent; True when this confirms that
+        the installed CRD of ``kind`` drops fields (the same ones twice in a row)."""
+        known = self.pruned.get(kind, frozenset())
+        dropped = statusdiff.dropped_paths(written, echoed) - known
+        suspected = self._suspected.pop(kind, frozenset())
+        if not dropped:
+            return False
+        confirmed = dropped & suspected
+        if not confirmed:
+            self._suspected[kind] = dropped
+            return False
+        self.pruned[kind] = known | confirmed
+        self.state.dirty.many_policies(self.state.policies)  # they report it
+        return True
+
+    def schema_problem(self) -> str | None:
+        crds = {"nodestate": "gpunodestates", "policy": "gpusharingpolicies"}
+        parts = [
+            f"{crds.get(kind, kind)}.gpushare.dev drops {statusdiff.describe(paths)}"
+            for kind, paths in sorted(self.pruned.items())
+            if paths
+        ]
+        if not parts:
+            return None
+        return (
+            "the installed CRDs are older than this operator: "
+            + "; ".join(parts)
+            + ". Apply the current CRDs (kubectl apply --server-side -f crds/)"
+        )
 
     # -- time ------------------------------------------------------------------------------------
 
@@ -253,6 +293,7 @@ class Planner:
             allocated=allocated,
             pods=pods,
         )
+        status = statusdiff.without(status, self.pruned.get("nodestate", frozenset()))
         if previous == status or state.in_flight.get(("nodestate", record.name)) == status:
             return None
         return status
@@ -320,7 +361,9 @@ class Planner:
             previous=previous,
             now=self._wallclock(),
             config_problem=self.config_error,
+            schema_problem=self.schema_problem(),
         )
+        status = statusdiff.without(status, self.pruned.get("policy", frozenset()))
         self.rendered_policies[name] = status
         if _same_status(previous, status) or self.state.in_flight.get(("policy", name)) == status:
             return None
@@ -338,7 +381,7 @@ class Planner:
         for key in set(self._unused_since) - set(state.config_data or {}):
             del self._unused_since[key]  # gone from the ConfigMap: nothing left to time
         for key, text in (state.config_data or {}).items():
-            if key in wanted or not _OUR_KEY.match(key):
+            if key in wanted or not _OUR_KEY.match(key) or key in self.foreign_keys:
                 self._unused_since.pop(key, None)
                 continue
             if state.config_label_counts.get(key):
@@ -356,13 +399,21 @@ class Planner:
         """The ConfigMap data to apply, or None when the cluster already shows it."""
         if not self.state.config_synced:
             return None
-        wanted = self.desired_config()
-        actual = {k: v for k, v in (self.state.config_data or {}).items() if _OUR_KEY.match(k)}
+        data = self.state.config_data or {}
+        for key in [k for k in self.foreign_keys if k not in data]:
+            del self.foreign_keys[key]  # gone: nothing left to stay away from
+        wanted = {k: v for k, v in self.desired_config().items() if k not in self.foreign_keys}
+        actual = {k: v for k, v in data.items() if _OUR_KEY.match(k) and k not in self.foreign_keys}
         if self.state.config_data is not None and wanted == actual:
             return None
         if self.state.in_flight.get(("configmap", "")) == wanted:
             return None
         return wanted
+
+
+def is_our_key(key: str) -> bool:
+    """Whether a ConfigMap key has the shape of a key gpushare renders."""
+    return _OUR_KEY.match(key) is not None
 
 
 def _rfc3339(epoch: float) -> str:

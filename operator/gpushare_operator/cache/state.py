@@ -6,6 +6,7 @@ events; read by the planner.  Every feed marks what it affects dirty and nothing
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -202,11 +203,7 @@ class ClusterState:
         self.policy_status.pop(name, None)
         self.policy_versions.pop(name, None)
         self.in_flight.pop(("policy", name), None)
-        self.tracked_resources = set(ALWAYS_TRACKED).union(
-            devconfigs.advertised_resource(p.sharing)
-            for p in self.policies.values()
-            if p.sharing is not None
-        )
+        self._untrack_unused_resources()
         self.dirty.policy(name)  # the planner forgets what it rendered for it
         affected = self.index.remove_policy(name)
         self._refresh_governors(affected)
@@ -222,6 +219,23 @@ class ClusterState:
         for gone, since in list(self.deleted_policies.items()):
             if now - since > TOMBSTONE_SECONDS:
                 del self.deleted_policies[gone]
+
+    def _untrack_unused_resources(self) -> None:
+        """Stop keeping pod requests of a resource no policy advertises any more; pods that
+        asked only for it leave the ledger, as a fresh list would leave them out."""
+        tracked = set(ALWAYS_TRACKED).union(
+            devconfigs.advertised_resource(p.sharing)
+            for p in self.policies.values()
+            if p.sharing is not None
+        )
+        if tracked == self.tracked_resources:
+            return
+        self.tracked_resources = tracked
+        for uid, record in list(self.usage.pods.items()):
+            kept = tuple((r, n) for r, n in record.requests if r in tracked)
+            if kept != record.requests:
+                slim = dataclasses.replace(record, requests=kept) if kept else None
+                self._pod_changed(uid, slim)
 
     def _track_resource(self, policy: CompiledPolicy) -> None:
         if policy.sharing is None:

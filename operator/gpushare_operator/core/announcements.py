@@ -28,6 +28,7 @@ _POLICY_RULES = {
     ("Ready", "False", "InvalidConfig"): "InvalidPolicy",
     ("Overcommitted", "True", None): "Overcommitted",
     ("Unsupported", "True", None): "NodesUnsupported",
+    ("SchemaOutdated", "True", None): "SchemaOutdated",
 }
 
 # Node conditions: type → reasons that deserve a Warning on the Node when they appear.

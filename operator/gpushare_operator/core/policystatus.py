@@ -114,10 +114,13 @@ def render_policy_status(
     previous: Mapping[str, Any] | None,
     now: str,
     config_problem: str | None = None,
+    schema_problem: str | None = None,
 ) -> dict[str, Any]:
     """The status dict, with transition times kept while conditions hold."""
     previous = previous or {}
     wanted = policy_conditions(policy, tally, config_problem=config_problem)
+    if schema_problem is not None:
+        wanted.append(Cond("SchemaOutdated", "True", "CRDOutdated", schema_problem))
     status: dict[str, Any] = {
         "observedGeneration": policy.generation,
         "matchedNodes": tally.matched,

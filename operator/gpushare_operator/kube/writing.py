@@ -18,7 +18,7 @@ import aiohttp
 import structlog
 from kubernetes_asyncio import client
 
-from gpushare_operator.cache.planner import NodePlan, Planner
+from gpushare_operator.cache.planner import NodePlan, Planner, is_our_key
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import announcements, models
 from gpushare_operator.kube import http
@@ -152,6 +152,8 @@ class ObjectWriter:
             "data": data,
         }
         new_keys = set(data) - set(self._state.config_data or {})
+        # A key another manager owns must not be ours to delete (nor to take over).
+        data = {k: v for k, v in data.items() if k not in self._planner.foreign_keys}
         try:
             written = await self._write(
                 "configmap",
@@ -184,6 +186,35 @@ class ObjectWriter:
             self._planner.config_error = None
             self._state.dirty.many_policies(self._state.policies)
         await self._announce_keys(new_keys)
+        if isinstance(written, dict):
+            await self._foreign_keys(written, applied=set(data))
+
+    async def _foreign_keys(self, written: Mapping[str, Any], *, applied: set[str]) -> None:
+        """Keys like ours that our apply left in place because another manager owns them."""
+        owners = _data_owners(written)
+        found = {
+            key: ", ".join(sorted(owners.get(key, ()))) or "unknown"
+            for key in (written.get("data") or {})
+            if key not in applied
+            and is_our_key(key)
+            and FIELD_MANAGER not in owners.get(key, ())
+            and key not in self._planner.foreign_keys
+        }
+        for key, manager in found.items():
+            self._planner.foreign_keys[key] = manager
+            target = self._config
+            message = (
+                f"ConfigMap {target.namespace}/{target.name} key {key} is owned by field manager"
+                f" {manager}, not {FIELD_MANAGER}: it is left alone (delete it by hand if unused)"
+            )
+            log.warning("foreign config key", kind="ConfigMap", key=key, manager=manager)
+            for policy in self._state.policies.values():
+                await self._recorder.post(
+                    ref=_policy_ref(policy.name, policy.uid),
+                    type_="Warning",
+                    reason="ForeignConfigKey",
+                    message=message,
+                )
 
     def _config_failed(self, exc: http.ApiError) -> None:
         target = self._config
@@ -264,7 +295,7 @@ class ObjectWriter:
         previous = self._state.node_states.get(plan.name) or {}
         if plan.create_state:
             await self._create_node_state(plan)
-        await self._write(
+        answer = await self._write(
             "nodestate-status",
             method="PATCH",
             path=f"{_API}/{models.NODE_STATE_PLURAL}/{plan.name}/status",
@@ -273,6 +304,8 @@ class ObjectWriter:
             content_type=JSON_PATCH,
         )
         self._state.in_flight[("nodestate", plan.name)] = plan.status
+        if isinstance(answer, dict):
+            self._planner.echoed("nodestate", written=plan.status, echoed=answer.get("status"))
         # The node's phase feeds its policies' counts and conditions.
         self._state.dirty.many_policies(self._state.index.policies_of(plan.name))
         await self._node_events(plan, previous)
@@ -318,7 +351,7 @@ class ObjectWriter:
         policy = self._state.policies[name]
         previous = self._state.policy_status.get(name) or {}
         try:
-            await self._write(
+            answer = await self._write(
                 "policy-status",
                 method="PATCH",
                 path=f"{_API}/{models.POLICY_PLURAL}/{name}/status",
@@ -338,6 +371,8 @@ class ObjectWriter:
             self.retry_later("policy", name)
             return
         self._state.in_flight[("policy", name)] = status
+        if isinstance(answer, dict):
+            self._planner.echoed("policy", written=status, echoed=answer.get("status"))
         await self._policy_events(policy.name, policy.uid, previous, status)
 
     async def _policy_events(
@@ -350,6 +385,17 @@ class ObjectWriter:
                 reason=event.reason,
                 message=event.message,
             )
+
+
+def _data_owners(obj: Mapping[str, Any]) -> dict[str, set[str]]:
+    """ConfigMap data key -> the field managers that own it, from managedFields."""
+    owners: dict[str, set[str]] = {}
+    for entry in (obj.get("metadata") or {}).get("managedFields") or ():
+        fields = ((entry or {}).get("fieldsV1") or {}).get("f:data") or {}
+        for field in fields:
+            if isinstance(field, str) and field.startswith("f:"):
+                owners.setdefault(field[2:], set()).add(str(entry.get("manager")))
+    return owners
 
 
 def _policy_ref(name: str, uid: str) -> ObjectRef:

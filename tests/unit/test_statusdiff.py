@@ -1,0 +1,67 @@
+"""An older CRD that prunes a status field costs a condition, not a rewrite loop."""
+
+from __future__ import annotations
+
+from gpushare_operator.cache.planner import Planner, Timings
+from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.core import statusdiff
+from tests.unit.test_planner import Clock, node, policy, sync_config
+
+WRITTEN = {
+    "phase": "Pending",
+    "configReadyAt": "2026-11-30T00:00:00Z",
+    "conditions": [{"type": "Ready", "status": "False", "observedGeneration": 2}],
+}
+ECHOED = {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]}
+
+
+def test_dropped_paths_are_what_the_echo_lacks() -> None:
+    assert statusdiff.dropped_paths(WRITTEN, ECHOED) == {
+        ("configReadyAt",),
+        ("conditions", 0, "observedGeneration"),
+    }
+    changed = {**WRITTEN, "phase": "Applied"}
+    assert ("phase",) not in statusdiff.dropped_paths(WRITTEN, changed)
+
+
+def test_without_drops_the_paths_from_every_list_item() -> None:
+    paths = statusdiff.dropped_paths(WRITTEN, ECHOED)
+    two = {
+        **WRITTEN,
+        "conditions": [*WRITTEN["conditions"], {"type": "X", "observedGeneration": 1}],
+    }
+    assert statusdiff.without(two, paths) == {
+        "phase": "Pending",
+        "conditions": [{"type": "Ready", "status": "False"}, {"type": "X"}],
+    }
+    assert statusdiff.describe(paths) == (
+        "status.conditions[].observedGeneration, status.configReadyAt"
+    )
+
+
+def test_a_field_dropped_twice_in_a_row_is_left_out_and_reported() -> None:
+    clock = Clock()
+    state = ClusterState(clock=clock)
+    timings = Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60)
+    planner = Planner(state, timings=timings, wallclock=lambda: "2026-11-30T00:00:00Z")
+    sync_config(state, None, initial=True)
+    state.upsert_policy(policy("p"))
+    state.upsert_node(node("n1"))
+    assert not planner.echoed("nodestate", written=WRITTEN, echoed=ECHOED)
+    assert planner.schema_problem() is None  # once could be someone else's edit
+    assert planner.echoed("nodestate", written=WRITTEN, echoed=ECHOED)
+    problem = planner.schema_problem()
+    assert problem is not None and "gpunodestates.gpushare.dev drops" in problem
+    assert "kubectl apply --server-side -f crds/" in problem
+    status = planner.plan_policy("p")
+    assert status is not None
+    outdated = next(c for c in status["conditions"] if c["type"] == "SchemaOutdated")
+    assert outdated["status"] == "True" and "status.configReadyAt" in outdated["message"]
+    data = planner.plan_config()
+    assert data is not None
+    sync_config(state, data, initial=False)  # a new key: the node waits for propagation
+    plan = planner.plan_node("n1")
+    assert plan is not None and plan.status is not None
+    assert "configReadyAt" not in plan.status  # never sent again
+    state.node_states["n1"] = plan.status  # what the old schema keeps of it
+    assert planner.plan_node("n1") is None  # so its echo is no drift

@@ -39,12 +39,12 @@ from typing import Any, TypeVar, cast
 import orjson
 
 from benchmarks.naive import NaiveController
-from gpushare_operator.cache.planner import Planner, Timings
 from gpushare_operator.cache.sinks import NodeSink
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core.nodes import GPU_COUNT, GPU_PRODUCT, MIG_STRATEGY
 from gpushare_operator.core.policies import compile_policy
 from gpushare_operator.kube.informer import Informer, Target
+from gpushare_operator.reconcile.planner import Planner, Timings
 from gpushare_operator.testing.bodies import (
     Body,
     gpu_node,

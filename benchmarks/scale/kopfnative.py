@@ -29,7 +29,6 @@ from typing import Any
 import kopf
 from aiohttp import web
 
-from gpushare_operator.cache.planner import Planner, Timings
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import models
 from gpushare_operator.core import pods as core_pods
@@ -39,6 +38,7 @@ from gpushare_operator.kube.events import EventRecorder
 from gpushare_operator.kube.leadership import AlwaysLeader
 from gpushare_operator.kube.ratelimit import TokenBucket
 from gpushare_operator.kube.writer import ConfigTarget, Writer
+from gpushare_operator.reconcile.planner import Planner, Timings
 
 logger = logging.getLogger("kopfnative")
 

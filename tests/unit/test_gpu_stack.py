@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from gpushare_operator.cache.planner import Planner, Timings
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import rewrites, selectors
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.core.policies import compile_policy
+from gpushare_operator.reconcile.planner import Planner, Timings
 from tests.unit.test_planner import Clock, node, policy, sync_config
 
 PRODUCT = "nvidia.com/gpu.product"

@@ -23,7 +23,7 @@ def test_import_operator_is_the_standard_library() -> None:
 
 def test_layer_packages_exist() -> None:
     package = ROOT / "operator" / "gpushare_operator"
-    for layer in ("core", "cache", "kube", "app", "testing"):
+    for layer in ("core", "cache", "reconcile", "kube", "app", "testing"):
         assert (package / layer / "__init__.py").is_file(), layer
     assert (package / "py.typed").is_file()
     assert (package / "__main__.py").is_file()

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from gpushare_operator.cache.planner import Planner, Timings
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.reconcile.planner import Planner, Timings
 
 
 class Clock:

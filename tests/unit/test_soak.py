@@ -16,9 +16,9 @@ import tracemalloc
 from collections.abc import Iterator, Sized
 from typing import Any
 
-from gpushare_operator.cache.planner import Planner, Timings
 from gpushare_operator.cache.state import TOMBSTONE_SECONDS, ClusterState
 from gpushare_operator.core.devconfigs import render_default_text
+from gpushare_operator.reconcile.planner import Planner, Timings
 from gpushare_operator.testing import podbodies
 from tests.unit.test_planner import Clock, node, policy, sync_config
 

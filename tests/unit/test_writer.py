@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from gpushare_operator.cache.planner import Planner, Timings
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import models
 from gpushare_operator.kube import http, writing
@@ -22,6 +21,7 @@ from gpushare_operator.kube.inflight import InFlight
 from gpushare_operator.kube.leadership import AlwaysLeader
 from gpushare_operator.kube.ratelimit import TokenBucket
 from gpushare_operator.kube.writer import ConfigTarget, Writer
+from gpushare_operator.reconcile.planner import Planner, Timings
 from tests.unit.test_planner import node, policy
 from tests.waiting import eventually
 

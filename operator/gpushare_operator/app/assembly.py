@@ -14,7 +14,6 @@ from prometheus_client import CollectorRegistry
 
 from gpushare_operator.app import heap, observability
 from gpushare_operator.app.settings import Settings
-from gpushare_operator.cache.planner import Planner, Timings
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import models
@@ -25,6 +24,7 @@ from gpushare_operator.kube.events import EventRecorder, ObjectRef
 from gpushare_operator.kube.informer import Informer, Sink, Target
 from gpushare_operator.kube.ratelimit import TokenBucket
 from gpushare_operator.kube.writer import ConfigTarget, Writer
+from gpushare_operator.reconcile.planner import Planner, Timings
 
 log = structlog.get_logger(__name__)
 

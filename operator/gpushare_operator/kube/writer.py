@@ -17,7 +17,6 @@ from typing import Any
 import structlog
 from kubernetes_asyncio import client
 
-from gpushare_operator.cache.planner import Planner
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.kube.events import EventRecorder
 from gpushare_operator.kube.inflight import InFlight, Key
@@ -31,6 +30,7 @@ from gpushare_operator.kube.writing import (
     ObjectWriter,
     WriteCounters,
 )
+from gpushare_operator.reconcile.planner import Planner
 
 __all__ = ["ConfigTarget", "Writer"]
 

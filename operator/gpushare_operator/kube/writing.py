@@ -18,7 +18,6 @@ import aiohttp
 import structlog
 from kubernetes_asyncio import client
 
-from gpushare_operator.cache.planner import NodePlan, Planner, is_our_key
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import announcements, models
 from gpushare_operator.kube import http
@@ -27,6 +26,7 @@ from gpushare_operator.kube.informer import drop_managed_fields
 from gpushare_operator.kube.leadership import LeaderGate
 from gpushare_operator.kube.ratelimit import TokenBucket
 from gpushare_operator.kube.telemetry import NoTelemetry, Telemetry
+from gpushare_operator.reconcile.planner import NodePlan, Planner, is_our_key
 
 T = TypeVar("T")
 

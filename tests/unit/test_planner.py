@@ -591,3 +591,25 @@ def test_a_node_labelled_again_starts_a_fresh_mismatch_clock(
     decision = planner.decide(state.nodes["n1"])
     assert decision.phase == "Applied"  # GFD gets its whole window again
     assert decision.recheck_at == clock.now + 60
+
+
+def test_a_key_like_ours_owned_by_someone_else_is_never_planned(
+    state: ClusterState, planner: Planner, clock: Clock
+) -> None:
+    state.upsert_policy(policy("p"))
+    key = str(state.policies["p"].config_key)
+    foreign = "stale-ts2-abcdef"
+    owners = {
+        foreign: frozenset({"hand-edit"}),
+        key: frozenset({"gpushare-operator"}),
+        "default": frozenset({"gpushare-operator"}),
+    }
+    data = {foreign: "version: v1\n", key: "x", "default": "y"}
+    state.set_config_data(data, initial=True, owners=owners)
+    wanted = planner.plan_config()
+    assert planner.foreign_keys == {foreign: "hand-edit"}
+    assert wanted is not None and foreign not in wanted  # never taken over by our apply
+    state.set_config_data({foreign: "version: v1\n", **wanted}, initial=False, owners=owners)
+    for _ in range(3):
+        clock.now += 1000  # past every grace period
+        assert planner.plan_config() is None  # and never fought over

@@ -98,12 +98,30 @@ class ConfigMapSink:
             data or ({} if self._listed is not None else None),
             initial=self._first,
             version=_version(self._listed),
+            owners=data_owners(self._listed),
         )
         self._first = False
 
     def apply(self, event_type: str, obj: dict[str, Any]) -> None:
         data = None if event_type == "DELETED" else (obj.get("data") or {})
-        self._state.set_config_data(data, initial=False, version=_version(obj))
+        self._state.set_config_data(
+            data, initial=False, version=_version(obj), owners=data_owners(obj)
+        )
+
+
+def data_owners(obj: Mapping[str, Any] | None) -> dict[str, frozenset[str]] | None:
+    """ConfigMap data key -> the field managers owning it; None when managedFields were not
+    delivered (then what is known stays as it was)."""
+    entries = ((obj or {}).get("metadata") or {}).get("managedFields")
+    if not isinstance(entries, list):
+        return None
+    owners: dict[str, set[str]] = {}
+    for entry in entries:
+        fields = ((entry or {}).get("fieldsV1") or {}).get("f:data") or {}
+        for field in fields:
+            if isinstance(field, str) and field.startswith("f:"):
+                owners.setdefault(field[2:], set()).add(str(entry.get("manager")))
+    return {key: frozenset(managers) for key, managers in owners.items()}
 
 
 def _version(obj: Mapping[str, Any] | None) -> str | None:

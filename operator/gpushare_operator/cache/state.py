@@ -49,6 +49,8 @@ class ClusterState:
         self.deleted_policies: dict[str, float] = {}  # uid -> when its delete was seen
         self.node_states: dict[str, Mapping[str, Any]] = {}  # GPUNodeState name → status
         self.config_data: dict[str, str] | None = None  # None: ConfigMap absent
+        # data key -> the field managers that own it (from managedFields, when delivered)
+        self.config_owners: dict[str, frozenset[str]] = {}
         self.config_synced = False
         self.config_version: int | None = None  # resourceVersion of what config_data shows
         self.key_seen_at: dict[str, float] = {}
@@ -281,7 +283,12 @@ class ClusterState:
             self.dirty.node(name)
 
     def set_config_data(
-        self, data: Mapping[str, str] | None, *, initial: bool, version: str | None = None
+        self,
+        data: Mapping[str, str] | None,
+        *,
+        initial: bool,
+        version: str | None = None,
+        owners: Mapping[str, frozenset[str]] | None = None,
     ) -> None:
         """Record the ConfigMap; keys present at the first sync were written long ago.
 
@@ -294,6 +301,8 @@ class ClusterState:
         if number is not None and known is not None and number < known:
             return
         self.config_version = number
+        if owners is not None or data is None:
+            self.config_owners = dict(owners or {})
         now, wall = self.clock(), self.wallclock()
         fresh = dict(data) if data is not None else None
         for key in fresh or {}:

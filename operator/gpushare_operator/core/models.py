@@ -40,6 +40,9 @@ from gpushare_operator.core.labels import label_key_error as label_key_error
 from gpushare_operator.core.labels import label_value_error as label_value_error
 from gpushare_operator.core.rewrites import rewritten_key_error, shared_product_error
 
+# The one field manager of every write (server-side apply owns fields by it).
+FIELD_MANAGER: Final = "gpushare-operator"
+
 GROUP: Final = "gpushare.dev"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"

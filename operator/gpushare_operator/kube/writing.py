@@ -18,6 +18,7 @@ import aiohttp
 import structlog
 from kubernetes_asyncio import client
 
+from gpushare_operator.cache.sinks import data_owners
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import announcements, models
 from gpushare_operator.kube import http
@@ -26,13 +27,13 @@ from gpushare_operator.kube.informer import drop_managed_fields
 from gpushare_operator.kube.leadership import LeaderGate
 from gpushare_operator.kube.ratelimit import TokenBucket
 from gpushare_operator.kube.telemetry import NoTelemetry, Telemetry
-from gpushare_operator.reconcile.planner import NodePlan, Planner, is_our_key
+from gpushare_operator.reconcile.planner import NodePlan, Planner
 
 T = TypeVar("T")
 
 log = structlog.get_logger(__name__)
 
-FIELD_MANAGER = "gpushare-operator"
+FIELD_MANAGER = models.FIELD_MANAGER
 JSON_PATCH = "application/json-patch+json"
 _API = f"/apis/{models.GROUP}/{models.VERSION}"
 RETRY_AFTER = 5.0
@@ -84,6 +85,7 @@ class ObjectWriter:
         self._config = config
         self._telemetry: Telemetry = telemetry or NoTelemetry()
         self.counters = WriteCounters(ok={}, failed={})
+        self._announced_foreign: set[str] = set()
 
     def new_job(self) -> None:
         """A job starts: its first write has no token yet."""
@@ -138,6 +140,7 @@ class ObjectWriter:
 
     async def write_config(self) -> None:
         data = await self.plan_with_token("configmap", self._planner.plan_config)
+        await self._announce_foreign_keys()
         if data is None:
             return
         target = self._config
@@ -152,8 +155,6 @@ class ObjectWriter:
             "data": data,
         }
         new_keys = set(data) - set(self._state.config_data or {})
-        # A key another manager owns must not be ours to delete (nor to take over).
-        data = {k: v for k, v in data.items() if k not in self._planner.foreign_keys}
         try:
             written = await self._write(
                 "configmap",
@@ -179,42 +180,37 @@ class ObjectWriter:
             # Take the answer as the new state at once: the nodes waiting on a new key start
             # their propagation wait now, not when the watch event arrives.
             version = (written.get("metadata") or {}).get("resourceVersion")
-            self._state.set_config_data(written["data"], initial=False, version=version)
+            self._state.set_config_data(
+                written["data"], initial=False, version=version, owners=data_owners(written)
+            )
         else:
             self._state.in_flight[("configmap", "")] = data
         if self._planner.config_error is not None:
             self._planner.config_error = None
             self._state.dirty.many_policies(self._state.policies)
         await self._announce_keys(new_keys)
-        if isinstance(written, dict):
-            await self._foreign_keys(written, applied=set(data))
 
-    async def _foreign_keys(self, written: Mapping[str, Any], *, applied: set[str]) -> None:
-        """Keys like ours that our apply left in place because another manager owns them."""
-        owners = _data_owners(written)
-        found = {
-            key: ", ".join(sorted(owners.get(key, ()))) or "unknown"
-            for key in (written.get("data") or {})
-            if key not in applied
-            and is_our_key(key)
-            and FIELD_MANAGER not in owners.get(key, ())
-            and key not in self._planner.foreign_keys
-        }
-        for key, manager in found.items():
-            self._planner.foreign_keys[key] = manager
-            target = self._config
+    async def _announce_foreign_keys(self) -> None:
+        """Say once per key that a key shaped like ours belongs to someone else: it is never
+        planned, compared or deleted (our apply could not remove it, and must not take it)."""
+        target = self._config
+        for key, manager in self._planner.foreign_keys.items():
+            if key in self._announced_foreign:
+                continue
+            self._announced_foreign.add(key)
             message = (
                 f"ConfigMap {target.namespace}/{target.name} key {key} is owned by field manager"
                 f" {manager}, not {FIELD_MANAGER}: it is left alone (delete it by hand if unused)"
             )
             log.warning("foreign config key", kind="ConfigMap", key=key, manager=manager)
-            for policy in self._state.policies.values():
+            for policy in list(self._state.policies.values()):
                 await self._recorder.post(
                     ref=_policy_ref(policy.name, policy.uid),
                     type_="Warning",
                     reason="ForeignConfigKey",
                     message=message,
                 )
+        self._announced_foreign &= set(self._planner.foreign_keys)
 
     def _config_failed(self, exc: http.ApiError) -> None:
         target = self._config
@@ -385,17 +381,6 @@ class ObjectWriter:
                 reason=event.reason,
                 message=event.message,
             )
-
-
-def _data_owners(obj: Mapping[str, Any]) -> dict[str, set[str]]:
-    """ConfigMap data key -> the field managers that own it, from managedFields."""
-    owners: dict[str, set[str]] = {}
-    for entry in (obj.get("metadata") or {}).get("managedFields") or ():
-        fields = ((entry or {}).get("fieldsV1") or {}).get("f:data") or {}
-        for field in fields:
-            if isinstance(field, str) and field.startswith("f:"):
-                owners.setdefault(field[2:], set()).add(str(entry.get("manager")))
-    return owners
 
 
 def _policy_ref(name: str, uid: str) -> ObjectRef:

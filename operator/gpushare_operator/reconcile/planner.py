@@ -19,7 +19,7 @@ from typing import Any
 
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import devconfigs, nodestates, policystatus, resolution, statusdiff
-from gpushare_operator.core.models import NodePhase
+from gpushare_operator.core.models import FIELD_MANAGER, NodePhase
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
 
@@ -395,13 +395,21 @@ class Planner:
                 self.recheck(expires, "config", "")
         return wanted
 
+    def _foreign(self, data: Mapping[str, str]) -> dict[str, str]:
+        """Keys shaped like ours that only other field managers own: key -> managers."""
+        owners = self.state.config_owners
+        return {
+            key: ", ".join(sorted(owners[key]))
+            for key in data
+            if key in owners and FIELD_MANAGER not in owners[key] and _OUR_KEY.match(key)
+        }
+
     def plan_config(self) -> dict[str, str] | None:
         """The ConfigMap data to apply, or None when the cluster already shows it."""
         if not self.state.config_synced:
             return None
         data = self.state.config_data or {}
-        for key in [k for k in self.foreign_keys if k not in data]:
-            del self.foreign_keys[key]  # gone: nothing left to stay away from
+        self.foreign_keys = self._foreign(data)
         wanted = {k: v for k, v in self.desired_config().items() if k not in self.foreign_keys}
         actual = {k: v for k, v in data.items() if _OUR_KEY.match(k) and k not in self.foreign_keys}
         if self.state.config_data is not None and wanted == actual:
@@ -409,11 +417,6 @@ class Planner:
         if self.state.in_flight.get(("configmap", "")) == wanted:
             return None
         return wanted
-
-
-def is_our_key(key: str) -> bool:
-    """Whether a ConfigMap key has the shape of a key gpushare renders."""
-    return _OUR_KEY.match(key) is not None
 
 
 def _rfc3339(epoch: float) -> str:

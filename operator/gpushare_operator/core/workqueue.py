@@ -1,0 +1,207 @@
+"""The one work queue of the write path, with the semantics of client-go's workqueue.
+
+Contract (every point is a unit test in ``tests/unit/test_workqueue.py``):
+
+- **De-duplication.** A key (``(kind, name)``) is queued at most once, however often it is
+  marked; ``len`` counts distinct keys waiting.
+- **Single flight.** ``get`` hands a key out and marks it *processing*; until ``done`` it is
+  never handed out again.  A key marked while processing is not lost: ``done`` queues it again.
+- **Delayed adds.** ``add_after`` queues a key once its time has come (a timer, e.g. the end of
+  a propagation wait); an earlier timer for the same key wins, so repeated re-plans asking for
+  the same deadline keep one entry.  ``next_due`` says when the next timer fires.
+- **Per-key back-off.** ``failed`` queues the key again after an exponential delay with full
+  jitter: ``uniform(0, min(cap, base * 2**failures))`` (at least ``base``), growing from about
+  5 ms to a cap of minutes; ``succeeded`` resets it.  A key that keeps failing thus asks for
+  fewer and fewer writes, and cannot starve the others through the shared token bucket.
+- **Waiting since.** ``waiting_since`` is when a key was first marked since it was last done
+  with nothing pending: a held-back write (a policy status waiting for its nodes) is bounded by
+  it.
+- **Order.** Within a kind, keys come out first-marked first; ``get(kind)`` takes one kind.
+
+It is pure (a clock and a random source are passed in, no asyncio): the writer owns the
+waiting; the cache only marks.  Everything about a key goes with ``forget``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable, Iterable
+from typing import Final
+
+Key = tuple[str, str]  # (kind, name)
+
+NODE: Final = "node"
+POLICY: Final = "policy"
+CONFIG: Final = "config"
+CONFIG_KEY: Final = (CONFIG, "")
+
+DEFAULT_BASE: Final = 0.005
+DEFAULT_CAP: Final = 300.0
+
+
+class WorkQueue:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float],
+        rng: random.Random | None = None,
+        base: float = DEFAULT_BASE,
+        cap: float = DEFAULT_CAP,
+    ) -> None:
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self.base = base
+        self.cap = cap
+        self._queued: dict[str, dict[str, None]] = {}  # kind -> names, first marked first
+        self._processing: set[Key] = set()
+        self._again: set[Key] = set()  # marked while processing
+        self._timers: list[tuple[float, str, str]] = []  # heap of (when, kind, name)
+        self._due: dict[Key, float] = {}  # the earliest live timer per key
+        self._failures: dict[Key, int] = {}
+        self._since: dict[Key, float] = {}
+        self._wake: Callable[[], None] = lambda: None
+
+    def set_waker(self, wake: Callable[[], None]) -> None:
+        """Installed by the writer, so that marking something wakes it."""
+        self._wake = wake
+
+    # -- marking (the cache's side) ----------------------------------------------------------
+
+    def add(self, key: Key) -> None:
+        self._since.setdefault(key, self._clock())
+        if key in self._processing:
+            self._again.add(key)
+        else:
+            self._queued.setdefault(key[0], {})[key[1]] = None
+        self._wake()
+
+    def node(self, name: str) -> None:
+        self.add((NODE, name))
+
+    def many_nodes(self, names: Iterable[str]) -> None:
+        for name in names:
+            self.add((NODE, name))
+
+    def policy(self, name: str) -> None:
+        self.add((POLICY, name))
+
+    def many_policies(self, names: Iterable[str]) -> None:
+        for name in names:
+            self.add((POLICY, name))
+
+    def config(self) -> None:
+        self.add(CONFIG_KEY)
+
+    # -- timers and back-off -------------------------------------------------------------------
+
+    def add_after(self, key: Key, delay: float) -> None:
+        """Queue ``key`` in ``delay`` seconds (at once if ``delay <= 0``)."""
+        if delay <= 0:
+            self.add(key)
+            return
+        when = self._clock() + delay
+        if self._due.get(key, float("inf")) <= when:
+            return  # an earlier timer already covers it
+        self._due[key] = when
+        heapq.heappush(self._timers, (when, *key))
+        self._wake()
+
+    def add_at(self, key: Key, when: float) -> None:
+        """Queue ``key`` at ``when`` on the queue's clock."""
+        self.add_after(key, when - self._clock())
+
+    def failed(self, key: Key) -> float:
+        """The write of ``key`` failed: queue it again after its back-off; return the delay."""
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        ceiling = min(self.cap, self.base * 2.0**failures)
+        delay = max(self.base, self._rng.uniform(0.0, ceiling))
+        self.add_after(key, delay)
+        return delay
+
+    def succeeded(self, key: Key) -> None:
+        """The write of ``key`` worked: its back-off starts again from the bottom."""
+        self._failures.pop(key, None)
+
+    def failures(self, key: Key) -> int:
+        return self._failures.get(key, 0)
+
+    def next_due(self) -> float | None:
+        """Move the timers whose time has come into the queue; return when the next fires."""
+        now = self._clock()
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            when, kind, name = heapq.heappop(timers)
+            key = (kind, name)
+            if self._due.get(key) == when:
+                del self._due[key]
+                self.add(key)
+        while timers and self._due.get((timers[0][1], timers[0][2])) != timers[0][0]:
+            heapq.heappop(timers)  # superseded by an earlier timer for the same key
+        return timers[0][0] if timers else None
+
+    # -- taking work (the writer's side) ------------------------------------------------------
+
+    def get(self, kind: str) -> str | None:
+        """The next queued name of ``kind``, now processing; None when there is none."""
+        names = self._queued.get(kind)
+        if not names:
+            return None
+        name = next(iter(names))
+        del names[name]
+        self._processing.add((kind, name))
+        return name
+
+    def done(self, key: Key) -> None:
+        """Processing of ``key`` ended; queue it again if it was marked meanwhile."""
+        self._processing.discard(key)
+        if key in self._again:
+            self._again.discard(key)
+            self._queued.setdefault(key[0], {})[key[1]] = None
+            self._wake()
+        elif not self.pending(key):
+            self._since.pop(key, None)
+
+    def forget(self, key: Key) -> None:
+        """Drop everything about ``key`` (its object is gone)."""
+        self._queued.get(key[0], {}).pop(key[1], None)
+        self._again.discard(key)
+        self._due.pop(key, None)
+        self._failures.pop(key, None)
+        self._since.pop(key, None)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def pending(self, key: Key) -> bool:
+        """Queued, processing, marked again, or waiting on a timer."""
+        return key[1] in self._queued.get(key[0], {}) or key in self._processing or key in self._due
+
+    def queued(self, kind: str) -> int:
+        return len(self._queued.get(kind, ()))
+
+    def is_queued(self, key: Key) -> bool:
+        return key[1] in self._queued.get(key[0], {})
+
+    def processing(self, kind: str) -> set[str]:
+        return {name for k, name in self._processing if k == kind}
+
+    def waiting_since(self, key: Key) -> float | None:
+        return self._since.get(key)
+
+    def __len__(self) -> int:
+        return sum(len(names) for names in self._queued.values())
+
+    def __bool__(self) -> bool:
+        return any(self._queued.values())
+
+    def sizes(self) -> dict[str, int]:
+        """Entries per internal structure: the soak test holds these to their baseline."""
+        return {
+            "queued": len(self),
+            "processing": len(self._processing),
+            "again": len(self._again),
+            "timers": len(self._due),
+            "failures": len(self._failures),
+            "since": len(self._since),
+        }

@@ -263,7 +263,7 @@ def test_a_propagation_wait_is_published_once_as_an_absolute_time(
     first = planner.plan_node("n1")
     assert first is not None and first.status is not None
     ready_at = first.status["configReadyAt"]
-    assert ready_at == "2027-01-15T08:17:55Z"  # 1.8e9 + 1000 + 75 s
+    assert ready_at == "2027-01-15T08:17:55Z"  # 1.8e9 + 1000 + 75 s, whole seconds down
     assert ready_at in first.status["conditions"][0]["message"]
     state.node_states["n1"] = first.status  # as written
     for _ in range(3):  # other policies' ConfigMap changes re-plan every node

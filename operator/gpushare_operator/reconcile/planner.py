@@ -420,7 +420,7 @@ class Planner:
 
 
 def _rfc3339(epoch: float) -> str:
-    moment = datetime.datetime.fromtimestamp(math.ceil(epoch), datetime.UTC)
+    moment = datetime.datetime.fromtimestamp(math.floor(epoch), datetime.UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpushare_operator.testing.agents import (
@@ -331,3 +331,63 @@ def test_a_refused_config_leaves_the_plugin_down_until_a_good_one() -> None:
     agents.see_label("ts4", now=13.0, view=view)
     agents.advance(now=20.0, view=view)
     assert agents.plugin_up and agents.sharing == TS4 and agents.plugin_failures == 0
+
+
+KEYS = ["default", "ts4", "mps2", "bad", "gone"]
+CONTENTS = {
+    "ts4": plugin_config("timeSlicing", 4),
+    "mps2": plugin_config("mps", 2, rename=True),
+    "bad": plugin_config("timeSlicing", 1),
+    "default": plugin_config(None),
+}
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("label"), st.sampled_from([*KEYS, None])),
+        st.tuples(st.just("write"), st.sampled_from(KEYS), st.sampled_from(sorted(CONTENTS))),
+        st.tuples(st.just("delete"), st.sampled_from(KEYS)),
+        st.tuples(st.just("wait"), st.floats(min_value=0.0, max_value=20.0)),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=500)
+@given(history=steps, final=st.sampled_from(["ts4", "mps2", "default"]))
+def test_whatever_happened_a_new_label_for_a_good_key_wins_in_the_end(
+    history: list[tuple[Any, ...]], final: str
+) -> None:
+    """Any mix of label changes, ConfigMap edits and waits; then a label change to a good key.
+
+    Between steps the node always shows either the plugin up (allocatable = capacity) or down
+    (allocatable 0, capacity kept); in the end it runs exactly the final key's config.
+    """
+    view = dict(VIEW)
+    agents, now = fresh(), 0.0
+    for step in history:
+        if step[0] == "label":
+            agents.see_label(step[1], now=now, view=view)
+        elif step[0] == "write":
+            view[step[1]] = CONTENTS[step[2]]
+        elif step[0] == "delete":
+            view.pop(step[1], None)
+        else:
+            now += step[1]
+            agents.advance(now=now, view=view)
+        status = agents.status()
+        zeros = {k: (None if v is None else "0") for k, v in status["capacity"].items()}
+        assert status["allocatable"] in (status["capacity"], zeros)
+    view[final] = CONTENTS[final]
+    detour = "ts4" if final != "ts4" else "mps2"
+    view[detour] = CONTENTS[detour]
+    # Through another good key first: the config manager does nothing for the key it already
+    # links, even if that key's content changed since, so the final label must be a change.
+    for label in (detour, final):
+        agents.see_label(label, now=now, view=view)
+        for _ in range(3):
+            now += 1000.0  # longer than any back-off: every pending timer runs
+            agents.advance(now=now, view=view)
+    expected = parse_device_plugin_config(CONTENTS[final])
+    assert expected is not None
+    assert agents.plugin_up and agents.sharing == expected and agents.gfd_sharing == expected
+    assert agents.status()["allocatable"][expected.advertised] == str(8 * expected.replicas)
+    assert agents.settled(view) and agents.next_deadline() is None

@@ -260,8 +260,8 @@ async def test_a_missing_key_is_retried_with_backoff_while_the_node_keeps_its_co
 
         runs = await eventually(failures, until=lambda f: len(f) >= 6, what="six failed runs")
         gaps = [later - earlier for earlier, later in itertools.pairwise(runs)]
-        assert gaps[0] >= 0.19 and gaps[1] >= 0.39 and gaps[2] >= 0.79  # doubling...
-        assert max(gaps) < 0.8 + 0.5  # ...up to the cap (plus scheduling slack)
+        assert gaps[0] >= 0.2 and gaps[1] >= 0.4 and gaps[2] >= 0.8  # doubling...
+        assert gaps[4] < 1.6  # ...up to the cap: uncapped, it would be 3.2
         await sim.wait_idle()  # a crash loop that would only fail again is idle
         after = await read_node(api, name)
         # Neither the new config nor a reset: labels, capacity, allocatable as they were.

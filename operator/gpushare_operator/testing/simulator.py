@@ -402,7 +402,20 @@ class GpuClusterSimulator(NodeWatcher):
     # -- waiting -----------------------------------------------------------------------------
 
     async def _is_idle(self) -> bool:
-        if self._view_queue or await self._read_configs() != self._seen:
+        configs = await self._read_configs()
+        status, listed = await self.client.get("/api/v1/nodes")
+        if status != 200:
+            raise ApiError(method="LIST", path="/api/v1/nodes", status=status, body=listed)
+        # No await from here on: the checks below must all see the same moment, or an event
+        # that arrives in between could pass the resourceVersion check unacted on.
+        server = {
+            n["metadata"]["name"]: rv(n)
+            for n in listed["items"]
+            if n["metadata"]["name"] in self._gpus
+        }
+        if server != {name: rv(node) for name, node in self._nodes.items()}:
+            return False
+        if self._view_queue or configs != self._seen:
             return False
         view = self._view or {}
         for name, agents in self._agents.items():
@@ -413,16 +426,7 @@ class GpuClusterSimulator(NodeWatcher):
                 continue  # a broken node's agents show nothing: nothing to wait for
             if self._status_patch(node, agents) or self._gfd_pending(name, agents):
                 return False
-        status, listed = await self.client.get("/api/v1/nodes")
-        if status != 200:
-            raise ApiError(method="LIST", path="/api/v1/nodes", status=status, body=listed)
-        server = {
-            n["metadata"]["name"]: rv(n)
-            for n in listed["items"]
-            if n["metadata"]["name"] in self._gpus
-        }
-        ours = {name: rv(node) for name, node in self._nodes.items()}
-        return server == ours
+        return True
 
     async def _started(self) -> bool:
         return self._listed.is_set() and self._view is not None

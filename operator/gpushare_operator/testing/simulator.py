@@ -36,6 +36,7 @@ from gpushare_operator.testing.agents import (
     gfd_labels,
     parse_device_plugin_config,
 )
+from gpushare_operator.testing.configview import ConfigView
 from gpushare_operator.testing.nodeagents import NodeAgents, Timing
 from gpushare_operator.testing.nodewatch import NodeWatcher, rv
 from gpushare_operator.testing.rawclient import (
@@ -58,8 +59,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-ConfigData = dict[str, str]
 
 
 def _config_label(node: JsonObject) -> str | None:
@@ -108,14 +107,17 @@ class GpuClusterSimulator(NodeWatcher):
         cleanup: bool = True,
     ) -> None:
         super().__init__(RawClient(kubeconfig=kubeconfig))
-        self._configmap_path = f"/api/v1/namespaces/{namespace}/configmaps/{configmap}"
+        self._configs = ConfigView(
+            self.client,
+            path=f"/api/v1/namespaces/{namespace}/configmaps/{configmap}",
+            sync_delay=config_sync_delay,
+            poll_interval=poll_interval,
+        )
         self._timing = Timing(
             restart_window=restart_window, backoff_initial=backoff_initial, backoff_cap=backoff_cap
         )
-        self._sync_delay = config_sync_delay
         self._reaction_delay = reaction_delay
         self._verify = verify
-        self._poll_interval = poll_interval
         self._cleanup = cleanup
         self._gpus: dict[str, int] = {}  # the nodes we created -> their physical GPU count
         self._agents: dict[str, NodeAgents] = {}
@@ -124,9 +126,6 @@ class GpuClusterSimulator(NodeWatcher):
         self._label_queue: dict[str, collections.deque[tuple[float, str | None]]] = {}
         self._gfd_written: collections.Counter[str] = collections.Counter()
         self._unhealthy: set[str] = set()
-        self._seen: ConfigData | None = None  # the ConfigMap data last read from the server
-        self._view: ConfigData | None = None  # what the config managers see of it (lagging)
-        self._view_queue: collections.deque[tuple[float, ConfigData]] = collections.deque()
         self._wake: dict[str, asyncio.Event] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._writes = asyncio.Semaphore(16)
@@ -135,7 +134,7 @@ class GpuClusterSimulator(NodeWatcher):
         await self.client.__aenter__()
         self._background = [
             asyncio.create_task(self._watch_nodes(), name="gpu-simulator-watch"),
-            asyncio.create_task(self._poll_configs(), name="gpu-simulator-configs"),
+            asyncio.create_task(self._configs.run(), name="gpu-simulator-configs"),
         ]
         try:
             await self._until(self._started, timeout=30.0, what="the simulator to start")
@@ -211,7 +210,7 @@ class GpuClusterSimulator(NodeWatcher):
             gpus=gpus,
             capacity=capacity,
             label=label,
-            view=self._view or {},
+            view=self._configs.view or {},
             timing=self._timing,
             now=time.monotonic(),
         )
@@ -266,35 +265,6 @@ class GpuClusterSimulator(NodeWatcher):
 
     # -- the agents' inputs ----------------------------------------------------------------
 
-    async def _poll_configs(self) -> None:
-        while True:
-            try:
-                configs = await self._read_configs()
-            except (aiohttp.ClientError, TimeoutError, ApiError) as exc:
-                logger.warning("reading the device-plugin ConfigMap failed: %s", exc)
-            else:
-                if self._seen is None:  # the agents started with the ConfigMap as it was
-                    self._seen = self._view = configs
-                elif configs != self._seen:
-                    # kubelet refreshes the mounted volume later; the agents see it then.
-                    self._seen = configs
-                    self._view_queue.append((time.monotonic() + self._sync_delay, configs))
-            now = time.monotonic()
-            while self._view_queue and self._view_queue[0][0] <= now:
-                self._view = self._view_queue.popleft()[1]
-            pause = self._poll_interval
-            if self._view_queue:
-                pause = min(pause, max(0.0, self._view_queue[0][0] - now))
-            await asyncio.sleep(pause)
-
-    async def _read_configs(self) -> ConfigData:
-        status, body = await self.client.get(self._configmap_path)
-        if status == 404:
-            return {}
-        if status != 200:
-            raise ApiError(method="GET", path=self._configmap_path, status=status, body=body)
-        return dict(body.get("data") or {})
-
     def _observe(self, node: JsonObject) -> None:
         name = node.get("metadata", {}).get("name")
         if name in self._gpus and rv(node) > rv(self._nodes.get(name)):
@@ -333,7 +303,7 @@ class GpuClusterSimulator(NodeWatcher):
                 node, agents = self._nodes.get(name), self._agents.get(name)
                 if node is None or agents is None:
                     return
-                now, view = time.monotonic(), self._view or {}
+                now, view = time.monotonic(), self._configs.view or {}
                 queue = self._label_queue.get(name) or collections.deque()
                 while queue and queue[0][0] <= now:
                     agents.see_label(queue.popleft()[1], now=now, view=view)
@@ -402,7 +372,7 @@ class GpuClusterSimulator(NodeWatcher):
     # -- waiting -----------------------------------------------------------------------------
 
     async def _is_idle(self) -> bool:
-        configs = await self._read_configs()
+        configs = await self._configs.read()
         status, listed = await self.client.get("/api/v1/nodes")
         if status != 200:
             raise ApiError(method="LIST", path="/api/v1/nodes", status=status, body=listed)
@@ -415,9 +385,9 @@ class GpuClusterSimulator(NodeWatcher):
         }
         if server != {name: rv(node) for name, node in self._nodes.items()}:
             return False
-        if self._view_queue or configs != self._seen:
+        if self._configs.pending or configs != self._configs.seen:
             return False
-        view = self._view or {}
+        view = self._configs.view or {}
         for name, agents in self._agents.items():
             node = self._nodes.get(name)
             if self._label_queue.get(name) or not agents.settled(view):
@@ -429,4 +399,4 @@ class GpuClusterSimulator(NodeWatcher):
         return True
 
     async def _started(self) -> bool:
-        return self._listed.is_set() and self._view is not None
+        return self._listed.is_set() and self._configs.view is not None

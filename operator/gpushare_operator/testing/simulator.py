@@ -4,9 +4,9 @@ The operator's loop only closes through agents it does not control: it labels a 
 device-plugin config key, the GPU Operator's config manager restarts the device plugin with that
 key's config, kubelet advertises the new capacity, and GPU Feature Discovery relabels the node
 with the sharing it now sees.  ``GpuClusterSimulator`` plays those agents for the nodes it
-created, with their real failure mode (a label naming a key the ConfigMap lacks changes
-nothing: the real config manager crash-loops), their lag (``reaction_delay``) and their field
-managers, so that audit logs and managedFields look as they would in a cluster.
+created, with their real failure modes and lags (see ``nodeagents`` for the per-node state
+machine, ``agents`` for the pure rules, and ``docs/simulator.md`` for the sources), and with
+their field managers, so that audit logs and managedFields look as they would in a cluster.
 
 It talks to the API server through ``RawClient``, a few lines of aiohttp: this layer must not
 depend on the operator's own client stack (kubernetes_asyncio lives in ``kube`` only), and a
@@ -20,16 +20,25 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import aiohttp
-import yaml
 
 from gpushare_operator.testing import bodies
+from gpushare_operator.testing.agents import (
+    CONFIG_LABEL,
+    NO_SHARING,
+    TIMESTAMP_LABEL,
+    Sharing,
+    gfd_labels,
+    parse_device_plugin_config,
+)
+from gpushare_operator.testing.configview import ConfigView
+from gpushare_operator.testing.nodeagents import NodeAgents, Timing
+from gpushare_operator.testing.nodewatch import NodeWatcher, rv
 from gpushare_operator.testing.rawclient import (
     MERGE_PATCH,
     ApiError,
@@ -38,98 +47,48 @@ from gpushare_operator.testing.rawclient import (
     WatchLines,
 )
 
-__all__ = ["MERGE_PATCH", "ApiError", "GpuClusterSimulator", "RawClient", "WatchLines"]
+__all__ = [
+    "MERGE_PATCH",
+    "NO_SHARING",
+    "ApiError",
+    "GpuClusterSimulator",
+    "RawClient",
+    "Sharing",
+    "WatchLines",
+    "parse_device_plugin_config",
+]
 
 logger = logging.getLogger(__name__)
 
-CONFIG_LABEL = "nvidia.com/device-plugin.config"
-REPLICAS_LABEL = "nvidia.com/gpu.replicas"
-STRATEGY_LABEL = "nvidia.com/gpu.sharing-strategy"
-MPS_LABEL = "nvidia.com/mps.capable"
-TIMESTAMP_LABEL = "nvidia.com/gfd.timestamp"
-DEFAULT_CONFIG_KEY = "default"
 
-
-@dataclass(frozen=True, slots=True)
-class Sharing:
-    """What the device plugin advertises for one config: GFD's sharing labels and capacity."""
-
-    strategy: str  # "none" | "time-slicing" | "mps", as in nvidia.com/gpu.sharing-strategy
-    replicas: int
-    rename_by_default: bool = False
-
-    def capacity(self, *, gpus: int) -> dict[str, str | None]:
-        """The extended resources kubelet shows; ``None`` means absent (a merge-patch delete)."""
-        slots = str(gpus * self.replicas)
-        if self.strategy != "none" and self.rename_by_default:
-            return {bodies.GPU_RESOURCE: "0", bodies.SHARED_GPU_RESOURCE: slots}
-        return {bodies.GPU_RESOURCE: slots, bodies.SHARED_GPU_RESOURCE: None}
-
-    @property
-    def labels(self) -> dict[str, str]:
-        """GFD's sharing labels (``mps.capable`` says whether MPS sharing is configured)."""
-        return {
-            REPLICAS_LABEL: str(self.replicas),
-            STRATEGY_LABEL: self.strategy,
-            MPS_LABEL: str(self.strategy == "mps").lower(),
-        }
-
-
-NO_SHARING = Sharing(strategy="none", replicas=1)
-
-
-def parse_device_plugin_config(text: str) -> Sharing | None:
-    """The sharing a device-plugin config v1 asks for; ``None`` when the plugin would refuse it.
-
-    Refusals mirror the plugin's own checks: not YAML, no ``version: v1``, both strategies at
-    once, or a shared ``nvidia.com/gpu`` with fewer than 2 replicas.  Other resources are left
-    alone (MIG devices are not simulated).
-    """
-    try:
-        config = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return None
-    if not isinstance(config, dict) or config.get("version") != "v1":
-        return None
-    sharing = config.get("sharing") or {}
-    chosen = [(key, sharing[key]) for key in ("timeSlicing", "mps") if sharing.get(key)]
-    if len(chosen) > 1:
-        return None
-    if not chosen:
-        return NO_SHARING
-    key, spec = chosen[0]
-    replicas = [
-        r.get("replicas")
-        for r in spec.get("resources") or []
-        if isinstance(r, dict) and r.get("name") == bodies.GPU_RESOURCE
-    ]
-    if not replicas:
-        return NO_SHARING
-    if not isinstance(replicas[0], int) or replicas[0] < 2:
-        return None
-    strategy = "time-slicing" if key == "timeSlicing" else "mps"
-    return Sharing(strategy, replicas[0], bool(spec.get("renameByDefault", False)))
-
-
-def _rv(obj: JsonObject | None) -> int:
-    """A resourceVersion as a number: opaque by contract, an etcd revision in every real server."""
-    try:
-        return int((obj or {}).get("metadata", {}).get("resourceVersion", "0"))
-    except ValueError:
-        return 0
+def _config_label(node: JsonObject) -> str | None:
+    value = (node.get("metadata", {}).get("labels") or {}).get(CONFIG_LABEL)
+    return value if isinstance(value, str) else None
 
 
 # -- the simulator ---------------------------------------------------------------------------
 
 
-class GpuClusterSimulator:
+class GpuClusterSimulator(NodeWatcher):
     """Creates GPU Nodes, and plays config manager + device plugin + GFD on them.
 
-    ``reaction_delay`` is the lag between a change (config label, ConfigMap) and the agents'
-    reaction, as kubelet's ConfigMap refresh and the plugin restart make it.  ``verify=False``
-    breaks GFD: capacity still follows the config but the sharing labels never do, which is how
-    a test drives the operator into its ``Mismatch`` phase.  Nodes it did not create are never
-    touched; those it created are deleted on exit unless ``cleanup=False``.
+    The timings are ON by default; a test sets one to 0 to isolate a point:
+
+    - ``config_sync_delay``: how far the config manager's view of the ConfigMap lags the API
+      server (kubelet refreshes a mounted ConfigMap volume periodically; about a minute by
+      default in a real cluster).
+    - ``restart_window``: how long the device plugin is away after each config change; kubelet
+      shows its resources with allocatable 0 meanwhile.
+    - ``backoff_initial`` / ``backoff_cap``: kubelet's crash-loop back-off for a config manager
+      that found no key for its label, and for a plugin that refused its config (10 s and 5 min
+      in a real cluster).
+    - ``reaction_delay``: extra lag before the config manager sees a label change.
+
+    ``verify=False`` breaks GFD everywhere: capacity still follows the config but the sharing
+    labels never do, which is how a test drives the operator into its ``Mismatch`` phase;
+    ``set_healthy(name, False)`` breaks one node's agents (they write nothing) until healed.
+    Nodes it did not create are never touched; those it created are deleted on exit unless
+    ``cleanup=False``.
     """
 
     def __init__(
@@ -138,32 +97,44 @@ class GpuClusterSimulator:
         kubeconfig: str | Path,
         namespace: str = "gpu-operator",
         configmap: str = "gpushare-device-plugin-configs",
+        config_sync_delay: float = 1.0,
+        restart_window: float = 2.0,
+        backoff_initial: float = 0.5,
+        backoff_cap: float = 8.0,
         reaction_delay: float = 0.0,
         verify: bool = True,
         poll_interval: float = 0.2,
         cleanup: bool = True,
     ) -> None:
-        self.client = RawClient(kubeconfig=kubeconfig)
-        self._configmap_path = f"/api/v1/namespaces/{namespace}/configmaps/{configmap}"
+        super().__init__(RawClient(kubeconfig=kubeconfig))
+        self._configs = ConfigView(
+            self.client,
+            path=f"/api/v1/namespaces/{namespace}/configmaps/{configmap}",
+            sync_delay=config_sync_delay,
+            poll_interval=poll_interval,
+        )
+        self._timing = Timing(
+            restart_window=restart_window, backoff_initial=backoff_initial, backoff_cap=backoff_cap
+        )
         self._reaction_delay = reaction_delay
         self._verify = verify
-        self._poll_interval = poll_interval
         self._cleanup = cleanup
         self._gpus: dict[str, int] = {}  # the nodes we created -> their physical GPU count
-        self._nodes: dict[str, JsonObject] = {}  # their latest bodies, by resourceVersion
-        self._configs: dict[str, str] | None = None
-        self._dirty: set[str] = set()
+        self._agents: dict[str, NodeAgents] = {}
+        self._labels: dict[str, str | None] = {}  # the config label last queued per node
+        # Label changes not yet seen by the config manager: (when it sees them, value).
+        self._label_queue: dict[str, collections.deque[tuple[float, str | None]]] = {}
+        self._gfd_written: collections.Counter[str] = collections.Counter()
+        self._unhealthy: set[str] = set()
+        self._wake: dict[str, asyncio.Event] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
-        self._background: list[asyncio.Task[None]] = []
-        self._listed = asyncio.Event()
         self._writes = asyncio.Semaphore(16)
-        self._reconfigurations: collections.Counter[str] = collections.Counter()
 
     async def __aenter__(self) -> GpuClusterSimulator:
         await self.client.__aenter__()
         self._background = [
             asyncio.create_task(self._watch_nodes(), name="gpu-simulator-watch"),
-            asyncio.create_task(self._poll_configs(), name="gpu-simulator-configs"),
+            asyncio.create_task(self._configs.run(), name="gpu-simulator-configs"),
         ]
         try:
             await self._until(self._started, timeout=30.0, what="the simulator to start")
@@ -194,12 +165,35 @@ class GpuClusterSimulator:
 
     @property
     def reconfigurations(self) -> Mapping[str, int]:
-        """How many times the agents changed each node (labels and/or capacity), by name."""
-        return dict(self._reconfigurations)
+        """How many times each node's plugin came back up with a config after a change."""
+        return {name: a.restarts for name, a in self._agents.items() if a.restarts}
+
+    @property
+    def config_manager_failures(self) -> Mapping[str, tuple[float, ...]]:
+        """Per crash-looping config manager, the monotonic times of its failed runs so far."""
+        return {name: tuple(a.cm_failures) for name, a in self._agents.items() if a.cm_failures}
+
+    @property
+    def plugin_failures(self) -> Mapping[str, int]:
+        """Per crash-looping device plugin, how many starts refused its config so far."""
+        return {n: a.plugin_failures for n, a in self._agents.items() if a.plugin_failures}
 
     @property
     def node_names(self) -> list[str]:
         return sorted(self._gpus)
+
+    def set_healthy(self, name: str, healthy: bool) -> None:
+        """Break (or heal) one node's agents: while broken, nothing of theirs reaches the node.
+
+        The agents keep running (the config manager links, the plugin restarts) but neither
+        kubelet's view of the plugin nor GFD's labels are written; healing writes what they
+        would show by then.  This is how a test makes one node fail verification.
+        """
+        if healthy:
+            self._unhealthy.discard(name)
+            self._mark(name)
+        else:
+            self._unhealthy.add(name)
 
     async def create_node(self, body: Mapping[str, Any]) -> JsonObject:
         """Register a node as kubelet does (``bodies.gpu_node`` makes one) and return it.
@@ -210,12 +204,23 @@ class GpuClusterSimulator:
         metadata.pop("resourceVersion", None)
         name = metadata["name"]
         capacity = body.get("status", {}).get("capacity", {})
-        self._gpus[name] = int(capacity.get(bodies.GPU_RESOURCE, "0"))
+        gpus = int(capacity.get(bodies.GPU_RESOURCE, "0"))
+        label = (metadata.get("labels") or {}).get(CONFIG_LABEL)
+        self._agents[name] = NodeAgents.start(
+            gpus=gpus,
+            capacity=capacity,
+            label=label,
+            view=self._configs.view or {},
+            timing=self._timing,
+            now=time.monotonic(),
+        )
+        self._labels[name] = label
+        self._gpus[name] = gpus
         status, created = await self.client.post(
             "/api/v1/nodes", {**body, "metadata": metadata}, params={"fieldManager": "kubelet"}
         )
         if status != 201:
-            del self._gpus[name]
+            self._drop(name)
             raise ApiError(method="POST", path="/api/v1/nodes", status=status, body=created)
         if created["status"].get("capacity", {}).get(bodies.GPU_RESOURCE) != capacity.get(
             bodies.GPU_RESOURCE
@@ -241,8 +246,7 @@ class GpuClusterSimulator:
         return await self._patch(name, {"metadata": {"labels": dict(labels)}}, as_="kubectl-label")
 
     async def delete_node(self, name: str) -> None:
-        self._gpus.pop(name, None)
-        self._nodes.pop(name, None)
+        self._drop(name)
         status, body = await self.client.delete(f"/api/v1/nodes/{name}")
         if status not in (200, 202, 404):
             raise ApiError(method="DELETE", path=f"/api/v1/nodes/{name}", status=status, body=body)
@@ -250,155 +254,111 @@ class GpuClusterSimulator:
     async def wait_idle(self, *, timeout: float = 30.0) -> None:
         """Return once every change made so far has been seen and acted on.
 
-        Idle means: the ConfigMap we hold is the one on the server, every node we created is at
-        the resourceVersion the server has (so our watch has caught up, including with our own
-        writes), and no node is waiting for a reaction.
+        Idle means: the ConfigMap we read is the one on the server and the config managers'
+        view has caught up with it; every node we created is at the resourceVersion the server
+        has (our watch has caught up, our own writes included); no label change is waiting to
+        be seen; no timer is pending whose outcome could change a node (a restart window, a
+        back-off restart that would now succeed); and each healthy node shows what its agents
+        would show.  A crash loop that would only fail again does not keep it from being idle.
         """
         await self._until(self._is_idle, timeout=timeout, what="the simulator to go idle")
 
-    # -- watching ----------------------------------------------------------------------------
-
-    async def _watch_nodes(self) -> None:
-        version = await self._list_nodes()
-        while True:
-            try:
-                version = await self._follow(version)
-            except (aiohttp.ClientError, TimeoutError, ValueError, ApiError) as exc:
-                logger.warning("node watch failed: %s; retrying", exc)
-                await asyncio.sleep(0.5)
-
-    async def _follow(self, version: str) -> str:
-        """One watch request from ``version``; returns where the next one should start."""
-        params = {"resourceVersion": version, "allowWatchBookmarks": "true"}
-        # aclosing: leaving early must close the response now, not when the generator is GC'd.
-        async with contextlib.aclosing(self.client.watch("/api/v1/nodes", params=params)) as events:
-            async for event in events:
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":  # 410 Gone: our resourceVersion was compacted away
-                    logger.info("node watch expired (%s); listing again", obj.get("message"))
-                    return await self._list_nodes()
-                version = obj.get("metadata", {}).get("resourceVersion", version)
-                if kind == "DELETED":
-                    self._forget(obj)
-                elif kind in ("ADDED", "MODIFIED"):
-                    self._observe(obj)
-        return version
-
-    async def _list_nodes(self) -> str:
-        """List every node (in pages) to start or restart the watch; refresh ours on the way."""
-        params, seen = {"limit": "500"}, set()
-        while True:
-            status, page = await self.client.get("/api/v1/nodes", params=params)
-            if status != 200:
-                raise ApiError(method="LIST", path="/api/v1/nodes", status=status, body=page)
-            for node in page["items"]:
-                seen.add(node["metadata"]["name"])
-                self._observe(node)
-            if not page["metadata"].get("continue"):
-                break
-            params = {"limit": "500", "continue": page["metadata"]["continue"]}
-        for name in set(self._nodes) - seen:  # deleted while we were not watching
-            self._forget(self._nodes[name])
-        self._listed.set()
-        return str(page["metadata"]["resourceVersion"])
-
-    async def _poll_configs(self) -> None:
-        while True:
-            try:
-                configs = await self._read_configs()
-            except (aiohttp.ClientError, TimeoutError, ApiError) as exc:
-                logger.warning("reading the device-plugin ConfigMap failed: %s", exc)
-            else:
-                if configs != self._configs:
-                    self._configs = configs
-                    for name in self._nodes:
-                        self._mark(name)
-            await asyncio.sleep(self._poll_interval)
-
-    async def _read_configs(self) -> dict[str, str]:
-        status, body = await self.client.get(self._configmap_path)
-        if status == 404:
-            return {}
-        if status != 200:
-            raise ApiError(method="GET", path=self._configmap_path, status=status, body=body)
-        return dict(body.get("data") or {})
+    # -- the agents' inputs ----------------------------------------------------------------
 
     def _observe(self, node: JsonObject) -> None:
         name = node.get("metadata", {}).get("name")
-        if name in self._gpus and _rv(node) > _rv(self._nodes.get(name)):
+        if name in self._gpus and rv(node) > rv(self._nodes.get(name)):
             self._nodes[name] = node
+            label = _config_label(node)
+            if label != self._labels.get(name):
+                self._labels[name] = label
+                queue = self._label_queue.setdefault(name, collections.deque())
+                queue.append((time.monotonic() + self._reaction_delay, label))
             self._mark(name)
 
     def _forget(self, node: JsonObject) -> None:
         name = node.get("metadata", {}).get("name")
-        if name in self._nodes and _rv(node) >= _rv(self._nodes[name]):
-            del self._nodes[name]
-            self._gpus.pop(name, None)
+        if name in self._nodes and rv(node) >= rv(self._nodes[name]):
+            self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        for table in (self._gpus, self._nodes, self._agents, self._labels, self._label_queue):
+            table.pop(name, None)
+        self._gfd_written.pop(name, None)
+        self._unhealthy.discard(name)
 
     # -- reacting ----------------------------------------------------------------------------
 
     def _mark(self, name: str) -> None:
-        self._dirty.add(name)
+        self._wake.setdefault(name, asyncio.Event()).set()
         if name not in self._workers:
-            self._workers[name] = asyncio.create_task(self._settle(name), name=f"gpu-sim-{name}")
+            self._workers[name] = asyncio.create_task(self._tend(name), name=f"gpu-sim-{name}")
 
-    async def _settle(self, name: str) -> None:
-        """React to one node's changes, after the agents' lag, until nothing is left to do."""
+    async def _tend(self, name: str) -> None:
+        """Run one node's agents: feed them what they see, write what they show, sleep till due."""
+        wake = self._wake.setdefault(name, asyncio.Event())
         try:
-            if self._reaction_delay:
-                await asyncio.sleep(self._reaction_delay)
-            while name in self._dirty:
-                self._dirty.discard(name)
-                node, gpus = self._nodes.get(name), self._gpus.get(name)
-                target = None if node is None or gpus is None else self._target(node)
-                if node is None or gpus is None or target is None:
-                    continue
-                try:
-                    await self._apply(name, node, target, gpus=gpus)
-                except (aiohttp.ClientError, TimeoutError, ApiError) as exc:
-                    logger.warning("simulated GPU agents failed on %s: %s; retrying", name, exc)
-                    self._dirty.add(name)
-                    await asyncio.sleep(0.5)
+            while True:
+                wake.clear()
+                node, agents = self._nodes.get(name), self._agents.get(name)
+                if node is None or agents is None:
+                    return
+                now, view = time.monotonic(), self._configs.view or {}
+                queue = self._label_queue.get(name) or collections.deque()
+                while queue and queue[0][0] <= now:
+                    agents.see_label(queue.popleft()[1], now=now, view=view)
+                agents.advance(now=now, view=view)
+                if name not in self._unhealthy:
+                    try:
+                        await self._write(name, node, agents)
+                    except (aiohttp.ClientError, TimeoutError, ApiError) as exc:
+                        logger.warning("simulated GPU agents failed on %s: %s; retrying", name, exc)
+                        await asyncio.sleep(0.5)
+                        continue
+                due = [t for t in (agents.next_deadline(), queue[0][0] if queue else None) if t]
+                if not due and not wake.is_set():
+                    return
+                if due:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), max(0.0, min(due) - time.monotonic()))
         finally:
             self._workers.pop(name, None)
 
-    def _target(self, node: JsonObject) -> Sharing | None:
-        """What the plugin would run with for this node's config label; None: it would not run."""
-        key = (node["metadata"].get("labels") or {}).get(CONFIG_LABEL)
-        configs = self._configs or {}
-        if key is None or (key == DEFAULT_CONFIG_KEY and key not in configs):
-            return NO_SHARING
-        if key not in configs:
-            return None  # the real config manager exits and crash-loops with back-off
-        return parse_device_plugin_config(configs[key])
-
-    async def _apply(self, name: str, node: JsonObject, target: Sharing, *, gpus: int) -> None:
-        labels = node["metadata"].get("labels") or {}
-        label_patch = {k: v for k, v in target.labels.items() if labels.get(k) != v}
-        if not self._verify:
-            label_patch = {}
-        status_patch: JsonObject = {}
-        for section in ("capacity", "allocatable"):
+    def _status_patch(self, node: JsonObject, agents: NodeAgents) -> JsonObject:
+        patch: JsonObject = {}
+        for section, wanted in agents.status().items():
             current = node.get("status", {}).get(section) or {}
-            wanted = target.capacity(gpus=gpus)
             if changed := {k: v for k, v in wanted.items() if current.get(k) != v}:
-                status_patch[section] = changed
-        if not label_patch and not status_patch:
+                patch[section] = changed
+        return patch
+
+    def _gfd_pending(self, name: str, agents: NodeAgents) -> bool:
+        return self._verify and agents.gfd_passes > self._gfd_written[name]
+
+    async def _write(self, name: str, node: JsonObject, agents: NodeAgents) -> None:
+        """Write what kubelet (for the plugin) and GFD would show now, if it differs."""
+        status_patch = self._status_patch(node, agents)
+        passes = agents.gfd_passes
+        if not status_patch and not self._gfd_pending(name, agents):
             return
-        # Capacity first: the plugin re-registers before GFD's next pass relabels the node, and
-        # a test that waits for the labels can then rely on the capacity too.
+        # Capacity first: GFD relabels after the plugin is back, and a test that waits for the
+        # labels can then rely on the capacity too.
         async with self._writes:
             if status_patch:
                 body = {"status": status_patch}
-                self._observe(
-                    await self._patch(name, body, status=True, as_="nvidia-device-plugin")
-                )
-            if label_patch:
-                label_patch[TIMESTAMP_LABEL] = str(int(time.time()))
-                body = {"metadata": {"labels": label_patch}}
+                node = await self._patch(name, body, status=True, as_="nvidia-device-plugin")
+                self._observe(node)
+            if self._gfd_pending(name, agents):
+                labels = node["metadata"].get("labels") or {}
+                wanted = gfd_labels(labels, agents.gfd_sharing)
+                patch: dict[str, str | None] = {
+                    k: v for k, v in wanted.items() if labels.get(k) != v
+                }
+                patch[TIMESTAMP_LABEL] = str(int(time.time()))  # every pass stamps the node
+                body = {"metadata": {"labels": patch}}
                 self._observe(await self._patch(name, body, as_="gpu-feature-discovery"))
-        self._reconfigurations[name] += 1
-        logger.info("simulated GPU agents reconfigured %s: %s", name, target)
+                self._gfd_written[name] = passes
+                logger.info("simulated GPU agents reconfigured %s: %s", name, agents.gfd_sharing)
 
     async def _patch(
         self, name: str, body: JsonObject, *, as_: str, status: bool = False
@@ -412,31 +372,31 @@ class GpuClusterSimulator:
     # -- waiting -----------------------------------------------------------------------------
 
     async def _is_idle(self) -> bool:
-        if self._dirty or self._workers or await self._read_configs() != self._configs:
-            return False
+        configs = await self._configs.read()
         status, listed = await self.client.get("/api/v1/nodes")
         if status != 200:
             raise ApiError(method="LIST", path="/api/v1/nodes", status=status, body=listed)
+        # No await from here on: the checks below must all see the same moment, or an event
+        # that arrives in between could pass the resourceVersion check unacted on.
         server = {
-            n["metadata"]["name"]: _rv(n)
+            n["metadata"]["name"]: rv(n)
             for n in listed["items"]
             if n["metadata"]["name"] in self._gpus
         }
-        ours = {name: _rv(node) for name, node in self._nodes.items()}
-        return server == ours and not self._dirty and not self._workers
+        if server != {name: rv(node) for name, node in self._nodes.items()}:
+            return False
+        if self._configs.pending or configs != self._configs.seen:
+            return False
+        view = self._configs.view or {}
+        for name, agents in self._agents.items():
+            node = self._nodes.get(name)
+            if self._label_queue.get(name) or not agents.settled(view):
+                return False
+            if node is None or name in self._unhealthy:
+                continue  # a broken node's agents show nothing: nothing to wait for
+            if self._status_patch(node, agents) or self._gfd_pending(name, agents):
+                return False
+        return True
 
     async def _started(self) -> bool:
-        return self._listed.is_set() and self._configs is not None
-
-    async def _until(
-        self, probe: Callable[[], Awaitable[bool]], *, timeout: float, what: str
-    ) -> None:
-        deadline = time.monotonic() + timeout
-        while not await probe():
-            for task in self._background:
-                if task.done():
-                    task.result()  # re-raise whatever killed it
-                    raise RuntimeError(f"{task.get_name()} stopped")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-            await asyncio.sleep(0.05)
+        return self._listed.is_set() and self._configs.view is not None

@@ -132,7 +132,13 @@ async def test_only_our_two_labels_ever_change(
     assert h.CONFIG_LABEL not in labels
     assert h.POLICY_LABEL not in labels
     # Everything else is as it was, except what the simulated GFD itself rewrote.
-    gfd = {"nvidia.com/gpu.replicas", "nvidia.com/gpu.sharing-strategy", "nvidia.com/gfd.timestamp"}
+    gfd = {
+        "nvidia.com/gpu.replicas",
+        "nvidia.com/gpu.sharing-strategy",
+        "nvidia.com/gfd.timestamp",
+        "nvidia.com/gpu.product",  # -SHARED while the config was in force
+        "nvidia.com/mps.capable",
+    }
     assert {k: v for k, v in labels.items() if k not in gfd} == {
         k: v for k, v in theirs.items() if k not in gfd
     }

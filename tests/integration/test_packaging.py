@@ -82,6 +82,7 @@ def test_wheel_installs_into_a_clean_venv_and_connects(
         "PATH": os.environ["PATH"],
         "KUBECONFIG": str(kubeconfig),
         "GPUSHARE_HTTP_PORT": str(free_port()),
+        "GPUSHARE_METRICS_PORT": str(free_port()),
         "GPUSHARE_NAMESPACE": "default",
     }
     with log.open("wb") as out:

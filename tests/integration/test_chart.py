@@ -132,7 +132,8 @@ def operator_flags() -> list[str]:
         option[2:]
         for action in parser._actions
         for option in action.option_strings
-        if option.startswith("--") and option != "--help"
+        # --no-metrics-insecure is the negation of a flag that has its value already.
+        if option.startswith("--") and option != "--help" and not option.startswith("--no-")
     )
 
 
@@ -143,6 +144,10 @@ FLAG_VALUES: dict[str, tuple[str, str]] = {
     "device-plugin-namespace": ("devicePlugin.namespace", "nvidia-ops"),
     "device-plugin-configmap": ("devicePlugin.configMap", "sharing-configs"),
     "http-port": ("operator.httpPort", "9123"),
+    "metrics-port": ("operator.metricsPort", "9444"),
+    "metrics-insecure": ("operator.metricsInsecure", "true"),
+    "metrics-cert-file": ("operator.metricsCertFile", "/tls/metrics.crt"),
+    "metrics-key-file": ("operator.metricsKeyFile", "/tls/metrics.key"),
     "write-qps": ("operator.writeQps", "7.5"),
     "write-burst": ("operator.writeBurst", "77"),
     "write-concurrency": ("operator.writeConcurrency", "5"),
@@ -184,6 +189,10 @@ def test_every_operator_flag_is_a_value_that_reaches_the_container(helm: Helm) -
         device_plugin_namespace="nvidia-ops",
         device_plugin_configmap="sharing-configs",
         http_port=9123,
+        metrics_port=9444,
+        metrics_insecure=True,
+        metrics_cert_file="/tls/metrics.crt",
+        metrics_key_file="/tls/metrics.key",
         identity="replica-seven",
         write_qps=7.5,
         write_burst=77,
@@ -198,7 +207,10 @@ def test_every_operator_flag_is_a_value_that_reaches_the_container(helm: Helm) -
         retry_period=3.5,
     )
     [container] = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["ports"] == [{"name": "http", "containerPort": 9123, "protocol": "TCP"}]
+    assert container["ports"] == [
+        {"name": "http", "containerPort": 9123, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 9444, "protocol": "TCP"},
+    ]
     # The namespaced permissions follow the namespaces the flags name.
     leases = only(manifests, "Role", "-leader-election")
     assert leases["metadata"]["namespace"] == "ops-leases"
@@ -211,6 +223,7 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
     manifests = helm.template(release="gs", namespace="gpushare-system")
     kinds = sorted((m["kind"], m["metadata"].get("namespace", "")) for m in manifests)
     assert kinds == [
+        ("ClusterRole", ""),
         ("ClusterRole", ""),
         ("ClusterRoleBinding", ""),
         ("Deployment", "gpushare-system"),
@@ -252,7 +265,7 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["serviceAccountName"] == only(manifests, "ServiceAccount")["metadata"]["name"]
     [container] = pod["containers"]
-    assert container["image"] == "ghcr.io/gpushare/gpushare-operator:0.1.0"
+    assert container["image"] == "localhost/gpushare-operator:0.1.0"  # what `make image` names
     assert "command" not in container  # the image's entrypoint runs the operator
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True
@@ -264,7 +277,11 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
         assert {"cpu", "memory"} <= set(container["resources"][bound])
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["ports"] == [
+        {"name": "http", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 8443, "protocol": "TCP"},
+    ]
+    assert env["GPUSHARE_METRICS_INSECURE"] == "false"
 
     budget = only(manifests, "PodDisruptionBudget")
     assert budget["spec"]["minAvailable"] == 1
@@ -272,19 +289,26 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
     service = only(manifests, "Service")
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert service["spec"]["ports"] == [
-        {"name": "http-metrics", "port": 8080, "targetPort": "http", "protocol": "TCP"}
+        {"name": "https-metrics", "port": 8443, "targetPort": "metrics", "protocol": "TCP"}
     ]
+
+
+def granted_by(role: Manifest) -> dict[tuple[str, str], list[str]]:
+    return {
+        (group, resource): sorted(rule["verbs"])
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
 
 
 def test_rbac_is_least_privilege(helm: Helm) -> None:
     manifests = helm.template(release="gs", namespace="gpushare-system")
-    cluster = only(manifests, "ClusterRole")
-    granted = {
-        (group, resource): sorted(rule["verbs"])
-        for rule in cluster["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-    }
+    cluster = only(manifests, "ClusterRole", "-operator")
+    granted = granted_by(cluster)
+    # Asking the API server who a /metrics caller is and what it may do: nothing is read.
+    assert granted.pop(("authentication.k8s.io", "tokenreviews")) == ["create"]
+    assert granted.pop(("authorization.k8s.io", "subjectaccessreviews")) == ["create"]
     assert granted == {
         ("", "nodes"): ["get", "list", "patch", "watch"],
         ("", "pods"): ["get", "list", "watch"],
@@ -293,13 +317,20 @@ def test_rbac_is_least_privilege(helm: Helm) -> None:
         ("gpushare.dev", "gpunodestates"): ["create", "get", "list", "watch"],
         ("gpushare.dev", "gpunodestates/status"): ["patch"],
     }
+    reader = only(manifests, "ClusterRole", "-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    insecure = helm.template("--set", "operator.metricsInsecure=true")
+    assert not {"tokenreviews", "subjectaccessreviews"} & {
+        resource for _, resource in granted_by(only(insecure, "ClusterRole", "-operator"))
+    }, "plain-HTTP metrics need no reviews"
     every_rule = [r for m in manifests if m["kind"] in ("Role", "ClusterRole") for r in m["rules"]]
     for rule in every_rule:
-        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+        names = rule["verbs"] + rule.get("resources", []) + rule.get("apiGroups", [])
+        assert "*" not in names + rule.get("nonResourceURLs", []), rule
         assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(
             rule["verbs"]
         )
-        assert "secrets" not in rule["resources"]
+        assert "secrets" not in rule.get("resources", [])
     events = only(manifests, "Role", "-events")
     assert events["metadata"]["namespace"] == "default"
     assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
@@ -334,6 +365,10 @@ def test_service_monitor_and_dashboard_are_optional(helm: Helm) -> None:
     [endpoint] = monitor["spec"]["endpoints"]
     assert endpoint["port"] == service["spec"]["ports"][0]["name"]
     assert endpoint["path"] == "/metrics"
+    # Prometheus scrapes over HTTPS with its own token (bound to the metrics-reader role).
+    assert endpoint["scheme"] == "https"
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert endpoint["tlsConfig"] == {"insecureSkipVerify": True}
 
     dashboard = only(manifests, "ConfigMap", "-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -358,6 +393,9 @@ def dashboard_metrics(board: Mapping[str, Any]) -> set[str]:
         ("operator.renewDeadline=20", "renewDeadline"),
         ("devicePlugin.namespace=Not_A_Namespace", "namespace"),
         ("podDisruptionBudget.minAvailable=2", "minAvailable"),
+        ("operator.metricsPort=8080", "must differ"),
+        ("operator.metricsCertFile=/tls/c.crt", "metricsKeyFile"),
+        ("operator.metricsInsecure=yes", "metricsInsecure"),
     ],
 )
 def test_bad_values_are_refused(helm: Helm, setting: str, complaint: str) -> None:
@@ -418,7 +456,7 @@ def test_rendered_manifests_pass_server_side_dry_run(
         stdin=rendered,
     )
     applied = [line for line in out.splitlines() if line.endswith("(server dry run)")]
-    assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]) == 13, out
+    assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]) == 14, out
     # A dry run: nothing was created.
     status, _ = control_plane.request(
         "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/dry-gpushare-operator"
@@ -485,6 +523,7 @@ def test_install_creates_everything_and_uninstall_leaves_nothing(
                 ("rolebindings", "default", f"{full}-events"),
                 ("rolebindings", plugin_ns, f"{full}-device-plugin-config"),
                 ("clusterroles", "", full),
+                ("clusterroles", "", f"{full}-metrics-reader"),
                 ("clusterrolebindings", "", full),
             ]
         )
@@ -516,7 +555,7 @@ async def test_the_dashboard_charts_metrics_the_operator_exports(
     crds_installed: None, namespace: str, start_operator: OperatorFactory
 ) -> None:
     operator = await start_operator("--device-plugin-namespace", namespace)
-    url = f"http://127.0.0.1:{operator.http_port}/metrics"
+    url = f"http://127.0.0.1:{operator.metrics_port}/metrics"  # insecure: see conftest
     with urllib.request.urlopen(url, timeout=10) as response:  # noqa: ASYNC210 - one local read
         text = response.read().decode()
     families = dict(re.findall(r"^# TYPE (gpushare_[a-z_]+) ([a-z]+)$", text, re.M))

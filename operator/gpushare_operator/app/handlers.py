@@ -50,7 +50,7 @@ def build_registry(assembly: Assembly, *, stop: asyncio.Event) -> kopf.OperatorR
 
 
 def configure_kopf(settings: kopf.OperatorSettings) -> None:
-    settings.peering.standalone = True  # Lease-based election instead (DESIGN.md §6)
+    settings.peering.standalone = True  # Lease-based election instead (docs/architecture.md)
     settings.posting.enabled = False  # our own rate-limited Events only
     settings.scanning.disabled = True  # no CRD/namespace scanning: less RBAC, nothing to find
     settings.watching.server_timeout = 270

@@ -108,8 +108,14 @@ async def test_installs_before_the_gpu_operator_and_converges_after_an_upgrade(
             interval=0.5,
             what="the node to be Verified after the upgrade",
         )
-        body = await h.get_policy(sim.client, policy)
-        assert ready(body).get("status") == "True", body["status"]
+        # The policy's status follows once its nodes have settled.
+        await eventually(
+            lambda: h.get_policy(sim.client, policy),
+            until=lambda b: ready(b).get("reason") == "Applied",
+            timeout=90,
+            interval=0.5,
+            what="the policy to be Ready after the upgrade",
+        )
         assert operator.proc.poll() is None
         starts = [line for line in operator.log_lines() if line.get("event") == "starting"]
         assert len(starts) == 1, "no restart was needed"

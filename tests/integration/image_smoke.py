@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,6 +59,31 @@ def container() -> Iterator[str]:
         yield name
     finally:
         buildah("rm", name)
+
+
+def descendant(root: int, marker: bytes) -> int | None:
+    """The deepest process under ``root`` whose command line contains ``marker``: the container's
+    own process, not the buildah helpers above it that carry the same command line."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+    found: list[tuple[int, int]] = []  # (depth under root, pid)
+    for pid in parents:
+        ancestor, depth = pid, 0
+        while ancestor in parents and ancestor != root:
+            ancestor, depth = parents[ancestor], depth + 1
+        if ancestor == root and pid != root:
+            try:
+                if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append((depth, pid))
+            except OSError:
+                continue
+    return max(found)[1] if found else None
 
 
 def token_kubeconfig(plane: ControlPlane, token: str, path: Path) -> Path:
@@ -113,7 +139,7 @@ async def test_the_image_runs_the_operator(
     kubeconfig = token_kubeconfig(control_plane, token, tmp_path / "kubeconfig")
     http_port, metrics_port = free_port(), free_port()
     env = {
-        "KUBECONFIG": "/var/run/gpushare/kubeconfig",
+        "KUBECONFIG": "/etc/gpushare/kubeconfig",
         "GPUSHARE_NAMESPACE": release_ns,
         "GPUSHARE_IDENTITY": IDENTITY,
         "GPUSHARE_DEVICE_PLUGIN_NAMESPACE": plugin_ns,
@@ -131,7 +157,7 @@ async def test_the_image_runs_the_operator(
         "--network",
         "host",
         "--volume",
-        f"{kubeconfig}:/var/run/gpushare/kubeconfig:ro",
+        f"{kubeconfig}:/etc/gpushare/kubeconfig:ro",
         *(arg for key, value in env.items() for arg in ("--env", f"{key}={value}")),
         container,
         "--",
@@ -151,8 +177,14 @@ async def test_the_image_runs_the_operator(
                 command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
         try:
+
+            async def node_state() -> dict[str, Any] | None:
+                if proc.poll() is not None:
+                    raise AssertionError(f"the image exited {proc.returncode}:\n{log.read_text()}")
+                return await h.node_state(sim.client, node)
+
             await eventually(
-                lambda: h.node_state(sim.client, node),
+                node_state,
                 until=lambda s: (s or {}).get("status", {}).get("phase") == "Verified",
                 timeout=120,
                 interval=0.5,
@@ -178,7 +210,12 @@ async def test_the_image_runs_the_operator(
             assert (await fetch(metrics_port, "/metrics", token=token))[0] == 403
             assert await fetch(http_port, "/readyz", scheme="http") == (200, "ok\n")
         finally:
-            if proc.poll() is None:
+            # SIGTERM to the operator itself, as the kubelet sends it to the container's main
+            # process: buildah run, signalled, would kill its child without a graceful stop.
+            operator_pid = descendant(proc.pid, b"gpushare_operator")
+            if operator_pid is not None:
+                os.kill(operator_pid, signal.SIGTERM)
+            elif proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
             try:
                 code = proc.wait(timeout=60)

@@ -140,6 +140,7 @@ LOCAL_BASE_IMAGE := localhost/gpushare-base:bookworm-python3
 BASE_IMAGE ?= $(LOCAL_BASE_IMAGE)
 IMAGE_CACHE := .cache/image
 # No daemon here: buildah, its images in vfs storage (works inside a container, no overlay).
+# vfs stores every image whole: the previous build's image, untagged by a rebuild, is pruned.
 BUILDAH := buildah --storage-driver vfs
 # A pip CA bundle (a TLS-inspecting proxy's) or index mirror configured here is handed to pip
 # inside the build; elsewhere these are empty and pip reaches PyPI as usual.
@@ -155,13 +156,14 @@ buildah:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah >/dev/null; }
 
 .PHONY: image
-image: buildah ## Build the operator's OCI image with buildah ($(IMAGE)); reports its size.
+image: buildah ## Build the operator's OCI image with buildah (localhost/gpushare-operator:<version>); reports build time and size.
 	@started=$$(date +%s); \
 	if [ "$(BASE_IMAGE)" = "$(LOCAL_BASE_IMAGE)" ]; then \
 		bash scripts/image-base.sh $(IMAGE_CACHE) $(LOCAL_BASE_IMAGE) || exit 1; \
 	fi; \
 	$(BUILDAH) bud --isolation chroot --quiet --build-arg BASE_IMAGE=$(BASE_IMAGE) \
 		$(IMAGE_PIP_ARGS) --tag $(IMAGE) --file Dockerfile . >/dev/null || exit 1; \
+	$(BUILDAH) rmi --prune >/dev/null 2>&1 || true; \
 	size=$$($(BUILDAH) images --format '{{.Size}}' $(IMAGE)); \
 	echo "image: $(IMAGE) built in $$(( $$(date +%s) - started )) s; size $$size (base $(BASE_IMAGE))"
 

@@ -197,3 +197,27 @@ def test_upgrade_changes_the_release_in_place(
     finally:
         helm.run("uninstall", release, "-n", release_ns, "--wait", "--timeout", "60s")
     assert release_objects(control_plane, release) == []
+
+
+def test_a_certificate_secret_is_mounted_and_named_to_the_operator(helm: Helm) -> None:
+    manifests = helm.template("--set", "metricsCertSecret=gpushare-metrics-tls")
+    [deployment] = [m for m in manifests if m["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GPUSHARE_METRICS_CERT_FILE"] == "/etc/gpushare/metrics-tls/tls.crt"
+    assert env["GPUSHARE_METRICS_KEY_FILE"] == "/etc/gpushare/metrics-tls/tls.key"
+    assert {"name": "metrics-tls", "secret": {"secretName": "gpushare-metrics-tls"}} in pod[
+        "volumes"
+    ]
+    assert {
+        "name": "metrics-tls",
+        "mountPath": "/etc/gpushare/metrics-tls",
+        "readOnly": True,
+    } in container["volumeMounts"]
+    # Without it: no such volume, and the operator makes its own certificate.
+    [plain] = [m for m in helm.template() if m["kind"] == "Deployment"]
+    [container] = plain["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GPUSHARE_METRICS_CERT_FILE"] == env["GPUSHARE_METRICS_KEY_FILE"] == ""
+    assert [v["name"] for v in plain["spec"]["template"]["spec"]["volumes"]] == ["tmp"]

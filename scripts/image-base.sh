@@ -24,7 +24,7 @@ tarball="$cache/$suite-minbase-python3.tar"
 if [[ ! -f $tarball ]]; then
   command -v debootstrap >/dev/null || {
     echo "image-base: installing debootstrap"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
   }
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,3 +120,29 @@ def test_make_run_on_the_current_context(fresh_cluster: ControlPlane, tmp_path: 
     # Ctrl-C: the operator hands its Lease back on the way out.
     assert "stopped cleanly" in log.read_text()
     assert not lease_holder()
+
+
+def test_without_a_kubectl_on_path_make_builds_and_uses_its_own(tmp_path: Path) -> None:
+    # `make -n` prints what would run; PATH_KUBECTL= is what `command -v kubectl` finds on a
+    # machine without one.
+    result = subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            "-n",
+            "-C",
+            str(ROOT),
+            "run",
+            "CLUSTER=current",
+            "PATH_KUBECTL=",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "tests/controlplane/build.sh" in result.stdout  # the control plane is built first
+    assert re.search(
+        r"/\.cache/controlplane/[^/]+/bin/kubectl config current-context", result.stdout
+    )
+    assert "apply --server-side --force-conflicts -f crds/" in result.stdout

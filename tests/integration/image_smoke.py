@@ -28,7 +28,8 @@ from gpushare_operator.testing.controlplane import ControlPlane, free_port
 from gpushare_operator.testing.simulator import GpuClusterSimulator
 from tests.integration import helpers as h
 from tests.integration.scraping import fetch
-from tests.integration.test_chart import CHART, Helm, create_namespace, helm, namespaces
+from tests.integration.test_chart import CHART, Helm, helm
+from tests.integration.test_chart_install import create_namespace, namespaces
 from tests.waiting import eventually
 
 __all__ = ["helm", "namespaces"]  # fixtures, used by name

@@ -1,4 +1,6 @@
-"""The Helm chart, with the real ``helm``: lint, template, server-side dry-run, install, uninstall.
+"""The Helm chart, rendered with the real ``helm``: lint, template, values, RBAC, refusals.
+
+On a cluster (dry run, install, upgrade, uninstall): test_chart_install.py.
 
 Values reach the operator as ``GPUSHARE_<FLAG>`` variables; the rendered environment is parsed
 back by the operator's own argument parser, so a chart value the operator would refuse, or an
@@ -14,8 +16,7 @@ import os
 import re
 import subprocess
 import urllib.request
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -402,153 +403,6 @@ def test_bad_values_are_refused(helm: Helm, setting: str, complaint: str) -> Non
     result = helm.render("--set", setting, check=False)
     assert result.returncode != 0, result.stdout
     assert complaint in result.stderr, result.stderr
-
-
-@pytest.fixture
-def namespaces(control_plane: ControlPlane) -> Iterator[list[str]]:
-    """Namespaces a test creates (``create_namespace``); deleted afterwards."""
-    created: list[str] = []
-    yield created
-    for name in created:
-        control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
-
-
-def create_namespace(plane: ControlPlane, created: list[str], prefix: str) -> str:
-    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    status, raw = plane.request("POST", "/api/v1/namespaces", body=body)
-    assert status == 201, raw
-    created.append(name)
-    return name
-
-
-def kubectl(plane: ControlPlane, *args: str, stdin: str | None = None) -> str:
-    result = subprocess.run(
-        [str(plane.bin_dir / "kubectl"), "--kubeconfig", str(plane.admin_kubeconfig), *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
-def test_rendered_manifests_pass_server_side_dry_run(
-    control_plane: ControlPlane, helm: Helm, namespaces: list[str]
-) -> None:
-    release_ns = create_namespace(control_plane, namespaces, "gs")
-    plugin_ns = create_namespace(control_plane, namespaces, "plugin")
-    rendered = helm.render(
-        "--set",
-        f"devicePlugin.namespace={plugin_ns},grafanaDashboard.enabled=true",
-        release="dry",
-        namespace=release_ns,
-    ).stdout
-    out = kubectl(
-        control_plane,
-        "apply",
-        "--server-side",
-        "--field-manager=helm-dry-run",
-        "--dry-run=server",
-        "-f",
-        "-",
-        stdin=rendered,
-    )
-    applied = [line for line in out.splitlines() if line.endswith("(server dry run)")]
-    assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]) == 14, out
-    # A dry run: nothing was created.
-    status, _ = control_plane.request(
-        "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/dry-gpushare-operator"
-    )
-    assert status == 404
-
-
-# Every kind the chart can create, as (API path prefix, plural, namespaced).
-CHART_KINDS = [
-    ("/apis/apps/v1", "deployments", True),
-    ("/api/v1", "serviceaccounts", True),
-    ("/api/v1", "services", True),
-    ("/api/v1", "configmaps", True),
-    ("/apis/policy/v1", "poddisruptionbudgets", True),
-    ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
-    ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
-    ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
-    ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
-]
-
-
-def release_objects(plane: ControlPlane, release: str) -> list[tuple[str, str, str]]:
-    """(plural, namespace, name) of every object labelled with the release, in any namespace."""
-    found = []
-    for prefix, plural, _ in CHART_KINDS:
-        status, raw = plane.request(
-            "GET", f"{prefix}/{plural}?labelSelector={INSTANCE}%3D{release}"
-        )
-        assert status == 200, raw
-        for item in json.loads(raw)["items"]:
-            meta = item["metadata"]
-            found.append((plural, meta.get("namespace", ""), meta["name"]))
-    return sorted(found)
-
-
-def test_install_creates_everything_and_uninstall_leaves_nothing(
-    control_plane: ControlPlane, helm: Helm, namespaces: list[str], crds_installed: None
-) -> None:
-    release_ns = create_namespace(control_plane, namespaces, "gs")
-    plugin_ns = create_namespace(control_plane, namespaces, "plugin")
-    release = f"gs-{uuid.uuid4().hex[:6]}"
-    helm.run(
-        "install",
-        release,
-        str(CHART),
-        "--namespace",
-        release_ns,
-        "--set",
-        f"devicePlugin.namespace={plugin_ns},grafanaDashboard.enabled=true",
-    )
-    try:
-        full = f"{release}-gpushare-operator"
-        assert release_objects(control_plane, release) == sorted(
-            [
-                ("deployments", release_ns, full),
-                ("serviceaccounts", release_ns, full),
-                ("services", release_ns, f"{full}-metrics"),
-                ("configmaps", release_ns, f"{full}-dashboard"),
-                ("poddisruptionbudgets", release_ns, full),
-                ("roles", release_ns, f"{full}-leader-election"),
-                ("roles", "default", f"{full}-events"),
-                ("roles", plugin_ns, f"{full}-device-plugin-config"),
-                ("rolebindings", release_ns, f"{full}-leader-election"),
-                ("rolebindings", "default", f"{full}-events"),
-                ("rolebindings", plugin_ns, f"{full}-device-plugin-config"),
-                ("clusterroles", "", full),
-                ("clusterroles", "", f"{full}-metrics-reader"),
-                ("clusterrolebindings", "", full),
-            ]
-        )
-        status, raw = control_plane.request(
-            "GET", f"/apis/apps/v1/namespaces/{release_ns}/deployments/{full}"
-        )
-        assert status == 200
-        assert json.loads(raw)["spec"]["replicas"] == 2
-        listed = json.loads(helm.run("list", "--namespace", release_ns, "-o", "json").stdout)
-        assert [(r["name"], r["status"]) for r in listed] == [(release, "deployed")]
-        notes = helm.run("get", "notes", release, "--namespace", release_ns).stdout
-        assert "devicePlugin.config.name=gpushare-device-plugin-configs" in notes
-    finally:
-        helm.run("uninstall", release, "--namespace", release_ns, "--wait", "--timeout", "60s")
-
-    assert release_objects(control_plane, release) == []
-    status, raw = control_plane.request(
-        "GET", f"/api/v1/namespaces/{release_ns}/secrets?labelSelector=owner%3Dhelm"
-    )
-    assert json.loads(raw)["items"] == []  # Helm's own release record is gone too
-    for crd in ("gpusharingpolicies.gpushare.dev", "gpunodestates.gpushare.dev"):
-        status, _ = control_plane.request(
-            "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}"
-        )
-        assert status == 200, f"{crd} must outlive the release"
 
 
 async def test_the_dashboard_charts_metrics_the_operator_exports(

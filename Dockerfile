@@ -1,23 +1,37 @@
 # syntax=docker/dockerfile:1
-# gpushare operator image: wheels are built in the first stage; the final stage has the
-# installed package and nothing to build with.
+# gpushare operator image.  The build stage installs the package and its runtime dependencies
+# into a virtual environment; the final stage is the base image plus that environment: no pip,
+# no compiler, no source tree.
+#
+# Any base with python3 (3.11 or newer) and its venv module works.  The default is the public
+# python image; `make image` passes a Debian bookworm base it builds from Debian's packages,
+# for machines that reach no container registry:
+#   buildah bud --build-arg BASE_IMAGE=localhost/gpushare-base:bookworm-python3 -t gpushare-operator .
+ARG BASE_IMAGE=python:3.11-slim
 
-FROM python:3.11-slim AS build
+FROM ${BASE_IMAGE} AS build
+# A package index mirror, or the CA bundle of a TLS-inspecting proxy (a path inside the build,
+# e.g. a --volume): pip reads both from the environment.  Unset, pip uses PyPI as usual.
+ARG PIP_INDEX_URL
+ARG PIP_CERT
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN python3 -m venv /opt/gpushare \
+    && /opt/gpushare/bin/pip install --no-cache-dir --disable-pip-version-check . \
+    && /opt/gpushare/bin/pip uninstall --yes --quiet pip setuptools \
+    && /opt/gpushare/bin/python -c "import gpushare_operator, cryptography, kopf"
 
-FROM python:3.11-slim
+FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="gpushare-operator" \
       org.opencontainers.image.description="GPU-sharing policies to NVIDIA device-plugin configuration and live sharing state" \
       org.opencontainers.image.licenses="Apache-2.0"
-COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index /wheels/*.whl \
-    && rm -rf /wheels \
-    && pip uninstall --yes pip setuptools wheel
-ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-# Non-root, numeric so that runAsNonRoot can verify it; the chart also mounts the root read-only.
+COPY --from=build /opt/gpushare /opt/gpushare
+# The chart mounts the root filesystem read-only: no bytecode is written at run time (pip
+# compiled it at install), and logs leave unbuffered.
+ENV PATH=/opt/gpushare/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# Non-root, numeric so that runAsNonRoot can verify it.
 USER 65532:65532
-EXPOSE 8080
+# 8080: /healthz and /readyz (plain HTTP); 8443: /metrics (HTTPS, TokenReview-guarded).
+EXPOSE 8080 8443
 ENTRYPOINT ["python", "-m", "gpushare_operator", "run"]

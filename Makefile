@@ -14,12 +14,15 @@ DEV_DIR := .dev-cluster
 DEV_KUBECONFIG := $(DEV_DIR)/kubeconfig
 CLUSTER ?= dev
 PYTEST_ARGS ?=
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
 export GPUSHARE_CONTROLPLANE_BIN := $(abspath $(CONTROLPLANE_BIN))
 
 .PHONY: help
 help: ## List the targets with what they do.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-20s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "Variables: CLUSTER=current (make run on your kubeconfig's context), NAMESPACE (its"
+	@echo "  namespace, default gpushare-system), IMAGE, BASE_IMAGE (make image), PYTEST_ARGS."
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,13 +84,37 @@ dev-cluster: venv controlplane ## Start the local control plane in the backgroun
 dev-cluster-down: venv ## Stop the background control plane.
 	$(VPY) -m gpushare_operator.testing.devcluster down --dir $(DEV_DIR)
 
-RUN_FLAGS ?= --config-propagation-delay 5 --config-key-grace-period 60
+RUN_FLAGS ?= --config-propagation-delay 5 --config-key-grace-period 60 --metrics-insecure
+NAMESPACE ?= gpushare-system
+CURRENT_RUN_FLAGS ?=
+
+ifeq ($(CLUSTER),current)
+# Your cluster: any kubectl on PATH will do; only without one is the control plane built for its.
+PATH_KUBECTL := $(shell command -v kubectl 2>/dev/null)
+RUN_KUBECTL := $(if $(PATH_KUBECTL),$(PATH_KUBECTL),$(abspath $(KUBECTL)))
+RUN_NEEDS := venv $(if $(PATH_KUBECTL),,controlplane)
+else
+RUN_NEEDS := venv controlplane
+endif
 
 .PHONY: run
-run: venv controlplane ## Run the operator in the foreground on the dev cluster with simulated GPU nodes (CLUSTER=current: your kubeconfig).
+run: $(RUN_NEEDS) ## Run the operator in the foreground on the dev cluster with simulated GPU nodes (CLUSTER=current: your kubeconfig's context).
 ifeq ($(CLUSTER),current)
-	$(KUBECTL) apply -f crds/
-	$(VPY) -m gpushare_operator run --log-format console
+	@# kubectl defaults to ~/.kube/config; the operator reads $$KUBECONFIG only: give it the same.
+	@export KUBECONFIG="$${KUBECONFIG:-$$HOME/.kube/config}"; \
+	context=$$($(RUN_KUBECTL) config current-context) || \
+		{ echo "make run CLUSTER=current: no current context in $$KUBECONFIG" >&2; exit 1; }; \
+	server=$$($(RUN_KUBECTL) config view --minify -o jsonpath='{.clusters[0].cluster.server}'); \
+	echo "kubectl:   $(RUN_KUBECTL)"; \
+	echo "context:   $$context ($$server)"; \
+	echo "namespace: $(NAMESPACE)"; \
+	$(RUN_KUBECTL) get namespace $(NAMESPACE) >/dev/null 2>&1 || \
+		$(RUN_KUBECTL) create namespace $(NAMESPACE) || exit 1; \
+	$(RUN_KUBECTL) apply --server-side --force-conflicts -f crds/ || exit 1; \
+	$(RUN_KUBECTL) wait --for=condition=established --timeout=60s \
+		crd/gpusharingpolicies.gpushare.dev crd/gpunodestates.gpushare.dev >/dev/null || exit 1; \
+	exec $(VPY) -m gpushare_operator run --log-format console --namespace $(NAMESPACE) \
+		$(CURRENT_RUN_FLAGS)
 else
 	@$(MAKE) --no-print-directory dev-cluster
 	@$(KUBECTL) --kubeconfig $(DEV_KUBECONFIG) apply -f crds/ >/dev/null
@@ -99,9 +126,50 @@ else
 		--also-namespace gpushare-system & sim=$$!; \
 	trap 'kill $$sim 2>/dev/null; wait $$sim 2>/dev/null' EXIT; \
 	echo "try: $(KUBECTL) --kubeconfig $(DEV_KUBECONFIG) get gsp,gns"; \
+	echo "     curl localhost:8443/metrics   (plain HTTP here: --metrics-insecure)"; \
 	KUBECONFIG=$(abspath $(DEV_KUBECONFIG)) $(VPY) -m gpushare_operator run --log-format console \
 		--namespace gpushare-system $(RUN_FLAGS)
 endif
+
+# -- the container image ---------------------------------------------------------------------------
+
+IMAGE ?= localhost/gpushare-operator:$(VERSION)
+# The Dockerfile's own default is python:3.11-slim; this one is built here from Debian's
+# packages (scripts/image-base.sh), so `make image` needs no container registry.
+LOCAL_BASE_IMAGE := localhost/gpushare-base:bookworm-python3
+BASE_IMAGE ?= $(LOCAL_BASE_IMAGE)
+IMAGE_CACHE := .cache/image
+# No daemon here: buildah, its images in vfs storage (works inside a container, no overlay).
+# vfs stores every image whole: the previous build's image, untagged by a rebuild, is pruned.
+BUILDAH := buildah --storage-driver vfs
+# A pip CA bundle (a TLS-inspecting proxy's) or index mirror configured here is handed to pip
+# inside the build; elsewhere these are empty and pip reaches PyPI as usual.
+PIP_CERT ?= $(shell $(PYTHON) -m pip config get global.cert 2>/dev/null)
+IMAGE_PIP_ARGS := $(if $(PIP_CERT),--volume $(abspath $(PIP_CERT)):/run/gpushare-build/pip-ca.crt:ro \
+	--build-arg PIP_CERT=/run/gpushare-build/pip-ca.crt) \
+	$(if $(PIP_INDEX_URL),--build-arg PIP_INDEX_URL=$(PIP_INDEX_URL))
+
+.PHONY: buildah
+buildah:
+	@command -v buildah >/dev/null || { \
+		echo "installing buildah (Debian package)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah >/dev/null; }
+
+.PHONY: image
+image: buildah ## Build the operator's OCI image with buildah (localhost/gpushare-operator:<version>); reports build time and size.
+	@started=$$(date +%s); \
+	if [ "$(BASE_IMAGE)" = "$(LOCAL_BASE_IMAGE)" ]; then \
+		bash scripts/image-base.sh $(IMAGE_CACHE) $(LOCAL_BASE_IMAGE) || exit 1; \
+	fi; \
+	$(BUILDAH) bud --isolation chroot --quiet --build-arg BASE_IMAGE=$(BASE_IMAGE) \
+		$(IMAGE_PIP_ARGS) --tag $(IMAGE) --file Dockerfile . >/dev/null || exit 1; \
+	$(BUILDAH) rmi --prune >/dev/null 2>&1 || true; \
+	size=$$($(BUILDAH) images --format '{{.Size}}' $(IMAGE)); \
+	echo "image: $(IMAGE) built in $$(( $$(date +%s) - started )) s; size $$size (base $(BASE_IMAGE))"
+
+.PHONY: image-test
+image-test: venv controlplane buildah ## Run the image (buildah run, host network) on a local control plane: it starts, leads, configures a simulated node.
+	GPUSHARE_IMAGE=$(IMAGE) $(VPY) -m pytest tests/integration/image_smoke.py $(PYTEST_ARGS)
 
 .PHONY: clean
 clean: ## Remove the venv and caches (not the control-plane build).

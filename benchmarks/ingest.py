@@ -1,6 +1,6 @@
 """``make bench``: the Node ingest path, in process, against json.loads and a naive baseline.
 
-DESIGN.md §4 promises that a Node event costs little more than decoding it, that a heartbeat
+docs/architecture.md promises that a Node event costs little more than decoding it, that a heartbeat
 touches no index and schedules no write, that a cached node is a 1-2 KiB record, and that a
 selector change re-matches thousands of nodes in milliseconds.  This benchmark holds the code to
 those promises on realistic bodies (``testing.bodies``: ~16 KB of JSON per GPU node) by feeding

@@ -1,4 +1,4 @@
-"""The baseline gpushare is measured against: the anti-pattern DESIGN.md §4 was written to avoid.
+"""The baseline gpushare is measured against: the anti-pattern docs/architecture.md avoids.
 
 One of the design's anchors is a node operator whose leader, on every Node event, listed every
 selector object from a cache that deep-copies what it lists, re-parsed each selector for the
@@ -74,7 +74,7 @@ def selector_matches(requirements: list[Requirement], labels: Mapping[str, str])
 
 
 def is_gpu_node(node: Mapping[str, Any]) -> bool:
-    """DESIGN.md §2's GPU node, read off the full body."""
+    """A GPU node as docs/api.md defines it, read off the full body."""
     labels = node.get("metadata", {}).get("labels") or {}
     capacity = node.get("status", {}).get("capacity") or {}
     return (

@@ -1,4 +1,4 @@
-"""The pod-usage baseline: the GPU-sharing scheduler anchor of DESIGN.md §4, in plain Python.
+"""The pod-usage baseline: the GPU-sharing scheduler of docs/architecture.md, in plain Python.
 
 That scheduler kept every Pod its informer listed, whole, and on every scheduling attempt
 deep-copied each cached Pod into a usage snapshot before summing it per node (124 MiB allocated
@@ -8,7 +8,7 @@ from a deep copy of every cached pod.  Nothing is made slow on purpose; it is th
 design, so that the benchmark compares designs, not micro-optimisations.
 
 It must also be *right*: the benchmark holds its per-node totals to gpushare's incremental
-ledger, so its effective-request rule is written out here from DESIGN.md §2 rather than
+ledger, so its effective-request rule is written out here from docs/api.md rather than
 imported from ``core.pods``, which it checks.
 """
 

@@ -1,12 +1,12 @@
 """``make bench``: the Pod ingest path, in process, against json.loads and the anchor's pattern.
 
-DESIGN.md §4 promises that pods are projected at ingest into slim records (only pods asking for
-a shared GPU resource are kept at all) and that usage is incremental: a pod event moves its own
-contribution and nothing sums over all pods.  This benchmark holds the code to that on realistic
+docs/architecture.md promises that pods are projected at ingest into slim records (only pods asking
+for a shared GPU resource are kept at all) and that usage is incremental: a pod event moves its own
+contribution and nothing sums over all pods. This benchmark holds the code to that on realistic
 bodies (``testing.bodies``: ~8 KB of JSON per pod, managedFields included), fed as pre-encoded
-watch-event lines through the informer's real ``_handle_line`` into a real ``ClusterState``
-that already holds thousands of GPU nodes and a few policies, so that pods land on governed
-nodes and the per-policy counters move.
+watch-event lines through the informer's real ``_handle_line`` into a real ``ClusterState`` that
+already holds thousands of GPU nodes and a few policies, so that pods land on governed nodes and the
+per-policy counters move.
 
 It reports (a) each pod event's cost as a ratio to ``json.loads`` of the same bytes, for GPU
 and non-GPU pods apart, (b) the bytes kept per GPU pod record and for non-GPU pods (none),

@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from benchmarks.scale import cluster, stats
+from gpushare_operator.testing.controlplane import free_port
 from gpushare_operator.testing.rawclient import RawClient
 
 # Writes that are the operator's output; Lease renewals and Events are reported apart.
@@ -90,11 +91,12 @@ class Variant:
     probe: Callable[[aiohttp.ClientSession], Awaitable[dict[str, Any]]]
 
 
-async def probe_ours(session: aiohttp.ClientSession, port: int) -> dict[str, Any]:
-    base = f"http://127.0.0.1:{port}"
-    async with session.get(f"{base}/readyz") as response:
+async def probe_ours(
+    session: aiohttp.ClientSession, port: int, metrics_port: int
+) -> dict[str, Any]:
+    async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
         ready = response.status == 200
-    async with session.get(f"{base}/metrics") as response:
+    async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as response:
         samples = stats.parse_metrics(await response.text())
     return {
         "synced": ready,
@@ -113,6 +115,7 @@ async def probe_kopf(session: aiohttp.ClientSession, port: int) -> dict[str, Any
 def ours(
     *, user: str, port: int, qps: float, burst: int, identity: str, python: str = sys.executable
 ) -> Variant:
+    metrics_port = free_port()
     command = [
         python,
         "-m",
@@ -132,6 +135,9 @@ def ours(
         "100000",  # GFD is not simulated: nodes stay Applied, never turn Mismatch mid-run
         "--http-port",
         str(port),
+        "--metrics-port",
+        str(metrics_port),
+        "--metrics-insecure",  # the bench scrapes without a token, on loopback
         "--identity",
         identity,
         "--log-format",
@@ -139,7 +145,7 @@ def ours(
     ]
 
     async def probe(session: aiohttp.ClientSession) -> dict[str, Any]:
-        return await probe_ours(session, port)
+        return await probe_ours(session, port, metrics_port)
 
     return Variant("gpushare", user, command, port, probe)
 

@@ -57,6 +57,7 @@ class RunningOperator:
     log_path: Path
     user: str
     http_port: int
+    metrics_port: int = 0  # plain HTTP (--metrics-insecure) unless the test asked otherwise
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -114,7 +115,7 @@ async def start_operator(
     ) -> RunningOperator:
         config = kubeconfig or control_plane.kubeconfig_for_user(user, groups=groups)
         _ensure_namespace(control_plane, OPERATOR_NAMESPACE)
-        port = free_port()
+        port, metrics_port = free_port(), free_port()
         log_path = tmp_path / f"operator-{len(started)}.log"
         env = {
             **os.environ,
@@ -122,6 +123,9 @@ async def start_operator(
             "GPUSHARE_CONFIG_PROPAGATION_DELAY": "1",
             "GPUSHARE_HTTP_PORT": str(port),
             "GPUSHARE_NAMESPACE": OPERATOR_NAMESPACE,
+            # Tests scrape over plain HTTP; test_observability passes --no-metrics-insecure.
+            "GPUSHARE_METRICS_PORT": str(metrics_port),
+            "GPUSHARE_METRICS_INSECURE": "true",
         }
         with log_path.open("wb") as log:
             proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once; we never wait here
@@ -131,7 +135,9 @@ async def start_operator(
                 stdin=subprocess.DEVNULL,
                 env=env,
             )
-        running = RunningOperator(proc=proc, log_path=log_path, user=user, http_port=port)
+        running = RunningOperator(
+            proc=proc, log_path=log_path, user=user, http_port=port, metrics_port=metrics_port
+        )
         started.append(running)
         if wait:
             await running.wait_synced()

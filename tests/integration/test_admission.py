@@ -1,4 +1,4 @@
-"""Every admission rule of DESIGN.md §2, proven against the real kube-apiserver.
+"""Every admission rule of docs/api.md, proven against the real kube-apiserver.
 
 The CRDs in ``crds/`` are installed with the real kubectl, then bad objects are POSTed and must
 come back 422 with a message that names the field and the rule, good objects must be admitted
@@ -594,7 +594,7 @@ DEFAULTED_SPEC: Json = {
     "renameByDefault": False,
     "paused": False,
 }
-DESIGN_EXAMPLE: Json = {
+DOCUMENTED_EXAMPLE: Json = {
     "nodeSelector": {
         "matchLabels": {"pool": "inference"},
         "matchExpressions": [
@@ -612,7 +612,7 @@ DESIGN_EXAMPLE: Json = {
 ACCEPTED: list[tuple[str, Json, Json]] = [
     # (id, spec sent, spec expected back)
     ("minimal", spec(), {**DEFAULTED_SPEC, **spec()}),
-    ("design-example", DESIGN_EXAMPLE, DESIGN_EXAMPLE),
+    ("documented-example", DOCUMENTED_EXAMPLE, DOCUMENTED_EXAMPLE),
     ("empty-selector", spec(nodeSelector={}), {**DEFAULTED_SPEC, **spec()}),
     (
         "mps-48",

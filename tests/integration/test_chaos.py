@@ -144,13 +144,15 @@ async def operator(
     tail is printed (pytest shows it when the test fails).
     """
     config = plane.kubeconfig_for_user(h.OPERATOR_USER, groups=("system:masters",))
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     env = {
         **os.environ,
         "KUBECONFIG": str(config),
         "GPUSHARE_NAMESPACE": OPERATOR_NAMESPACE,
         "GPUSHARE_CONFIG_PROPAGATION_DELAY": "1",
         "GPUSHARE_HTTP_PORT": str(port),
+        "GPUSHARE_METRICS_PORT": str(metrics_port),
+        "GPUSHARE_METRICS_INSECURE": "true",
     }
     command = [sys.executable, "-m", "gpushare_operator", "run", "--log-format", "json"]
     with log_path.open("wb") as log:
@@ -161,7 +163,13 @@ async def operator(
             stdin=subprocess.DEVNULL,
             env=env,
         )
-    running = RunningOperator(proc=proc, log_path=log_path, user=h.OPERATOR_USER, http_port=port)
+    running = RunningOperator(
+        proc=proc,
+        log_path=log_path,
+        user=h.OPERATOR_USER,
+        http_port=port,
+        metrics_port=metrics_port,
+    )
     try:
         await running.wait_synced()
         yield running
@@ -193,7 +201,7 @@ def kinds_logged(running: RunningOperator, *events: str) -> set[str]:
 
 async def cached(running: RunningOperator) -> dict[str, float]:
     """``gpushare_cache_objects`` by kind: what the operator's caches hold right now."""
-    url = f"http://127.0.0.1:{running.http_port}/metrics"
+    url = f"http://127.0.0.1:{running.metrics_port}/metrics"
     async with aiohttp.ClientSession() as session, session.get(url) as response:
         assert response.status == 200
         text = await response.text()

@@ -1,4 +1,6 @@
-"""The Helm chart, with the real ``helm``: lint, template, server-side dry-run, install, uninstall.
+"""The Helm chart, rendered with the real ``helm``: lint, template, values, RBAC, refusals.
+
+On a cluster (dry run, install, upgrade, uninstall): test_chart_install.py.
 
 Values reach the operator as ``GPUSHARE_<FLAG>`` variables; the rendered environment is parsed
 back by the operator's own argument parser, so a chart value the operator would refuse, or an
@@ -14,8 +16,7 @@ import os
 import re
 import subprocess
 import urllib.request
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,7 +133,8 @@ def operator_flags() -> list[str]:
         option[2:]
         for action in parser._actions
         for option in action.option_strings
-        if option.startswith("--") and option != "--help"
+        # --no-metrics-insecure is the negation of a flag that has its value already.
+        if option.startswith("--") and option != "--help" and not option.startswith("--no-")
     )
 
 
@@ -143,6 +145,10 @@ FLAG_VALUES: dict[str, tuple[str, str]] = {
     "device-plugin-namespace": ("devicePlugin.namespace", "nvidia-ops"),
     "device-plugin-configmap": ("devicePlugin.configMap", "sharing-configs"),
     "http-port": ("operator.httpPort", "9123"),
+    "metrics-port": ("operator.metricsPort", "9444"),
+    "metrics-insecure": ("operator.metricsInsecure", "true"),
+    "metrics-cert-file": ("operator.metricsCertFile", "/tls/metrics.crt"),
+    "metrics-key-file": ("operator.metricsKeyFile", "/tls/metrics.key"),
     "write-qps": ("operator.writeQps", "7.5"),
     "write-burst": ("operator.writeBurst", "77"),
     "write-concurrency": ("operator.writeConcurrency", "5"),
@@ -184,6 +190,10 @@ def test_every_operator_flag_is_a_value_that_reaches_the_container(helm: Helm) -
         device_plugin_namespace="nvidia-ops",
         device_plugin_configmap="sharing-configs",
         http_port=9123,
+        metrics_port=9444,
+        metrics_insecure=True,
+        metrics_cert_file="/tls/metrics.crt",
+        metrics_key_file="/tls/metrics.key",
         identity="replica-seven",
         write_qps=7.5,
         write_burst=77,
@@ -198,7 +208,10 @@ def test_every_operator_flag_is_a_value_that_reaches_the_container(helm: Helm) -
         retry_period=3.5,
     )
     [container] = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["ports"] == [{"name": "http", "containerPort": 9123, "protocol": "TCP"}]
+    assert container["ports"] == [
+        {"name": "http", "containerPort": 9123, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 9444, "protocol": "TCP"},
+    ]
     # The namespaced permissions follow the namespaces the flags name.
     leases = only(manifests, "Role", "-leader-election")
     assert leases["metadata"]["namespace"] == "ops-leases"
@@ -211,6 +224,7 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
     manifests = helm.template(release="gs", namespace="gpushare-system")
     kinds = sorted((m["kind"], m["metadata"].get("namespace", "")) for m in manifests)
     assert kinds == [
+        ("ClusterRole", ""),
         ("ClusterRole", ""),
         ("ClusterRoleBinding", ""),
         ("Deployment", "gpushare-system"),
@@ -252,7 +266,7 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["serviceAccountName"] == only(manifests, "ServiceAccount")["metadata"]["name"]
     [container] = pod["containers"]
-    assert container["image"] == "ghcr.io/gpushare/gpushare-operator:0.1.0"
+    assert container["image"] == "localhost/gpushare-operator:0.1.0"  # what `make image` names
     assert "command" not in container  # the image's entrypoint runs the operator
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True
@@ -264,7 +278,11 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
         assert {"cpu", "memory"} <= set(container["resources"][bound])
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["ports"] == [
+        {"name": "http", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 8443, "protocol": "TCP"},
+    ]
+    assert env["GPUSHARE_METRICS_INSECURE"] == "false"
 
     budget = only(manifests, "PodDisruptionBudget")
     assert budget["spec"]["minAvailable"] == 1
@@ -272,19 +290,26 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
     service = only(manifests, "Service")
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert service["spec"]["ports"] == [
-        {"name": "http-metrics", "port": 8080, "targetPort": "http", "protocol": "TCP"}
+        {"name": "https-metrics", "port": 8443, "targetPort": "metrics", "protocol": "TCP"}
     ]
+
+
+def granted_by(role: Manifest) -> dict[tuple[str, str], list[str]]:
+    return {
+        (group, resource): sorted(rule["verbs"])
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
 
 
 def test_rbac_is_least_privilege(helm: Helm) -> None:
     manifests = helm.template(release="gs", namespace="gpushare-system")
-    cluster = only(manifests, "ClusterRole")
-    granted = {
-        (group, resource): sorted(rule["verbs"])
-        for rule in cluster["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-    }
+    cluster = only(manifests, "ClusterRole", "-operator")
+    granted = granted_by(cluster)
+    # Asking the API server who a /metrics caller is and what it may do: nothing is read.
+    assert granted.pop(("authentication.k8s.io", "tokenreviews")) == ["create"]
+    assert granted.pop(("authorization.k8s.io", "subjectaccessreviews")) == ["create"]
     assert granted == {
         ("", "nodes"): ["get", "list", "patch", "watch"],
         ("", "pods"): ["get", "list", "watch"],
@@ -293,13 +318,20 @@ def test_rbac_is_least_privilege(helm: Helm) -> None:
         ("gpushare.dev", "gpunodestates"): ["create", "get", "list", "watch"],
         ("gpushare.dev", "gpunodestates/status"): ["patch"],
     }
+    reader = only(manifests, "ClusterRole", "-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    insecure = helm.template("--set", "operator.metricsInsecure=true")
+    assert not {"tokenreviews", "subjectaccessreviews"} & {
+        resource for _, resource in granted_by(only(insecure, "ClusterRole", "-operator"))
+    }, "plain-HTTP metrics need no reviews"
     every_rule = [r for m in manifests if m["kind"] in ("Role", "ClusterRole") for r in m["rules"]]
     for rule in every_rule:
-        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+        names = rule["verbs"] + rule.get("resources", []) + rule.get("apiGroups", [])
+        assert "*" not in names + rule.get("nonResourceURLs", []), rule
         assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(
             rule["verbs"]
         )
-        assert "secrets" not in rule["resources"]
+        assert "secrets" not in rule.get("resources", [])
     events = only(manifests, "Role", "-events")
     assert events["metadata"]["namespace"] == "default"
     assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
@@ -334,6 +366,10 @@ def test_service_monitor_and_dashboard_are_optional(helm: Helm) -> None:
     [endpoint] = monitor["spec"]["endpoints"]
     assert endpoint["port"] == service["spec"]["ports"][0]["name"]
     assert endpoint["path"] == "/metrics"
+    # Prometheus scrapes over HTTPS with its own token (bound to the metrics-reader role).
+    assert endpoint["scheme"] == "https"
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert endpoint["tlsConfig"] == {"insecureSkipVerify": True}
 
     dashboard = only(manifests, "ConfigMap", "-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -358,6 +394,9 @@ def dashboard_metrics(board: Mapping[str, Any]) -> set[str]:
         ("operator.renewDeadline=20", "renewDeadline"),
         ("devicePlugin.namespace=Not_A_Namespace", "namespace"),
         ("podDisruptionBudget.minAvailable=2", "minAvailable"),
+        ("operator.metricsPort=8080", "must differ"),
+        ("operator.metricsCertFile=/tls/c.crt", "metricsKeyFile"),
+        ("operator.metricsInsecure=yes", "metricsInsecure"),
     ],
 )
 def test_bad_values_are_refused(helm: Helm, setting: str, complaint: str) -> None:
@@ -366,157 +405,11 @@ def test_bad_values_are_refused(helm: Helm, setting: str, complaint: str) -> Non
     assert complaint in result.stderr, result.stderr
 
 
-@pytest.fixture
-def namespaces(control_plane: ControlPlane) -> Iterator[list[str]]:
-    """Namespaces a test creates (``create_namespace``); deleted afterwards."""
-    created: list[str] = []
-    yield created
-    for name in created:
-        control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
-
-
-def create_namespace(plane: ControlPlane, created: list[str], prefix: str) -> str:
-    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    status, raw = plane.request("POST", "/api/v1/namespaces", body=body)
-    assert status == 201, raw
-    created.append(name)
-    return name
-
-
-def kubectl(plane: ControlPlane, *args: str, stdin: str | None = None) -> str:
-    result = subprocess.run(
-        [str(plane.bin_dir / "kubectl"), "--kubeconfig", str(plane.admin_kubeconfig), *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
-def test_rendered_manifests_pass_server_side_dry_run(
-    control_plane: ControlPlane, helm: Helm, namespaces: list[str]
-) -> None:
-    release_ns = create_namespace(control_plane, namespaces, "gs")
-    plugin_ns = create_namespace(control_plane, namespaces, "plugin")
-    rendered = helm.render(
-        "--set",
-        f"devicePlugin.namespace={plugin_ns},grafanaDashboard.enabled=true",
-        release="dry",
-        namespace=release_ns,
-    ).stdout
-    out = kubectl(
-        control_plane,
-        "apply",
-        "--server-side",
-        "--field-manager=helm-dry-run",
-        "--dry-run=server",
-        "-f",
-        "-",
-        stdin=rendered,
-    )
-    applied = [line for line in out.splitlines() if line.endswith("(server dry run)")]
-    assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]) == 13, out
-    # A dry run: nothing was created.
-    status, _ = control_plane.request(
-        "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/dry-gpushare-operator"
-    )
-    assert status == 404
-
-
-# Every kind the chart can create, as (API path prefix, plural, namespaced).
-CHART_KINDS = [
-    ("/apis/apps/v1", "deployments", True),
-    ("/api/v1", "serviceaccounts", True),
-    ("/api/v1", "services", True),
-    ("/api/v1", "configmaps", True),
-    ("/apis/policy/v1", "poddisruptionbudgets", True),
-    ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
-    ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
-    ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
-    ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
-]
-
-
-def release_objects(plane: ControlPlane, release: str) -> list[tuple[str, str, str]]:
-    """(plural, namespace, name) of every object labelled with the release, in any namespace."""
-    found = []
-    for prefix, plural, _ in CHART_KINDS:
-        status, raw = plane.request(
-            "GET", f"{prefix}/{plural}?labelSelector={INSTANCE}%3D{release}"
-        )
-        assert status == 200, raw
-        for item in json.loads(raw)["items"]:
-            meta = item["metadata"]
-            found.append((plural, meta.get("namespace", ""), meta["name"]))
-    return sorted(found)
-
-
-def test_install_creates_everything_and_uninstall_leaves_nothing(
-    control_plane: ControlPlane, helm: Helm, namespaces: list[str], crds_installed: None
-) -> None:
-    release_ns = create_namespace(control_plane, namespaces, "gs")
-    plugin_ns = create_namespace(control_plane, namespaces, "plugin")
-    release = f"gs-{uuid.uuid4().hex[:6]}"
-    helm.run(
-        "install",
-        release,
-        str(CHART),
-        "--namespace",
-        release_ns,
-        "--set",
-        f"devicePlugin.namespace={plugin_ns},grafanaDashboard.enabled=true",
-    )
-    try:
-        full = f"{release}-gpushare-operator"
-        assert release_objects(control_plane, release) == sorted(
-            [
-                ("deployments", release_ns, full),
-                ("serviceaccounts", release_ns, full),
-                ("services", release_ns, f"{full}-metrics"),
-                ("configmaps", release_ns, f"{full}-dashboard"),
-                ("poddisruptionbudgets", release_ns, full),
-                ("roles", release_ns, f"{full}-leader-election"),
-                ("roles", "default", f"{full}-events"),
-                ("roles", plugin_ns, f"{full}-device-plugin-config"),
-                ("rolebindings", release_ns, f"{full}-leader-election"),
-                ("rolebindings", "default", f"{full}-events"),
-                ("rolebindings", plugin_ns, f"{full}-device-plugin-config"),
-                ("clusterroles", "", full),
-                ("clusterrolebindings", "", full),
-            ]
-        )
-        status, raw = control_plane.request(
-            "GET", f"/apis/apps/v1/namespaces/{release_ns}/deployments/{full}"
-        )
-        assert status == 200
-        assert json.loads(raw)["spec"]["replicas"] == 2
-        listed = json.loads(helm.run("list", "--namespace", release_ns, "-o", "json").stdout)
-        assert [(r["name"], r["status"]) for r in listed] == [(release, "deployed")]
-        notes = helm.run("get", "notes", release, "--namespace", release_ns).stdout
-        assert "devicePlugin.config.name=gpushare-device-plugin-configs" in notes
-    finally:
-        helm.run("uninstall", release, "--namespace", release_ns, "--wait", "--timeout", "60s")
-
-    assert release_objects(control_plane, release) == []
-    status, raw = control_plane.request(
-        "GET", f"/api/v1/namespaces/{release_ns}/secrets?labelSelector=owner%3Dhelm"
-    )
-    assert json.loads(raw)["items"] == []  # Helm's own release record is gone too
-    for crd in ("gpusharingpolicies.gpushare.dev", "gpunodestates.gpushare.dev"):
-        status, _ = control_plane.request(
-            "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}"
-        )
-        assert status == 200, f"{crd} must outlive the release"
-
-
 async def test_the_dashboard_charts_metrics_the_operator_exports(
     crds_installed: None, namespace: str, start_operator: OperatorFactory
 ) -> None:
     operator = await start_operator("--device-plugin-namespace", namespace)
-    url = f"http://127.0.0.1:{operator.http_port}/metrics"
+    url = f"http://127.0.0.1:{operator.metrics_port}/metrics"  # insecure: see conftest
     with urllib.request.urlopen(url, timeout=10) as response:  # noqa: ASYNC210 - one local read
         text = response.read().decode()
     families = dict(re.findall(r"^# TYPE (gpushare_[a-z_]+) ([a-z]+)$", text, re.M))

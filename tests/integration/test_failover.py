@@ -286,7 +286,7 @@ def resume(operator: RunningOperator) -> None:
 
 
 async def leader_gauge(operator: RunningOperator) -> float:
-    url = f"http://127.0.0.1:{operator.http_port}/metrics"
+    url = f"http://127.0.0.1:{operator.metrics_port}/metrics"
     async with aiohttp.ClientSession() as session, session.get(url) as response:
         assert response.status == 200
         text = await response.text()

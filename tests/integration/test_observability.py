@@ -1,4 +1,6 @@
-"""/metrics, /healthz and /readyz of a running operator, scraped as Prometheus and kubelet would.
+"""/metrics, /healthz and /readyz of a running operator, scraped as Prometheus and kubelet would:
+/metrics over HTTPS with the token of a ServiceAccount the chart's metrics-reader role is bound
+to, the probes over plain HTTP.
 
 The operator runs as a child process against the real API server with the GPU node simulator;
 its figures are compared with what it published on the API (policy status), and readiness is
@@ -24,7 +26,10 @@ from gpushare_operator.testing.controlplane import ControlPlane
 from gpushare_operator.testing.simulator import GpuClusterSimulator
 from tests.integration import helpers as h
 from tests.integration.conftest import OPERATOR_NAMESPACE, OperatorFactory, RunningOperator
+from tests.integration.scraping import Scraper, fetch, metrics_reader
 from tests.waiting import eventually
+
+__all__ = ["metrics_reader"]  # a fixture, used by name
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
@@ -64,10 +69,8 @@ def report(message: str) -> None:
 
 
 async def get(operator: RunningOperator, path: str) -> tuple[int, str]:
-    url = f"http://127.0.0.1:{operator.http_port}{path}"
-    timeout = aiohttp.ClientTimeout(total=10)
-    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as response:
-        return response.status, await response.text()
+    """A probe, as the kubelet asks: plain HTTP, no credentials."""
+    return await fetch(operator.http_port, path, scheme="http")
 
 
 async def probe(operator: RunningOperator, path: str) -> int | None:
@@ -98,8 +101,8 @@ class Scrape:
         return None
 
 
-async def scrape(operator: RunningOperator) -> Scrape:
-    status, text = await get(operator, "/metrics")
+async def scrape(operator: RunningOperator, reader: Scraper) -> Scrape:
+    status, text = await fetch(operator.metrics_port, "/metrics", token=reader.token)
     assert status == 200, text
     return Scrape({f.name: f for f in text_string_to_metric_families(text)})
 
@@ -118,7 +121,9 @@ async def start_leader(
 ) -> RunningOperator:
     delete_lease(control_plane)
     identity = f"obs-{uuid.uuid4().hex[:6]}"
-    return await start_operator("--device-plugin-namespace", namespace, "--identity", identity)
+    return await start_operator(
+        "--device-plugin-namespace", namespace, "--identity", identity, "--no-metrics-insecure"
+    )
 
 
 def policy_figures(scrape: Scrape, name: str) -> dict[str, float | None]:
@@ -157,6 +162,7 @@ async def test_metrics_match_the_published_policy_status(
     sim: GpuClusterSimulator,
     namespace: str,
     policies: list[str],
+    metrics_reader: Scraper,
     start_operator: OperatorFactory,
 ) -> None:
     pool = h.unique("pool")
@@ -179,7 +185,7 @@ async def test_metrics_match_the_published_policy_status(
     assert status == 201, created
 
     async def pair() -> tuple[Scrape, dict[str, dict[str, Any]]]:
-        return await scrape(operator), {
+        return await scrape(operator, metrics_reader), {
             name: await h.get_policy(sim.client, name) for name in (high, low)
         }
 
@@ -243,19 +249,20 @@ async def test_node_events_ingested_grow_after_a_relabel(
     control_plane: ControlPlane,
     sim: GpuClusterSimulator,
     namespace: str,
+    metrics_reader: Scraper,
     start_operator: OperatorFactory,
 ) -> None:
     [name] = await sim.create_gpu_nodes(pool=h.unique("pool"), count=1)
     operator = await start_leader(control_plane, start_operator, namespace)
     await sim.wait_idle()
-    before = await scrape(operator)
+    before = await scrape(operator, metrics_reader)
     events = before.value("gpushare_events_ingested_total", kind="Node") or 0.0
     timed = before.value("gpushare_ingest_seconds_count", kind="Node") or 0.0
 
     relabelled = time.monotonic()
     await sim.relabel(name, {"team": "vision"})
     after = await eventually(
-        lambda: scrape(operator),
+        lambda: scrape(operator, metrics_reader),
         until=lambda s: (s.value("gpushare_events_ingested_total", kind="Node") or 0) > events,
         interval=0.05,
         what="the Node event count to grow",

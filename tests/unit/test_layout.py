@@ -1,4 +1,4 @@
-"""Guards on the project layout that DESIGN.md §5 fixes."""
+"""Guards on the project layout that docs/architecture.md describes."""
 
 from __future__ import annotations
 

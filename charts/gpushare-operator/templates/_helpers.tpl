@@ -80,6 +80,12 @@ noise, as strings (environment variables are strings).
 {{/* The timings must be ordered as the operator requires, or it would refuse to start. */}}
 {{- define "gpushare-operator.validate" -}}
 {{- $o := .Values.operator }}
+{{- if eq (int $o.metricsPort) (int $o.httpPort) }}
+{{- fail (printf "operator: metricsPort and httpPort must differ (both %v): they are two servers" $o.httpPort) }}
+{{- end }}
+{{- if ne (empty (include "gpushare-operator.metricsCertFile" .)) (empty (include "gpushare-operator.metricsKeyFile" .)) }}
+{{- fail "operator: set both metricsCertFile and metricsKeyFile, or neither" }}
+{{- end }}
 {{- if not (and (lt (float64 $o.retryPeriod) (float64 $o.renewDeadline)) (lt (float64 $o.renewDeadline) (float64 $o.leaseDuration))) }}
 {{- fail (printf "operator: need retryPeriod (%v) < renewDeadline (%v) < leaseDuration (%v)" $o.retryPeriod $o.renewDeadline $o.leaseDuration) }}
 {{- end }}
@@ -89,4 +95,41 @@ noise, as strings (environment variables are strings).
 {{- fail (printf "podDisruptionBudget.minAvailable (%v) must be below replicaCount (%v), or the budget blocks every node drain" $pdb.minAvailable .Values.replicaCount) }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{- define "gpushare-operator.metricsTlsDir" -}}
+/etc/gpushare/metrics-tls
+{{- end }}
+
+{{/* --metrics-cert-file / --metrics-key-file: as set, else metricsCertSecret's files. */}}
+{{- define "gpushare-operator.metricsCertFile" -}}
+{{- if .Values.operator.metricsCertFile }}
+{{- .Values.operator.metricsCertFile }}
+{{- else if .Values.metricsCertSecret }}
+{{- include "gpushare-operator.metricsTlsDir" . }}/tls.crt
+{{- end }}
+{{- end }}
+
+{{- define "gpushare-operator.metricsKeyFile" -}}
+{{- if .Values.operator.metricsKeyFile }}
+{{- .Values.operator.metricsKeyFile }}
+{{- else if .Values.metricsCertSecret }}
+{{- include "gpushare-operator.metricsTlsDir" . }}/tls.key
+{{- end }}
+{{- end }}
+
+{{/*
+"true" when the Role in the device-plugin namespace can be created: the namespace exists, or
+Helm cannot tell (`helm template`, a client-side dry run: every lookup comes back empty, even
+of kube-system, which every cluster has), in which case it is rendered as if it existed.
+*/}}
+{{- define "gpushare-operator.devicePluginNamespaceReady" -}}
+{{- if not (lookup "v1" "Namespace" "" "kube-system") }}true
+{{- else if lookup "v1" "Namespace" "" .Values.devicePlugin.namespace }}true
+{{- end }}
+{{- end }}
+
+{{/* The metrics Service port's name says its scheme (Prometheus and Istio read it so). */}}
+{{- define "gpushare-operator.metricsPortName" -}}
+{{- if .Values.operator.metricsInsecure }}http-metrics{{ else }}https-metrics{{ end }}
 {{- end }}

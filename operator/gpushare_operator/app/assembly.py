@@ -9,7 +9,6 @@ from typing import Any
 
 import kopf
 import structlog
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpushare_operator.app import heap, observability
@@ -98,7 +97,7 @@ class Assembly:
             policy_max_wait=s.policy_status_max_delay,
         )
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._http: web.AppRunner | None = None
+        self._http: observability.Servers | None = None
         self._primed = False
 
     def _informers(self) -> list[Informer]:
@@ -107,6 +106,7 @@ class Assembly:
             path=f"/api/v1/namespaces/{s.device_plugin_namespace}/configmaps",
             kind="ConfigMap",
             field_selector=f"metadata.name={s.device_plugin_configmap}",
+            forbidden_is_empty=True,  # until the chart's Role exists there; the writer says so
         )
         targets: list[tuple[Target, Sink]] = [
             (Target(path="/api/v1/nodes", kind="Node"), NodeSink(self.state)),
@@ -141,8 +141,7 @@ class Assembly:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        app = observability.build_app(self, self.registry)
-        self._http = await observability.serve(app, port=self.settings.http_port)
+        self._http = await observability.serve(self, self.registry)
         self._spawn("bootstrap", self._run())
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:

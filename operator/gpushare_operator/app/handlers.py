@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import kopf
 
 from gpushare_operator.app.assembly import Assembly
 from gpushare_operator.core import models
+
+if TYPE_CHECKING:  # kopf.operator's parameter type, which kopf does not re-export
+    from kopf._core.engines.peering import Identity
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +53,7 @@ def build_registry(assembly: Assembly, *, stop: asyncio.Event) -> kopf.OperatorR
 
 
 def configure_kopf(settings: kopf.OperatorSettings) -> None:
-    settings.peering.standalone = True  # Lease-based election instead (DESIGN.md §6)
+    settings.peering.standalone = True  # Lease-based election instead (docs/architecture.md)
     settings.posting.enabled = False  # our own rate-limited Events only
     settings.scanning.disabled = True  # no CRD/namespace scanning: less RBAC, nothing to find
     settings.watching.server_timeout = 270
@@ -67,4 +70,7 @@ async def run_kopf(*, assembly: Assembly, stop: asyncio.Event) -> None:
         standalone=True,
         clusterwide=True,
         stop_flag=stop,
+        # Ours, not kopf's guess: that asks the passwd database for the user's name, and the
+        # image's uid (65532, or whatever runAsUser a cluster sets) has no entry there.
+        identity=cast("Identity", assembly.settings.identity),
     )

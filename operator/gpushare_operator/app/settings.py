@@ -22,6 +22,10 @@ class Settings:
     device_plugin_namespace: str
     device_plugin_configmap: str
     http_port: int
+    metrics_port: int
+    metrics_insecure: bool
+    metrics_cert_file: str
+    metrics_key_file: str
     identity: str
     write_qps: float
     write_burst: int
@@ -58,6 +62,15 @@ def _above_zero_float(text: str) -> float:
     return value
 
 
+def _boolean(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("", "0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -85,7 +98,28 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]
     flag(
         "device-plugin-configmap", "gpushare-device-plugin-configs", "device-plugin ConfigMap name"
     )
-    flag("http-port", "8080", "port for /metrics, /healthz and /readyz", _positive_int)
+    flag("http-port", "8080", "plain-HTTP port for /healthz and /readyz", _positive_int)
+    flag(
+        "metrics-port", "8443", "port for /metrics (HTTPS unless --metrics-insecure)", _positive_int
+    )
+    # A switch that the environment can turn on and a flag can still turn off, both ways.
+    try:
+        insecure = _boolean(_env_default(env, "metrics-insecure", "false"))
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"{_env_name('metrics-insecure')}: {exc}")
+    parser.add_argument(
+        "--metrics-insecure",
+        action=argparse.BooleanOptionalAction,
+        default=insecure,
+        help="serve /metrics over plain HTTP to anyone, without TokenReview and "
+        "SubjectAccessReview (env GPUSHARE_METRICS_INSECURE; default false)",
+    )
+    flag(
+        "metrics-cert-file",
+        "",
+        "PEM certificate for the /metrics server; empty: a self-signed one made at start",
+    )
+    flag("metrics-key-file", "", "PEM private key of --metrics-cert-file")
     flag("identity", socket.gethostname(), "this replica's identity in the Lease")
     flag("write-qps", "100", "sustained API writes per second", _above_zero_float)
     flag("write-burst", "200", "API writes allowed in a burst", _positive_int)
@@ -127,6 +161,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         device_plugin_namespace=args.device_plugin_namespace,
         device_plugin_configmap=args.device_plugin_configmap,
         http_port=args.http_port,
+        metrics_port=args.metrics_port,
+        metrics_insecure=args.metrics_insecure,
+        metrics_cert_file=args.metrics_cert_file,
+        metrics_key_file=args.metrics_key_file,
         identity=args.identity,
         write_qps=args.write_qps,
         write_burst=args.write_burst,
@@ -142,6 +180,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     )
     if not settings.retry_period < settings.renew_deadline < settings.lease_duration:
         raise ValueError("need retry-period < renew-deadline < lease-duration")
+    if settings.metrics_port == settings.http_port:
+        raise ValueError("metrics-port and http-port must differ: they are two servers")
+    if bool(settings.metrics_cert_file) != bool(settings.metrics_key_file):
+        raise ValueError("give both metrics-cert-file and metrics-key-file, or neither")
     return settings
 
 

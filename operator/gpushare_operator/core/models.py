@@ -207,7 +207,7 @@ class NodePhase(enum.StrEnum):
 
 
 class _Model(BaseModel):
-    # Frozen: records are shared between caches and snapshots, never copied (DESIGN.md §4).
+    # Frozen: records are shared between caches and snapshots, never copied (docs/architecture.md).
     # Unknown fields are ignored, not refused: the apiserver prunes them anyway, and a newer CRD
     # must not make an older operator fail on fields it does not know yet.
     model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)

@@ -50,6 +50,10 @@ class Target:
     # list of a 5,000-node cluster the operator's peak memory, for no gain in speed.
     page_size: int = 100
     watch_timeout: int = 290  # server-side; we reconnect from the last resourceVersion
+    # A collection the operator may be refused at first (the device-plugin ConfigMap before its
+    # Role exists): a 403 on the first list counts as an empty listing, so the operator syncs and
+    # says why it cannot write; the list is retried until allowed.
+    forbidden_is_empty: bool = False
 
 
 @dataclass
@@ -130,6 +134,10 @@ class Informer:
             except Gone:
                 log.info("watch expired (410 Gone): re-listing", kind=self._target.kind)
             except (TimeoutError, aiohttp.ClientError, http.ApiError, OSError) as exc:
+                if self._forbidden_before_sync(exc):
+                    self._sink.begin_relist()
+                    self._sink.end_relist()
+                    self.synced.set()
                 log.warning(
                     "list failed; retrying",
                     kind=self._target.kind,
@@ -138,6 +146,14 @@ class Informer:
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
+
+    def _forbidden_before_sync(self, exc: Exception) -> bool:
+        return (
+            self._target.forbidden_is_empty
+            and not self.synced.is_set()
+            and isinstance(exc, http.ApiError)
+            and exc.status == 403
+        )
 
     def _query(self, **extra: str) -> list[tuple[str, str]]:
         query = list(extra.items())

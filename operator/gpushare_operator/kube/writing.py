@@ -219,6 +219,14 @@ class ObjectWriter:
                 f"namespace {target.namespace} does not exist: install the GPU Operator (or create"
                 f" the namespace) so that ConfigMap {target.name} can be written; retrying"
             )
+        elif exc.status == 403:
+            # Refused before the namespace is even looked up: it may be missing, or present
+            # without the Role the chart creates there (at an install or upgrade that finds it).
+            problem = (
+                f"forbidden to write ConfigMap {target.namespace}/{target.name}: namespace"
+                f" {target.namespace} may not exist yet, or the operator's Role there is missing"
+                f" (`helm upgrade --reuse-values` creates it once the namespace exists); retrying"
+            )
         else:
             problem = f"cannot write ConfigMap {target.namespace}/{target.name}: {exc}"
         if self._planner.config_error != problem:

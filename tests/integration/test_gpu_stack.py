@@ -1,0 +1,311 @@
+"""The real GPU stack talks back: GFD's rewrites never move a node, Verified means the slots exist.
+
+The operator runs as a child process; the faithful simulator plays GFD (the ``-SHARED`` product
+suffix, the sharing labels), the device plugin (a restart window with 0 allocatable) and the
+config manager.  Label writes are counted in the API server's audit log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import yaml
+
+from gpushare_operator.testing import bodies
+from gpushare_operator.testing.controlplane import ControlPlane
+from gpushare_operator.testing.demo import POOLS, _create_pools
+from gpushare_operator.testing.simulator import GpuClusterSimulator
+from tests.integration import helpers as h
+from tests.integration.conftest import ROOT, OperatorFactory
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.usefixtures("crds_installed")
+
+PRODUCT = "nvidia.com/gpu.product"
+SAMPLES = ROOT / "examples" / "policies.yaml"
+
+
+def _phase(state: dict[str, Any] | None) -> str | None:
+    return (state or {}).get("status", {}).get("phase")
+
+
+async def _phase_is(sim: GpuClusterSimulator, node: str, phase: str, timeout: float = 60) -> Any:
+    return await eventually(
+        lambda: h.node_state(sim.client, node),
+        until=lambda s: _phase(s) == phase,
+        timeout=timeout,
+        what=f"{node} {phase}",
+    )
+
+
+def _label_writes(plane: ControlPlane, node: str) -> int:
+    return len(h.writes_to(h.operator_writes(plane), resource="nodes", name=node))
+
+
+async def _product_of(sim: GpuClusterSimulator, node: str) -> str:
+    return str((await h.node(sim.client, node))["metadata"]["labels"][PRODUCT])
+
+
+async def _rolled_out(
+    sim: GpuClusterSimulator, nodes: list[str], policy: str, *, shared: bool
+) -> None:
+    key = (
+        await eventually(
+            lambda: h.get_policy(sim.client, policy),
+            until=lambda b: bool((b.get("status") or {}).get("configKey")),
+            what="the policy's config key",
+        )
+    )["status"]["configKey"]
+    for node in nodes:
+        await eventually(
+            lambda node=node: h.node_state(sim.client, node),
+            until=lambda s: _phase(s) == "Verified" and s["status"]["configKey"] == key,
+            timeout=90,
+            what=f"{node} Verified with {key}",
+        )
+        product = await _product_of(sim, node)
+        assert product.endswith("-SHARED") is shared, product
+
+
+async def test_a_product_selected_policy_keeps_its_nodes_through_gfd_cycles(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("a10g")
+    nodes = await sim.create_gpu_nodes(pool=pool, count=3, product="NVIDIA-A10G", gpus=4)
+    name = h.unique("by-product")
+    body = h.policy(name, pool=pool)
+    body["spec"]["nodeSelector"] = {
+        "matchExpressions": [{"key": PRODUCT, "operator": "In", "values": ["NVIDIA-A10G"]}]
+    }
+    await h.add_policy(sim, policies, body)
+    await start_operator("--device-plugin-namespace", namespace)
+
+    await _rolled_out(sim, nodes, name, shared=True)  # GFD rewrote the product: still ours
+    state = await h.node_state(sim.client, nodes[0])
+    assert state is not None and state["status"]["product"] == "NVIDIA-A10G"
+    # Three more rollouts, the suffix going and coming back with each: one label write each.
+    await h.patch_policy(sim.client, name, {"strategy": "Exclusive", "replicas": None})
+    await _rolled_out(sim, nodes, name, shared=False)
+    await h.patch_policy(sim.client, name, {"strategy": "TimeSlicing", "replicas": 2})
+    await _rolled_out(sim, nodes, name, shared=True)
+    await h.patch_policy(sim.client, name, {"strategy": "MPS", "replicas": 3})
+    await _rolled_out(sim, nodes, name, shared=True)
+    await asyncio.sleep(3)  # a flap would relabel by now
+    assert {node: _label_writes(control_plane, node) for node in nodes} == dict.fromkeys(nodes, 4)
+    status = (await h.get_policy(sim.client, name))["status"]
+    assert (status["matchedNodes"], status["verifiedNodes"]) == (3, 3)
+
+
+async def test_verified_only_once_allocatable_agrees(
+    sim: GpuClusterSimulator,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("alloc")
+    [node] = await sim.create_gpu_nodes(pool=pool, count=1, gpus=2)
+    name = h.unique("alloc")
+    await h.add_policy(sim, policies, h.policy(name, pool=pool, replicas=4))
+    await start_operator("--device-plugin-namespace", namespace, "--mismatch-timeout", "6")
+    await _phase_is(sim, node, "Verified")
+
+    # The plugin advertises fewer slots than the config asks (say, a GPU fell off the bus)
+    # while GFD's labels still agree: not Verified, and after the timeout a Mismatch that says so.
+    sim.set_healthy(node, False)
+    patch = {"status": {"allocatable": {"nvidia.com/gpu": "4"}}}
+    await h.ok(sim.client, "PATCH", f"/api/v1/nodes/{node}/status", patch)
+    applied = await _phase_is(sim, node, "Applied", timeout=20)
+    assert (
+        "allocatable nvidia.com/gpu is 4, expected 8"
+        in h.condition(applied["status"], "Ready")["message"]
+    )
+    mismatch = await _phase_is(sim, node, "Mismatch", timeout=30)
+    assert (
+        "allocatable nvidia.com/gpu is 4, expected 8"
+        in h.condition(mismatch["status"], "Ready")["message"]
+    )
+    sim.set_healthy(node, True)
+    await h.ok(
+        sim.client,
+        "PATCH",
+        f"/api/v1/nodes/{node}/status",
+        {"status": {"allocatable": {"nvidia.com/gpu": "8"}}},
+    )
+    await _phase_is(sim, node, "Verified", timeout=30)
+
+
+async def test_the_restart_window_is_no_mismatch(
+    control_plane: ControlPlane,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    async with GpuClusterSimulator(
+        kubeconfig=control_plane.admin_kubeconfig, namespace=namespace, restart_window=4.0
+    ) as sim:
+        pool = h.unique("window")
+        nodes = await sim.create_gpu_nodes(pool=pool, count=2, gpus=2)
+        name = h.unique("window")
+        await h.create_policy(sim.client, h.policy(name, pool=pool, replicas=4))
+        try:
+            await start_operator("--device-plugin-namespace", namespace, "--mismatch-timeout", "8")
+            seen: set[str | None] = set()
+            zero_seen = False
+
+            async def watch() -> bool:
+                nonlocal zero_seen
+                for node in nodes:
+                    seen.add(_phase(await h.node_state(sim.client, node)))
+                    body = await h.node(sim.client, node)
+                    if body["status"].get("allocatable", {}).get("nvidia.com/gpu") == "0":
+                        zero_seen = True
+                return seen >= {"Verified"} and all(
+                    _phase(await h.node_state(sim.client, n)) == "Verified" for n in nodes
+                )
+
+            await eventually(watch, timeout=60, interval=0.1, what="both nodes Verified")
+            await h.patch_policy(sim.client, name, {"replicas": 3})
+            seen.clear()
+            await asyncio.sleep(0.5)
+            await eventually(watch, timeout=60, interval=0.1, what="the change Verified")
+            assert zero_seen, "the simulated device plugin never restarted"
+            assert "Mismatch" not in seen
+            for node in nodes:
+                events = await h.events_about(sim.client, node)
+                assert not [e for e in events if e["reason"] == "NotConfirmed"]
+        finally:
+            await h.delete_policy(sim.client, name)
+
+
+async def test_an_exclusive_policy_carves_a_pool_out_of_a_shared_one(
+    sim: GpuClusterSimulator,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("wide")
+    shared = await sim.create_gpu_nodes(pool=pool, count=2, gpus=4)
+    training = [
+        (
+            await sim.create_node(
+                bodies.gpu_node(
+                    name=h.unique("train"), pool=pool, gpus=4, extra_labels={"team": "training"}
+                )
+            )
+        )["metadata"]["name"]
+        for _ in range(2)
+    ]
+    wide, carve = h.unique("wide"), h.unique("training")
+    await h.add_policy(sim, policies, h.policy(wide, pool=pool, replicas=4, priority=10))
+    exclusive = h.policy(carve, pool=pool, strategy="Exclusive", priority=200)
+    del exclusive["spec"]["replicas"]
+    exclusive["spec"]["nodeSelector"]["matchLabels"]["team"] = "training"
+    await h.add_policy(sim, policies, exclusive)
+    await start_operator("--device-plugin-namespace", namespace)
+
+    for node in training:
+        state = await _phase_is(sim, node, "Verified", timeout=90)
+        assert state["status"]["policy"] == carve
+        assert state["status"]["strategy"] == "Exclusive"
+        assert state["status"]["slots"]["capacity"] == 4  # one slot per GPU
+        assert "-excl-" in state["status"]["configKey"]
+        labels = (await h.node(sim.client, node))["metadata"]["labels"]
+        assert labels["nvidia.com/gpu.sharing-strategy"] == "none"
+        assert not labels[PRODUCT].endswith("-SHARED")
+    for node in shared:
+        state = await _phase_is(sim, node, "Verified", timeout=90)
+        assert state["status"]["policy"] == wide
+        assert state["status"]["slots"]["capacity"] == 16
+    status = (await h.get_policy(sim.client, wide))["status"]
+    assert (status["matchedNodes"], status["conflictingNodes"]) == (4, 2)
+    carved = await eventually(
+        lambda: h.get_policy(sim.client, carve),
+        until=lambda b: (b.get("status") or {}).get("verifiedNodes") == 2,
+        what="the carve-out's status",
+    )
+    assert carved["status"]["slots"]["capacity"] == 8
+
+
+async def test_an_unsupported_winner_falls_through(
+    sim: GpuClusterSimulator,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("mig")
+    [mixed] = [
+        (
+            await sim.create_node(
+                bodies.gpu_node(name=h.unique("mixed"), pool=pool, gpus=2, mig_strategy="mixed")
+            )
+        )["metadata"]["name"]
+    ]
+    [plain] = await sim.create_gpu_nodes(pool=pool, count=1, gpus=2)
+    mps, ts = h.unique("mps"), h.unique("ts")
+    await h.add_policy(sim, policies, h.policy(mps, pool=pool, strategy="MPS", priority=100))
+    await h.add_policy(sim, policies, h.policy(ts, pool=pool, replicas=2, priority=1))
+    await start_operator("--device-plugin-namespace", namespace)
+
+    state = await _phase_is(sim, mixed, "Verified", timeout=90)
+    assert state["status"]["policy"] == ts  # MPS cannot work with mixed MIG: the next one does
+    assert state["status"]["slots"]["capacity"] == 4
+    assert (await _phase_is(sim, plain, "Verified", timeout=90))["status"]["policy"] == mps
+    body = await eventually(
+        lambda: h.get_policy(sim.client, mps),
+        until=lambda b: (b.get("status") or {}).get("unsupportedNodes") == 1,
+        what="the skipped node counted",
+    )
+    unsupported = h.condition(body["status"], "Unsupported")
+    assert unsupported["status"] == "True" and mixed in unsupported["message"]
+    await eventually(
+        lambda: h.events_about(sim.client, mps),
+        until=lambda es: any(e["reason"] == "NodesUnsupported" for e in es),
+        what="the NodesUnsupported Event",
+    )
+    ts_status = (await h.get_policy(sim.client, ts))["status"]
+    assert ts_status["slots"]["capacity"] >= 4  # the fallen-through node's slots count here
+
+
+async def test_the_make_run_samples_converge_with_gfd_rewriting_the_product(
+    control_plane: ControlPlane,
+    namespace: str,
+    start_operator: OperatorFactory,
+) -> None:
+    samples = list(yaml.safe_load_all(SAMPLES.read_text()))
+    by_product = [
+        s["metadata"]["name"]
+        for s in samples
+        if any(e["key"] == PRODUCT for e in s["spec"]["nodeSelector"].get("matchExpressions", []))
+    ]
+    assert by_product, "no sample policy selects by GPU product"
+    async with GpuClusterSimulator(
+        kubeconfig=control_plane.admin_kubeconfig, namespace=namespace, reaction_delay=1.0
+    ) as sim:
+        await _create_pools(sim)
+        names = [f"gpu-{pool}-{i}" for pool, count, *_ in POOLS for i in range(count)]
+        created = []
+        try:
+            for sample in samples:
+                await h.create_policy(sim.client, sample)
+                created.append(sample["metadata"]["name"])
+            await start_operator("--device-plugin-namespace", namespace)
+            for node in names:
+                await _phase_is(sim, node, "Verified", timeout=120)
+            for policy in by_product:
+                status = (await h.get_policy(sim.client, policy))["status"]
+                governed = [n for n in names if n.startswith(f"gpu-{policy}-")]
+                for node in governed:
+                    assert (await _product_of(sim, node)).endswith("-SHARED")
+                    assert _label_writes(control_plane, node) == 1  # no flap
+                assert status["verifiedNodes"] == len(governed) > 0
+        finally:
+            for name in created:
+                await h.delete_policy(sim.client, name)
+            for node in names:
+                await sim.delete_node(node)

@@ -18,7 +18,7 @@ from gpushare_operator.cache.planner import Planner, Timings
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import models
-from gpushare_operator.kube import listing
+from gpushare_operator.kube import connection, listing
 from gpushare_operator.kube.connection import ApiHandle
 from gpushare_operator.kube.election import LeaseElector, LeaseTimings
 from gpushare_operator.kube.events import EventRecorder, ObjectRef
@@ -60,8 +60,10 @@ class Assembly:
         self.registry = CollectorRegistry()
         self.telemetry = observability.PrometheusTelemetry(self.registry)
         self.registry.register(observability.StateCollector(self))
+        configuration = handle.configuration
         self.gate = LeaseElector(
-            api=api,
+            # Its own client (pool, timeouts) in its own thread: see kube/election.py.
+            connect=lambda: connection.election_client(configuration),
             namespace=s.namespace,
             name=LEASE_NAME,
             identity=s.identity,
@@ -231,8 +233,8 @@ class Assembly:
 
     async def stop(self) -> None:
         # The writer stops first, then the lease goes back, so no write can follow the release.
-        await self._cancel(["bootstrap", "elector"])
-        await self.gate.release()
+        await self._cancel(["bootstrap"])
+        await self.gate.stop(release=True)
         await self._cancel(list(self._tasks))
         if self._http is not None:
             await self._http.cleanup()

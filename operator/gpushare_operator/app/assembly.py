@@ -13,6 +13,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpushare_operator.app import heap, observability
+from gpushare_operator.app.looplag import LoopLagMonitor
 from gpushare_operator.app.settings import Settings
 from gpushare_operator.cache.planner import Planner, Timings
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
@@ -63,6 +64,7 @@ class Assembly:
         self.registry = CollectorRegistry()
         self.telemetry = observability.PrometheusTelemetry(self.registry)
         self.registry.register(observability.StateCollector(self))
+        self.loop_lag = LoopLagMonitor(registry=self.registry)
         configuration = handle.configuration
         self.gate = LeaseElector(
             # Its own client (pool, timeouts) in its own thread: see kube/election.py.
@@ -149,6 +151,7 @@ class Assembly:
     async def start(self) -> None:
         app = observability.build_app(self, self.registry)
         self._http = await observability.serve(app, port=self.settings.http_port)
+        self._spawn("loop-lag", self.loop_lag.run())
         self._spawn("bootstrap", self._run())
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:

@@ -1,11 +1,12 @@
 """SIGTERM in the middle of a burst of writes: the old leader's last write lands before the new
 leader's first.
 
-Two replicas (users ``gpushare-a`` and ``gpushare-b``) at ``--write-qps 20``; a pool of GPU nodes
-and its policy give the leader ~100 writes to make, and it is sent SIGTERM once it is well into
-them.  The API server's audit log says when each write was received and when its answer was
-complete (``stageTimestamp`` at ResponseComplete): every write of the old leader must be
-complete before the new leader's first write is received, and before its own Lease release.
+Two replicas (users ``gpushare-a`` and ``gpushare-b``) at ``--write-qps 150``; a pool of 80 GPU
+nodes and its policy give the leader ~250 writes to make, and it is sent SIGTERM once it is well
+into them, with writes on the wire.  The API server's audit log says when each write was
+received and when its answer was complete (``stageTimestamp`` at ResponseComplete): every write
+of the old leader must be complete before its own Lease release is received, and before the new
+leader's first write.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ from tests.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
-NODES = 30
-WRITE_FLAGS = ("--write-qps", "20", "--write-burst", "1")
+NODES = 80
+# Fast enough that writes are always on the wire (16 in flight), slow enough that the burst
+# outlasts the poll that decides when to send the signal.
+WRITE_FLAGS = ("--write-qps", "150", "--write-burst", "16")
 
 
 def completed(event: AuditEvent) -> datetime:
@@ -114,15 +117,17 @@ async def test_sigterm_during_a_burst_no_old_write_lands_after_the_new_leaders_f
     new = [e for e in replicas.writes(follower) if not is_lease(e)]
     first_new = received(new[0])
     last_old = max(completed(e) for e in old)
-    in_flight = [e for e in old if received(e) >= terminated_at]
+    in_flight = [e for e in old if completed(e) >= terminated_at]
     report(
         f"SIGTERM after {len(burst_writes())} of the burst's writes: {len(in_flight)} old "
-        f"write(s) received after the signal; the last old write completed "
+        f"write(s) completed after the signal; the last old write completed "
         f"{seconds(last_old, terminated_at):.3f} s after it, the release was received "
         f"{seconds(received(release), terminated_at):.3f} s after it, the new leader's first "
         f"write {seconds(first_new, terminated_at):.3f} s after it ({len(new)} new writes)"
     )
-    # Nothing of the old leader's lands after its release, nor after the new leader's first.
+    # Writes were on the wire at the signal: they were let finish...
+    assert in_flight, "no write in flight at the signal: the burst ended too soon"
+    # ...and nothing of the old leader's lands after its release, nor after the new leader's first.
     released = received(release)
     assert last_old <= released, describe([e for e in old if completed(e) > released])
     assert last_old <= first_new, describe([e for e in old if completed(e) > first_new])

@@ -12,11 +12,12 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from gpushare_operator.app import heap, observability
+from gpushare_operator.app.looplag import LoopLagMonitor
 from gpushare_operator.app.settings import Settings
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import models
-from gpushare_operator.kube import listing
+from gpushare_operator.kube import connection, listing
 from gpushare_operator.kube.connection import ApiHandle
 from gpushare_operator.kube.election import LeaseElector, LeaseTimings
 from gpushare_operator.kube.events import EventRecorder, ObjectRef
@@ -42,6 +43,9 @@ PODS = Target(
 # silent for this long is stuck, and /healthz says so.
 INFORMER_STALL_TIMEOUT = 600.0
 POLICY_RESYNC_PERIOD = 60.0
+# On stop, the writes already sent get the time left before our renew deadline, less this: the
+# lease goes back only once they are answered, and well before it could have run out.
+STOP_MARGIN = 1.0
 
 
 def _report_death(task: asyncio.Task[None]) -> None:
@@ -59,8 +63,11 @@ class Assembly:
         self.registry = CollectorRegistry()
         self.telemetry = observability.PrometheusTelemetry(self.registry)
         self.registry.register(observability.StateCollector(self))
+        self.loop_lag = LoopLagMonitor(registry=self.registry)
+        configuration = handle.configuration
         self.gate = LeaseElector(
-            api=api,
+            # Its own client (pool, timeouts) in its own thread: see kube/election.py.
+            connect=lambda: connection.election_client(configuration),
             namespace=s.namespace,
             name=LEASE_NAME,
             identity=s.identity,
@@ -71,7 +78,8 @@ class Assembly:
             ),
             on_change=self._leadership_changed,
         )
-        self.recorder = EventRecorder(api=api, allowed=self.gate.is_leader)
+        # The writer's gate, not the elector's: no Event either once a graceful stop began.
+        self.recorder = EventRecorder(api=api, allowed=lambda: self.writer.writes_allowed())
         self.planner = Planner(
             self.state,
             timings=Timings(
@@ -142,6 +150,7 @@ class Assembly:
 
     async def start(self) -> None:
         self._http = await observability.serve(self, self.registry)
+        self._spawn("loop-lag", self.loop_lag.run())
         self._spawn("bootstrap", self._run())
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
@@ -229,9 +238,20 @@ class Assembly:
         )
 
     async def stop(self) -> None:
-        # The writer stops first, then the lease goes back, so no write can follow the release.
-        await self._cancel(["bootstrap", "elector"])
-        await self.gate.release()
+        """Stop writing, let what was sent land, and only then hand the lease back.
+
+        The elector keeps renewing meanwhile, in its own thread, so the drain cannot cost us the
+        lease; the drain is bounded by the time left before our renew deadline all the same.
+        Cancelling a request that is already sent does not unsend it: were the lease released
+        first, a follower could lead while our last writes still land.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, self.gate.time_left() - STOP_MARGIN)
+        drained = await self.writer.stop(timeout=deadline - loop.time())
+        # The new leader's Event, if one is still being posted, shares the same deadline.
+        await self.gate.stop(release=drained, settle=max(0.0, deadline - loop.time()))
+        if not drained:
+            log.warning("writes still in flight at stop: the lease is left to run out")
         await self._cancel(list(self._tasks))
         if self._http is not None:
             await self._http.cleanup()

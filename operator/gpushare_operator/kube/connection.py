@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from types import TracebackType
@@ -23,6 +24,20 @@ async def load_configuration(*, kubeconfig: str | None = None) -> client.Configu
 
 def api_client(configuration: client.Configuration) -> client.ApiClient:
     return client.ApiClient(configuration=configuration)
+
+
+# The elector makes one request at a time; a second connection covers a request that hung.
+ELECTION_POOL_SIZE = 2
+
+
+def election_client(configuration: client.Configuration) -> client.ApiClient:
+    """A client for leader election alone: its own connection pool, never shared with the
+    writer's requests, the informers' watches or kopf, as client-go's and controller-runtime's
+    leader election have their own.  Same server and credentials (a copy of ``configuration``,
+    whose token refresh hook comes along).  Call it on the loop that will use it."""
+    own = copy.deepcopy(configuration)
+    own.connection_pool_maxsize = ELECTION_POOL_SIZE
+    return client.ApiClient(configuration=own)
 
 
 async def server_version(api: client.ApiClient) -> str:

@@ -66,6 +66,15 @@ class InFlight:
                 self._return.discard(key)
                 self._again(key)
 
+    async def drain(self, *, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every background job to end; True if they all did.
+
+        A graceful stop lets requests already sent come back rather than cancel them: a
+        cancelled request may still land, after the lease has passed to another replica."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=max(0.0, timeout))
+        return not self._tasks
+
     async def cancel(self) -> None:
         """Stop every background job (shutdown): nothing may be left running."""
         tasks = set(self._tasks)

@@ -5,12 +5,17 @@ then nodes (labels by server-side apply, GPUNodeState status), several at once b
 writes for one object at a time, then policy statuses, which count what the node writes
 achieved and so wait until their nodes have settled.  Every write waits for the leader gate and
 for a token (see ``writing``).
+
+A graceful ``stop()`` refuses every write not yet sent (a job waiting for a token gives up at
+once) and waits for those already on the wire to come back, instead of cancelling them: a
+cancelled request may still reach the API server, after the lease has been handed back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -44,6 +49,48 @@ DEFAULT_POLICY_MAX_WAIT = 60.0  # seconds a policy status waits for its nodes to
 Job = tuple[Key, Coroutine[Any, Any, None]]
 
 
+class _StoppingGate:
+    """The leader gate as the writer's jobs see it: shut for good once the writer stops."""
+
+    def __init__(self, *, gate: LeaderGate, stopping: asyncio.Event) -> None:
+        self._gate = gate
+        self._stopping = stopping
+
+    def is_leader(self) -> bool:
+        return not self._stopping.is_set() and self._gate.is_leader()
+
+    def time_left(self) -> float:
+        return 0.0 if self._stopping.is_set() else self._gate.time_left()
+
+    async def wait_leader(self) -> None:
+        await self._gate.wait_leader()
+
+
+class _StoppingBucket(TokenBucket):
+    """The writer's token bucket, except that a job waiting for a token gives up (as if
+    leadership were lost) when the writer stops: at a low ``--write-qps`` the wait could
+    otherwise outlast the lease.  It keeps no tokens itself; every one comes from ``inner``."""
+
+    def __init__(self, *, inner: TokenBucket, stopping: asyncio.Event) -> None:
+        self._inner = inner
+        self._stopping = stopping
+
+    async def take(self) -> None:
+        if self._stopping.is_set():
+            raise LostLeadership()
+        taking = asyncio.ensure_future(self._inner.take())
+        stopped = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({taking, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (taking, stopped):
+                task.cancel()
+            await asyncio.gather(taking, stopped, return_exceptions=True)
+        if self._stopping.is_set():
+            raise LostLeadership()
+        taking.result()
+
+
 class Writer:
     def __init__(
         self,
@@ -62,12 +109,15 @@ class Writer:
         self._state = state
         self._planner = planner
         self._gate = gate
+        self._stopping = asyncio.Event()
+        self._idle = asyncio.Event()  # the loop is not running a write of its own
+        self._idle.set()
         self._out = ObjectWriter(
             api=api,
             state=state,
             planner=planner,
-            gate=gate,
-            bucket=bucket,
+            gate=_StoppingGate(gate=gate, stopping=self._stopping),
+            bucket=_StoppingBucket(inner=bucket, stopping=self._stopping),
             recorder=recorder,
             config=config,
             telemetry=telemetry,
@@ -89,18 +139,58 @@ class Writer:
         """Objects still to be written: dirty, being written, or a policy status held back."""
         return len(self._state.dirty) + len(self._flight.busy) + len(self._policy_waiting)
 
+    def writes_allowed(self) -> bool:
+        """Whether a write may start now: we lead and the writer has not been stopped (the
+        Event recorder asks too, so that no Event is posted after a graceful stop began)."""
+        return not self._stopping.is_set() and self._gate.is_leader()
+
     async def run(self) -> None:
         try:
             await self._loop()
         finally:
+            # Cancelled outright: nothing may be left running.  Ended by stop(): the jobs
+            # already sent are stop()'s to wait for.
+            if not self._stopping.is_set():
+                await self._flight.cancel()
+
+    async def stop(self, *, timeout: float) -> bool:
+        """Take no new write; give those already sent up to ``timeout`` seconds to come back.
+
+        True if none is left on the wire; what did not come back in time is cancelled, and the
+        caller should then not hand the lease back early (a cancelled request may still land).
+        """
+        deadline = time.monotonic() + timeout
+        self._stopping.set()
+        self._wake.set()
+        if not self._idle.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout=max(0.0, timeout))
+        drained = await self._flight.drain(timeout=deadline - time.monotonic())
+        if not drained or not self._idle.is_set():
+            log.warning(
+                "writes still in flight at stop; cancelling them", busy=len(self._flight.busy)
+            )
             await self._flight.cancel()
+            return False
+        return True
+
+    async def _until_leader_or_stopped(self) -> None:
+        waiting = asyncio.ensure_future(self._gate.wait_leader())
+        stopped = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({waiting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiting, stopped):
+                task.cancel()
+            await asyncio.gather(waiting, stopped, return_exceptions=True)
 
     async def _loop(self) -> None:
         leading = False
-        while True:
+        while not self._stopping.is_set():
             if not self._gate.is_leader():
                 leading = False
-                await self._gate.wait_leader()
+                await self._until_leader_or_stopped()
+                continue
             if not leading:
                 # Gaining leadership: look at everything once; only differences get written.
                 leading = True
@@ -115,7 +205,8 @@ class Writer:
                 await self._dispatch_one()
             except Exception:  # never let one bad object stop all writing
                 log.exception("writer round failed; continuing")
-                await asyncio.sleep(RETRY_AFTER)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), timeout=RETRY_AFTER)
 
     def resync(self) -> None:
         dirty = self._state.dirty
@@ -137,6 +228,9 @@ class Writer:
     async def _dispatch_one(self) -> None:
         """Take a slot, then choose what to write: chosen late, a job plans from fresh state."""
         await self._flight.slot()
+        if self._stopping.is_set():
+            self._flight.release()
+            return
         try:
             job = self._next_job()
         except BaseException:
@@ -149,7 +243,11 @@ class Writer:
         if key[0] == "config":
             # A barrier: nodes planned while the ConfigMap write is out would not see their new
             # key yet, and would publish a Pending status only to replace it a moment later.
-            await self._flight.run_here(key, self._guarded(key, work))
+            self._idle.clear()
+            try:
+                await self._flight.run_here(key, self._guarded(key, work))
+            finally:
+                self._idle.set()
         else:
             self._flight.spawn(key, self._guarded(key, work))
 

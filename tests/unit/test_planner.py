@@ -462,7 +462,7 @@ def test_timers_and_trackers_do_not_grow_with_replanning_or_departed_nodes(
     state.upsert_node(node("n1", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
     for _ in range(100):  # a busy node: planned again on every pod event
         planner.plan_node("n1")
-    assert len(planner._rechecks) == 1  # one Mismatch deadline, not a hundred
+    assert state.dirty.sizes()["timers"] == 1  # one Mismatch deadline, not a hundred
     assert "n1" in planner._applied_since
     state.delete_node("n1")
     planner.plan_node("n1")

@@ -462,9 +462,9 @@ def test_pod_events_mark_their_node_and_policy_dirty() -> None:
 
 
 def drain(state: ClusterState) -> None:
-    state.dirty.nodes.clear()
-    state.dirty.policies.clear()
-    state.dirty.configmap = False
+    queue = state.dirty
+    while queue.pop_node() is not None or queue.pop_policy() is not None or queue.pop_config():
+        pass
 
 
 def test_new_resource_asks_for_a_relist_once_and_the_relist_recovers_its_pods() -> None:
@@ -613,8 +613,7 @@ class UsageMachine(RuleBasedStateMachine):
     def _marks_dirty(self) -> Iterator[None]:
         """Whatever an event changes of published usage, it leaves dirty for the writer."""
         state = self.state
-        state.dirty.nodes.clear()
-        state.dirty.policies.clear()
+        drain(state)
         nodes = {n: self._published(n) for n in state.nodes}
         slots = {p: state.usage.policy_slots(p) for p in POLICIES}
         yield

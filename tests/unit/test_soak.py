@@ -40,7 +40,6 @@ def footprint(state: ClusterState, planner: Planner) -> dict[str, int]:
         "state": state,
         "index": state.index,
         "usage": state.usage,
-        "dirty": state.dirty,
         "planner": planner,
     }
     sizes = {}
@@ -48,6 +47,7 @@ def footprint(state: ClusterState, planner: Planner) -> dict[str, int]:
         for attribute, value in vars(obj).items():
             if isinstance(value, Sized) and not isinstance(value, str):
                 sizes[f"{owner}.{attribute}"] = len(value)
+    sizes.update({f"queue.{k}": v for k, v in state.dirty.sizes().items()})
     return sizes
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import models
+from gpushare_operator.core.workqueue import WorkQueue
 from gpushare_operator.kube import http, writing
 from gpushare_operator.kube.events import EventRecorder
 from gpushare_operator.kube.inflight import InFlight
@@ -144,17 +145,19 @@ async def test_a_policy_status_waits_for_its_nodes_to_settle(
 
 
 async def test_an_object_dirtied_while_being_written_is_written_again_after() -> None:
-    handed_back: list[tuple[str, str]] = []
-    flight = InFlight(limit=2, again=handed_back.append)
+    queue = WorkQueue(clock=lambda: 0.0)
+    flight = InFlight(limit=2, finished=queue.done)
     release = asyncio.Event()
 
     async def job() -> None:
         await release.wait()
 
+    queue.node("a")
     await flight.slot()
-    assert flight.claim(("node", "a"))
+    assert queue.get("node") == "a"
     flight.spawn(("node", "a"), job())
-    assert not flight.claim(("node", "a"))  # dirty again while in flight: not twice at once
+    queue.node("a")  # dirty again while in flight: not handed out twice at once
+    assert queue.get("node") is None
     assert flight.busy == {("node", "a")}
     release.set()
 
@@ -162,32 +165,32 @@ async def test_an_object_dirtied_while_being_written_is_written_again_after() ->
         return not flight.busy
 
     await eventually(done, timeout=2, what="the job to end")
-    assert handed_back == [("node", "a")]
-    assert flight.busy == set()
+    assert queue.get("node") == "a"  # handed back once its write was done
 
 
 async def test_slots_bound_the_jobs_and_cancel_leaves_none_behind() -> None:
-    flight = InFlight(limit=2, again=lambda key: None)
+    finished: list[tuple[str, str]] = []
+    flight = InFlight(limit=2, finished=finished.append)
     forever = asyncio.Event()
     for name in ("a", "b"):
         await flight.slot()
-        flight.claim(("node", name))
         flight.spawn(("node", name), forever.wait())  # type: ignore[arg-type]
     third = asyncio.create_task(flight.slot())
     await asyncio.sleep(0.01)
     assert not third.done()  # no third slot while two jobs run
     await flight.cancel()
     await asyncio.wait_for(third, timeout=1)  # cancelled jobs gave their slots back
+    assert sorted(finished) == [("node", "a"), ("node", "b")]  # and their keys
     flight.release()
     with pytest.raises(ValueError, match="at least one"):
-        InFlight(limit=0, again=lambda key: None)
+        InFlight(limit=0, finished=finished.append)
 
 
 async def test_a_failed_write_is_retried_without_waiting_for_another_event(
     cluster: tuple[ClusterState, Planner, SlowApi], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, planner, api = cluster
-    monkeypatch.setattr(writing, "RETRY_AFTER", 0.3)
+    state.dirty.base = 0.3  # the first retry comes within 0.3 s
     w = writer(state, planner, concurrency=4)
     task = asyncio.create_task(w.run())
     try:

@@ -12,7 +12,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from gpushare_operator.cache.dirty import DirtySet
 from gpushare_operator.cache.index import MatchIndex
 from gpushare_operator.cache.usage import UsageLedger
 from gpushare_operator.core import devconfigs, nodestates, resolution
@@ -20,6 +19,7 @@ from gpushare_operator.core import nodes as core_nodes
 from gpushare_operator.core import pods as core_pods
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy, compile_policy, keep_last_good
+from gpushare_operator.core.workqueue import WorkQueue
 
 ALWAYS_TRACKED = frozenset({core_nodes.GPU_RESOURCE, core_nodes.SHARED_RESOURCE})
 # How long a deleted policy's uid is remembered: longer than any list of policies can take to
@@ -58,7 +58,8 @@ class ClusterState:
         self.key_seen_wall: dict[str, float] = {}
         self.config_label_counts: Counter[str] = Counter()
         self.index = MatchIndex()
-        self.dirty = DirtySet()
+        # What needs a fresh look: the cache only marks it; the writer takes it (see workqueue).
+        self.dirty = WorkQueue(clock=clock)
         # Payloads written but not yet seen back through a watch: (kind, name) → payload.
         self.in_flight: dict[tuple[str, str], Any] = {}
         self.usage = UsageLedger()

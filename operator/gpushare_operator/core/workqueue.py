@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Final
 
 Key = tuple[str, str]  # (kind, name)
@@ -171,11 +171,49 @@ class WorkQueue:
         self._failures.pop(key, None)
         self._since.pop(key, None)
 
+    def pop(self, kind: str) -> str | None:
+        """``get`` and ``done`` at once, for whoever handles a key on the spot (a planning pass
+        with nothing to send; the tests' drains)."""
+        name = self.get(kind)
+        if name is not None:
+            self.done((kind, name))
+        return name
+
+    def pop_node(self) -> str | None:
+        return self.pop(NODE)
+
+    def pop_policy(self) -> str | None:
+        return self.pop(POLICY)
+
+    def pop_config(self) -> bool:
+        return self.pop(CONFIG) is not None
+
     # -- reading -------------------------------------------------------------------------------
 
     def pending(self, key: Key) -> bool:
         """Queued, processing, marked again, or waiting on a timer."""
         return key[1] in self._queued.get(key[0], {}) or key in self._processing or key in self._due
+
+    @property
+    def nodes(self) -> Collection[str]:
+        """Node names queued now (a live view)."""
+        return self._queued.get(NODE, {}).keys()
+
+    @property
+    def policies(self) -> Collection[str]:
+        return self._queued.get(POLICY, {}).keys()
+
+    @property
+    def configmap(self) -> bool:
+        return self.is_queued(CONFIG_KEY)
+
+    def timers(self, kind: str) -> int:
+        """Keys of ``kind`` waiting on a timer."""
+        return sum(1 for k in self._due if k[0] == kind)
+
+    def retrying(self) -> int:
+        """Keys whose last write failed and that wait for their back-off."""
+        return len(self._failures)
 
     def queued(self, kind: str) -> int:
         return len(self._queued.get(kind, ()))

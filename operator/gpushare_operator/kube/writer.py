@@ -23,6 +23,7 @@ import structlog
 from kubernetes_asyncio import client
 
 from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.core.workqueue import CONFIG, CONFIG_KEY, NODE, POLICY
 from gpushare_operator.kube.events import EventRecorder
 from gpushare_operator.kube.inflight import InFlight, Key
 from gpushare_operator.kube.leadership import LeaderGate
@@ -125,8 +126,8 @@ class Writer:
         self._node_rounds = 0
         self.settle = 0.2  # seconds to let a burst of events land before planning
         self.policy_max_wait = policy_max_wait
-        self._policy_waiting: dict[str, float] = {}  # policy -> since when its write waits
-        self._flight = InFlight(limit=concurrency, again=self._dirty_again)
+        self._queue = state.dirty
+        self._flight = InFlight(limit=concurrency, finished=self._finished)
         self._wake = asyncio.Event()
         state.dirty.set_waker(self._wake.set)
 
@@ -136,8 +137,12 @@ class Writer:
 
     @property
     def backlog(self) -> int:
-        """Objects still to be written: dirty, being written, or a policy status held back."""
-        return len(self._state.dirty) + len(self._flight.busy) + len(self._policy_waiting)
+        """Objects still to be written: queued, being written, a policy status held back, or
+        a failed write waiting for its back-off (plain timers, such as a node's Mismatch
+        deadline, are not work yet)."""
+        queue = self._queue
+        sizes = queue.sizes()
+        return sizes["queued"] + sizes["processing"] + queue.timers(POLICY) + queue.retrying()
 
     def writes_allowed(self) -> bool:
         """Whether a write may start now: we lead and the writer has not been stopped (the
@@ -210,7 +215,6 @@ class Writer:
 
     def resync(self) -> None:
         dirty = self._state.dirty
-        self._policy_waiting.clear()
         dirty.config()
         dirty.many_nodes(self._state.nodes)
         dirty.many_policies(self._state.policies)
@@ -252,26 +256,28 @@ class Writer:
             self._flight.spawn(key, self._guarded(key, work))
 
     def _next_job(self) -> Job | None:
-        dirty = self._state.dirty
-        if dirty.pop_config() and self._flight.claim(("config", "")):
-            return ("config", ""), self._out.write_config()
+        """The next key the queue hands out (processing from now until ``_finished``)."""
+        queue = self._queue
+        if queue.get(CONFIG) is not None:
+            return CONFIG_KEY, self._out.write_config()
         # Every few node rounds a policy gets its turn: sustained node churn (pods coming and
         # going) must not keep policy status unpublished.
         self._node_rounds += 1
-        if dirty.policies and self._node_rounds % POLICY_EVERY == 0:
+        if queue.policies and self._node_rounds % POLICY_EVERY == 0:
             job = self._policy_job()
             if job is not None:
                 return job
-        while (node := dirty.pop_node()) is not None:
-            if self._flight.claim(("node", node)):
-                return ("node", node), self._out.node_job(node)
+        node = queue.get(NODE)
+        if node is not None:
+            return (NODE, node), self._out.node_job(node)
         return self._policy_job()
 
     def _policy_job(self) -> Job | None:
-        dirty = self._state.dirty
-        while (name := dirty.pop_policy()) is not None:
-            if not self._policy_should_wait(name) and self._flight.claim(("policy", name)):
-                return ("policy", name), self._out.write_policy(name)
+        queue = self._queue
+        while (name := queue.get(POLICY)) is not None:
+            if not self._policy_should_wait(name):
+                return (POLICY, name), self._out.write_policy(name)
+            queue.done((POLICY, name))  # its timer brings it back
         return None
 
     def _policy_should_wait(self, name: str) -> bool:
@@ -282,13 +288,12 @@ class Writer:
         shows up in the policy's numbers.
         """
         now = self._state.clock()
-        since = self._policy_waiting.setdefault(name, now)
-        deadline = since + self.policy_max_wait
-        busy = self._flight.busy_names("node")
+        since = self._queue.waiting_since((POLICY, name))
+        deadline = (now if since is None else since) + self.policy_max_wait
+        busy = self._queue.processing(NODE)
         if now < deadline and self._planner.policy_unsettled(name, busy=busy):
-            self._planner.recheck(min(now + POLICY_POLL, deadline), "policy", name)
+            self._planner.recheck(min(now + POLICY_POLL, deadline), POLICY, name)
             return True
-        del self._policy_waiting[name]
         return False
 
     async def _guarded(self, key: Key, work: Coroutine[Any, Any, None]) -> None:
@@ -297,21 +302,18 @@ class Writer:
             await work
         except LostLeadership:
             # The gate may open again without the loop ever seeing it closed (one late
-            # renewal): keep the object dirty rather than count on a resync.
-            self._dirty_again(key)
+            # renewal): keep the object queued rather than count on a resync.
+            self._queue.add(key)
         except Exception:  # never let one bad object stop all writing
             log.exception("write failed; retrying", kind=key[0], name=key[1])
             self._out.retry_later(*key)
+        else:
+            if not self._out.job_failed():
+                self._queue.succeeded(key)  # its back-off starts again from the bottom
         finally:
             # A job may have set a timer (a retry, a propagation wait) while the loop slept
             # until an earlier one: wake it to look at the timers again.
             self._wake.set()
 
-    def _dirty_again(self, key: Key) -> None:
-        kind, name = key
-        if kind == "node":
-            self._state.dirty.node(name)
-        elif kind == "policy":
-            self._state.dirty.policy(name)
-        else:
-            self._state.dirty.config()
+    def _finished(self, key: Key) -> None:
+        self._queue.done(key)

@@ -41,6 +41,8 @@ RETRY_AFTER = 5.0
 # Whether the running job's first write already holds its token (see plan_with_token); a
 # context variable, so each job in flight has its own.
 _PREPAID: contextvars.ContextVar[bool] = contextvars.ContextVar("prepaid", default=False)
+# Whether the running job's write failed (and was put on its back-off); per job, as above.
+_FAILED: contextvars.ContextVar[bool] = contextvars.ContextVar("failed", default=False)
 
 
 class LostLeadership(Exception):
@@ -88,8 +90,12 @@ class ObjectWriter:
         self._announced_foreign: set[str] = set()
 
     def new_job(self) -> None:
-        """A job starts: its first write has no token yet."""
+        """A job starts: its first write has no token yet, and nothing has failed."""
         _PREPAID.set(False)
+        _FAILED.set(False)
+
+    def job_failed(self) -> bool:
+        return _FAILED.get()
 
     async def node_job(self, node: str) -> None:
         plan = await self.plan_with_token("node", lambda: self._planner.plan_node(node))
@@ -242,7 +248,11 @@ class ObjectWriter:
         self.retry_later("config", "")
 
     def retry_later(self, kind: str, name: str) -> None:
-        self._planner.recheck(self._state.clock() + RETRY_AFTER, kind, name)
+        """The write of (kind, name) failed: try again on its back-off, which grows with each
+        failure in a row, so an object that keeps failing asks for ever fewer writes."""
+        _FAILED.set(True)
+        delay = self._state.dirty.failed((kind, name))
+        log.debug("write retry scheduled", kind=kind, name=name, retry_in=round(delay, 3))
 
     async def _announce_keys(self, keys: set[str]) -> None:
         for policy in self._state.policies.values():

@@ -9,7 +9,6 @@ have not yet seen back).  An empty plan means no API call at all.
 from __future__ import annotations
 
 import datetime
-import heapq
 import math
 import re
 import time
@@ -75,8 +74,6 @@ class Planner:
         # clock to resume (see _published_since).
         self._decided: set[str] = set()
         self._unused_since: dict[str, float] = {}
-        self._rechecks: list[tuple[float, str, str]] = []  # (when, kind, name)
-        self._scheduled: set[tuple[float, str, str]] = set()  # what _rechecks holds
         self.held: dict[str, float] = {}  # node -> when its held-back Pending status ends
         # Set by the writer while the ConfigMap cannot be written (e.g. namespace missing).
         self.config_error: str | None = None
@@ -126,29 +123,15 @@ class Planner:
     # -- time ------------------------------------------------------------------------------------
 
     def recheck(self, when: float | None, kind: str, name: str) -> None:
-        # Every plan of an Applied node asks again for the same Mismatch deadline: keep one.
-        if when is None or (when, kind, name) in self._scheduled:
-            return
-        self._scheduled.add((when, kind, name))
-        heapq.heappush(self._rechecks, (when, kind, name))
+        """Look at (kind, name) again at ``when`` (the queue keeps the earliest per key; each
+        plan asks again for what it still waits on)."""
+        if when is not None:
+            self.state.dirty.add_at((kind, name), when)
 
     def due(self) -> float | None:
-        """Re-dirty whatever a timer has come due for; return when the next timer fires."""
-        now = self.state.clock()
+        """Queue whatever a timer has come due for; return when the next timer fires."""
         self.state.expire_tombstones()
-        while self._rechecks and self._rechecks[0][0] <= now:
-            entry = heapq.heappop(self._rechecks)
-            self._scheduled.discard(entry)
-            _, kind, name = entry
-            if kind == "node":
-                self.state.dirty.node(name)
-            elif kind == "policy":
-                self.state.dirty.policy(name)
-            elif kind == "config":
-                self.state.dirty.config()
-            else:
-                raise ValueError(f"unknown recheck kind {kind!r}")
-        return self._rechecks[0][0] if self._rechecks else None
+        return self.state.dirty.next_due()
 
     # -- nodes -----------------------------------------------------------------------------------
 

@@ -60,6 +60,7 @@ class Assembly:
         self.handle = handle
         api = handle.api
         self.state = ClusterState()
+        self.state.dirty.cap = s.write_backoff_cap
         self.registry = CollectorRegistry()
         self.telemetry = observability.PrometheusTelemetry(self.registry)
         self.registry.register(observability.StateCollector(self))

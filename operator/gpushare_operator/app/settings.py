@@ -31,6 +31,7 @@ class Settings:
     write_burst: int
     write_concurrency: int
     policy_status_max_delay: float
+    write_backoff_cap: float
     config_propagation_delay: float
     config_key_grace_period: float
     mismatch_timeout: float
@@ -131,6 +132,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]
         _positive_float,
     )
     flag(
+        "write-backoff-cap",
+        "300",
+        "seconds a failing write's retry back-off grows to at most",
+        _positive_float,
+    )
+    flag(
         "config-propagation-delay",
         "75",
         "seconds before a new config key is put on nodes",
@@ -170,6 +177,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         write_burst=args.write_burst,
         write_concurrency=args.write_concurrency,
         policy_status_max_delay=args.policy_status_max_delay,
+        write_backoff_cap=args.write_backoff_cap,
         config_propagation_delay=args.config_propagation_delay,
         config_key_grace_period=args.config_key_grace_period,
         mismatch_timeout=args.mismatch_timeout,

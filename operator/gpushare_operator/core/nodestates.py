@@ -184,6 +184,13 @@ def labels_satisfied(record: NodeRecord, labels: Labels) -> bool:
     return all(record.labels.get(key) == value for key, value in labels.items())
 
 
+def _write_failed(problem: str | None) -> list[conditions.Cond]:
+    """Shown only while our labels cannot be written (say, RBAC revoked): absent otherwise."""
+    if problem is None:
+        return []
+    return [conditions.Cond("WriteFailed", "True", "LabelWriteRefused", problem)]
+
+
 def render_status(
     *,
     record: NodeRecord,
@@ -192,6 +199,7 @@ def render_status(
     now: str,
     allocated: int = 0,
     pods: int = 0,
+    write_problem: str | None = None,
 ) -> dict[str, Any]:
     """The GPUNodeState status, with transition times kept while nothing changes."""
     policy = decision.policy
@@ -220,6 +228,7 @@ def render_status(
             [
                 conditions.Cond("Ready", ready, decision.reason, decision.message),
                 conditions.overcommitted(allocated=allocated, capacity=capacity),
+                *_write_failed(write_problem),
             ],
             previous=previous.get("conditions"),
             now=now,

@@ -37,6 +37,9 @@ FIELD_MANAGER = models.FIELD_MANAGER
 JSON_PATCH = "application/json-patch+json"
 _API = f"/apis/{models.GROUP}/{models.VERSION}"
 RETRY_AFTER = 5.0
+# Answers that the same request will get again until someone changes something (RBAC, the CRD,
+# the object): reported, and retried only on the object's back-off.
+PERMANENT = frozenset({401, 403, 422})
 
 # Whether the running job's first write already holds its token (see plan_with_token); a
 # context variable, so each job in flight has its own.
@@ -269,7 +272,8 @@ class ObjectWriter:
     async def _write_node(self, plan: NodePlan) -> None:
         try:
             if plan.labels is not None:
-                await self._apply_labels(plan)
+                if not await self._label_or_report(plan):
+                    return
                 # The status planned before the label write would say "labelling": plan it
                 # again from the node the apply returned, so it says what is now true.
                 plan = self._planner.plan_node(plan.name) or plan
@@ -279,7 +283,38 @@ class ObjectWriter:
                 await self._write_node_state(plan)
         except (http.ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
             log.warning("node write failed; retrying", kind="Node", name=plan.name, error=str(exc))
+            if isinstance(exc, http.ApiError) and exc.status in PERMANENT:
+                await self._report(
+                    ObjectRef("v1", "Node", plan.name, plan.uid),
+                    f"cannot write GPUNodeState {plan.name} status: {_problem(exc)}",
+                )
             self.retry_later("node", plan.name)
+
+    async def _label_or_report(self, plan: NodePlan) -> bool:
+        """Apply the labels; on a refusal that retrying cannot cure by itself (403, 422), say so
+        in the node's status and an Event, and leave the label to its back-off.  True when the
+        labels were applied."""
+        try:
+            await self._apply_labels(plan)
+        except http.ApiError as exc:
+            if exc.status not in PERMANENT:
+                raise
+            problem = f"cannot label the node: {_problem(exc)}"
+            log.warning("node label write refused", kind="Node", name=plan.name, problem=problem)
+            self._planner.node_problems[plan.name] = problem
+            await self._report(ObjectRef("v1", "Node", plan.name, plan.uid), problem)
+            again = self._planner.plan_node(plan.name)
+            if again is not None and again.status is not None:
+                await self._write_node_state(again)
+            self.retry_later("node", plan.name)
+            return False
+        if self._planner.node_problems.pop(plan.name, None) is not None:
+            self._state.dirty.node(plan.name)  # its status drops the condition
+        return True
+
+    async def _report(self, ref: ObjectRef, problem: str) -> None:
+        """A Warning Event for a refused write (the recorder rate-limits and de-duplicates)."""
+        await self._recorder.post(ref=ref, type_="Warning", reason="WriteFailed", message=problem)
 
     async def _apply_labels(self, plan: NodePlan) -> None:
         assert plan.labels is not None
@@ -382,6 +417,9 @@ class ObjectWriter:
                 name=name,
                 error=str(exc),
             )
+            if isinstance(exc, http.ApiError) and exc.status in PERMANENT:
+                problem = f"cannot write the policy's status: {_problem(exc)}"
+                await self._report(_policy_ref(policy.name, policy.uid), problem)
             self.retry_later("policy", name)
             return
         self._state.in_flight[("policy", name)] = status
@@ -399,6 +437,12 @@ class ObjectWriter:
                 reason=event.reason,
                 message=event.message,
             )
+
+
+def _problem(exc: http.ApiError) -> str:
+    body = exc.body if isinstance(exc.body, Mapping) else {}
+    message = body.get("message") or exc.reason or ""
+    return f"HTTP {exc.status} {body.get('reason') or exc.reason}: {message}".rstrip(": ")
 
 
 def _policy_ref(name: str, uid: str) -> ObjectRef:

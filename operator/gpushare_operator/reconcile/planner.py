@@ -85,6 +85,9 @@ class Planner:
         # ConfigMap keys shaped like ours that another field manager owns: key -> manager.
         # Never fought over: left out of what we plan and of what we compare.
         self.foreign_keys: dict[str, str] = {}
+        # node -> why its labels cannot be written (a 403 after an RBAC change, a 422): shown
+        # in its status until a label write succeeds.
+        self.node_problems: dict[str, str] = {}
         self._suspected: dict[str, frozenset[statusdiff.Path]] = {}
 
     # -- what the API server kept of our writes --------------------------------------------------
@@ -211,6 +214,7 @@ class Planner:
         record = state.nodes.get(name)
         if record is None:
             self.held.pop(name, None)
+            self.node_problems.pop(name, None)
             self._applied_since.pop(name, None)
             self._decided.discard(name)
             return None  # gone: its GPUNodeState follows through the ownerReference
@@ -275,6 +279,7 @@ class Planner:
             now=self._wallclock(),
             allocated=allocated,
             pods=pods,
+            write_problem=self.node_problems.get(record.name),
         )
         status = statusdiff.without(status, self.pruned.get("nodestate", frozenset()))
         if previous == status or state.in_flight.get(("nodestate", record.name)) == status:

@@ -54,8 +54,10 @@ async def _rolled_out(
     key = (
         await eventually(
             lambda: h.get_policy(sim.client, policy),
-            until=lambda b: bool((b.get("status") or {}).get("configKey")),
-            what="the policy's config key",
+            until=lambda b: (
+                (b.get("status") or {}).get("observedGeneration") == b["metadata"]["generation"]
+            ),
+            what="the policy's config key for its current generation",
         )
     )["status"]["configKey"]
     for node in nodes:
@@ -165,9 +167,8 @@ async def test_the_restart_window_is_no_mismatch(
                     body = await h.node(sim.client, node)
                     if body["status"].get("allocatable", {}).get("nvidia.com/gpu") == "0":
                         zero_seen = True
-                return seen >= {"Verified"} and all(
-                    _phase(await h.node_state(sim.client, n)) == "Verified" for n in nodes
-                )
+                phases = [_phase(await h.node_state(sim.client, n)) for n in nodes]
+                return phases == ["Verified"] * len(nodes)
 
             await eventually(watch, timeout=60, interval=0.1, what="both nodes Verified")
             await h.patch_policy(sim.client, name, {"replicas": 3})
@@ -298,12 +299,17 @@ async def test_the_make_run_samples_converge_with_gfd_rewriting_the_product(
             for node in names:
                 await _phase_is(sim, node, "Verified", timeout=120)
             for policy in by_product:
-                status = (await h.get_policy(sim.client, policy))["status"]
                 governed = [n for n in names if n.startswith(f"gpu-{policy}-")]
+                count = len(governed)
+                assert governed
                 for node in governed:
                     assert (await _product_of(sim, node)).endswith("-SHARED")
                     assert _label_writes(control_plane, node) == 1  # no flap
-                assert status["verifiedNodes"] == len(governed) > 0
+                await eventually(
+                    lambda policy=policy: h.get_policy(sim.client, policy),
+                    until=lambda b, n=count: (b.get("status") or {}).get("verifiedNodes") == n,
+                    what=f"{policy} counting its verified nodes",
+                )
         finally:
             for name in created:
                 await h.delete_policy(sim.client, name)

@@ -79,13 +79,15 @@ class Operator:
     """``python -m gpushare_operator run`` against ``plane``, as user ``gpushare-a``."""
 
     def __init__(self, plane: ControlPlane, log_path: Path, *args: str) -> None:
-        self.port = free_port()
+        self.port = free_port()  # /metrics, over plain HTTP as in the other integration tests
         self.log_path = log_path
         env = {
             **os.environ,
             "KUBECONFIG": str(plane.kubeconfig_for_user(USER, groups=("system:masters",))),
             "GPUSHARE_CONFIG_PROPAGATION_DELAY": "1",
-            "GPUSHARE_HTTP_PORT": str(self.port),
+            "GPUSHARE_HTTP_PORT": str(free_port()),
+            "GPUSHARE_METRICS_PORT": str(self.port),
+            "GPUSHARE_METRICS_INSECURE": "true",
             "GPUSHARE_NAMESPACE": cluster.OPERATOR_NAMESPACE,
         }
         with log_path.open("wb") as log:

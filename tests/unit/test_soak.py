@@ -22,8 +22,8 @@ from gpushare_operator.reconcile.planner import Planner, Timings
 from gpushare_operator.testing import podbodies
 from tests.unit.test_planner import Clock, node, policy, sync_config
 
-# `make test` runs a tenth of the size; `make soak` (GPUSHARE_SOAK=full) the whole of it.
-FULL = os.environ.get("GPUSHARE_SOAK") == "full"
+# `make test` runs a tenth of the size; `make soak` (GPUSHARE_SOAK=1) the whole of it.
+FULL = os.environ.get("GPUSHARE_SOAK") == "1"
 NODES = 5_000 if FULL else 500
 POLICIES = 200 if FULL else 20
 ROUNDS = 3

@@ -1,4 +1,5 @@
-"""The Node informer against the real API server: paged lists, watches, 410 Gone, slim records."""
+"""The Node informer against the real API server: streaming and paged lists, watches, 410 Gone,
+recovery from failures, slim records."""
 
 from __future__ import annotations
 
@@ -208,10 +209,10 @@ def drain(state: ClusterState) -> None:
     assert len(state.dirty) == 0
 
 
-# -- paged list ---------------------------------------------------------------------------------
+# -- paged list (the fallback) -------------------------------------------------------------------
 
 
-async def test_initial_list_is_paged_and_syncs_every_node(
+async def test_a_paged_list_syncs_every_node(
     api: client.ApiClient, nodes: Nodes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     names = [_name_of(await nodes.gpu(f"page{i}")) for i in range(5)]
@@ -234,7 +235,9 @@ async def test_initial_list_is_paged_and_syncs_every_node(
 
     monkeypatch.setattr(http, "request", recording_request)
     state = ClusterState()
-    informer = Informer(api=api, target=nodes.target(page_size=2), sink=NodeSink(state))
+    informer = Informer(
+        api=api, target=nodes.target(page_size=2), sink=NodeSink(state), streaming=False
+    )
     async with running(informer):
         assert sorted(state.nodes) == sorted(names)
 

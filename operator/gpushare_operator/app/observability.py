@@ -55,6 +55,13 @@ class PrometheusTelemetry:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
+        self.informer_failures = Counter(
+            "gpushare_informer_failures",
+            "List or watch failures that made an informer back off and re-list, by reason "
+            "(api, connection, event: one object could not be decoded or applied, unexpected)",
+            ["kind", "reason"],
+            registry=registry,
+        )
         self.reconcile = Histogram(
             "gpushare_reconcile_seconds",
             "Time to plan one object",
@@ -79,6 +86,9 @@ class PrometheusTelemetry:
     def event_ingested(self, kind: str, seconds: float) -> None:
         self.events.labels(kind).inc()
         self.ingest.labels(kind).observe(seconds)
+
+    def informer_failed(self, kind: str, reason: str) -> None:
+        self.informer_failures.labels(kind, reason).inc()
 
     def reconciled(self, kind: str, seconds: float) -> None:
         self.reconcile.labels(kind).observe(seconds)

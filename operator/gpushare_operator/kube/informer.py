@@ -27,9 +27,21 @@ import orjson
 import structlog
 from kubernetes_asyncio import client
 
-from gpushare_operator.kube import http
+from gpushare_operator.kube import http, streams
 from gpushare_operator.kube.backoff import Backoff
+from gpushare_operator.kube.streams import LineSplitter, drop_managed_fields
 from gpushare_operator.kube.telemetry import NoTelemetry, Telemetry
+
+# Re-exported: writing.py and the tests import them from here.
+__all__ = [
+    "EventFailed",
+    "Gone",
+    "Informer",
+    "LineSplitter",
+    "Sink",
+    "Target",
+    "drop_managed_fields",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -40,6 +52,8 @@ INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 _REFUSES_STREAMING = frozenset({400, 422})
 # Longest stretch of event handling between two turns of the loop: lease renewals share it.
 _MAX_STEP_SECONDS = 0.01
+# A read this big means events already arrive faster than we wake up: no need to wait more.
+_BIG_READ = 64 * 1024
 _EXPECTED = (TimeoutError, aiohttp.ClientError, http.ApiError, OSError)
 
 
@@ -93,13 +107,6 @@ class InformerStats:
     last_activity: float = field(default_factory=time.monotonic)
 
 
-def drop_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
-    metadata = obj.get("metadata")
-    if isinstance(metadata, dict):
-        metadata.pop("managedFields", None)
-    return obj
-
-
 def _name_of(obj: Any) -> str | None:
     metadata = obj.get("metadata") if isinstance(obj, dict) else None
     name = metadata.get("name") if isinstance(metadata, dict) else None
@@ -115,22 +122,6 @@ def _retry_after(exc: BaseException) -> float | None:
     return exc.retry_after if isinstance(exc, http.ApiError) else None
 
 
-class LineSplitter:
-    """Split a chunked HTTP body into lines without a size limit (a Node can exceed 64 KiB)."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        if b"\n" not in chunk:
-            self._buffer += chunk
-            return []
-        # Most reads end on an event's newline: then nothing is carried over or copied twice.
-        data = self._buffer + chunk if self._buffer else chunk
-        *lines, self._buffer = data.split(b"\n")
-        return [line for line in lines if line and not line.isspace()]
-
-
 class Informer:
     """Keeps one sink in step with one resource collection, forever."""
 
@@ -143,6 +134,7 @@ class Informer:
         telemetry: Telemetry | None = None,
         max_backoff: float = 30.0,
         streaming: bool = True,
+        batch_window: float = 0.02,
     ) -> None:
         self._api = api
         self._target = target
@@ -151,6 +143,7 @@ class Informer:
         self._max_backoff = max_backoff
         self._backoff = Backoff(cap=max_backoff)
         self._streaming = streaming
+        self._batch_window = batch_window
         self._initial = False  # inside a streaming list's initial events
         self.synced = asyncio.Event()
         self._relist = asyncio.Event()
@@ -364,6 +357,8 @@ class Informer:
                 self._handle_line(line)
             if time.perf_counter() - step_started > _MAX_STEP_SECONDS:
                 await asyncio.sleep(0)  # a long stretch of buffered events: let others run
+            elif len(chunk) < _BIG_READ and not self._initial and self._batch_window > 0:
+                await streams.gather_more(response, window=self._batch_window)
             step_started = time.perf_counter()
 
     def _handle_line(self, line: bytes) -> None:

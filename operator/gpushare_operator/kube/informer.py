@@ -145,6 +145,7 @@ class Informer:
         self._streaming = streaming
         self._batch_window = batch_window
         self._initial = False  # inside a streaming list's initial events
+        self._listed = False  # this round's streaming list has been closed by its bookmark
         self.synced = asyncio.Event()
         self._relist = asyncio.Event()
         self.stats = InformerStats()
@@ -217,7 +218,7 @@ class Informer:
         log.info("re-list requested", kind=self.kind)
 
     async def _list_then_watch(self) -> None:
-        self._initial = False  # a list cut short last time is no concern of this one
+        self._initial = self._listed = False  # a list cut short last time is no concern now
         if not (self._streaming and await self._streaming_list()):
             await self._paged_list()
         await self._watch_until_gone()
@@ -244,13 +245,19 @@ class Informer:
         """List as a watch's initial events, and go on watching; False if the server can't."""
         try:
             await self._watch_once(initial_events=True)
-        except http.ApiError as exc:
-            if exc.status not in _REFUSES_STREAMING:
+        except _EXPECTED as exc:
+            if not self._listed:
+                if isinstance(exc, http.ApiError) and exc.status in _REFUSES_STREAMING:
+                    self._fall_back(str(exc))
+                    return False
                 raise
-            self._fall_back(str(exc))
-            return False
-        if self._initial:  # the watch ended without the bookmark that closes the list
-            self._initial = False
+            if isinstance(exc, http.ApiError) and not _transient(exc):
+                raise
+            # Listed, then the watch broke: resume it from where it was, as any watch does.
+            self.stats.reconnects += 1
+            log.warning("watch broke; resuming", kind=self.kind, error=str(exc))
+            return True
+        if not self._listed:  # the watch ended without the bookmark that closes the list
             self._fall_back("no initial-events-end bookmark")
             return False
         return True
@@ -380,7 +387,7 @@ class Informer:
         if kind == "BOOKMARK":
             self.stats.bookmarks += 1
             if self._initial and (metadata.get("annotations") or {}).get(INITIAL_EVENTS_END):
-                self._initial = False
+                self._initial, self._listed = False, True
                 self._end_relist(str(version or ""))
             return
         if self._initial:

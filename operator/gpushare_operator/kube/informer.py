@@ -54,6 +54,8 @@ _REFUSES_STREAMING = frozenset({400, 422})
 _MAX_STEP_SECONDS = 0.01
 # A read this big means events already arrive faster than we wake up: no need to wait more.
 _BIG_READ = 64 * 1024
+# Watches in a row refused by the server (not the network) before giving up on resuming.
+_MAX_REFUSED_WATCHES = 3
 _EXPECTED = (TimeoutError, aiohttp.ClientError, http.ApiError, OSError)
 
 
@@ -307,12 +309,20 @@ class Informer:
 
     async def _watch_until_gone(self) -> None:
         backoff = Backoff(cap=self._max_backoff)
+        refused = 0  # watches in a row that the server answered with an error
         while True:
+            events = self.stats.events + self.stats.bookmarks
             try:
                 await self._watch_once(initial_events=False)
             except _EXPECTED as exc:
                 if isinstance(exc, http.ApiError) and not _transient(exc):
                     raise  # e.g. 403: let run() back off and list again
+                progressed = self.stats.events + self.stats.bookmarks > events
+                refused = 0 if progressed else refused + isinstance(exc, http.ApiError)
+                if refused >= _MAX_REFUSED_WATCHES:
+                    # A server that keeps failing one resume (a 500 about compacted history
+                    # has been seen) will not stop: a fresh list will do what resuming can't.
+                    raise
                 self.stats.reconnects += 1
                 delay = backoff.next(retry_after=_retry_after(exc))
                 log.warning("watch broke; resuming", kind=self.kind, error=str(exc), retry_in=delay)

@@ -53,9 +53,23 @@ async def _nodes_on(plane: ControlPlane) -> AsyncIterator[Nodes]:
             await made.delete_all()
 
 
+@pytest.fixture(scope="module")
+def legacy_plane() -> Iterator[ControlPlane]:
+    """A server as 1.27-1.31 and 1.33 ship: no streaming lists (and Nodes read from etcd)."""
+    args = ("--feature-gates=WatchList=false", "--watch-cache-sizes=nodes#0")
+    with controlplane.running(audit_policy=READ_AUDIT_POLICY, extra_apiserver_args=args) as plane:
+        yield plane
+
+
 @pytest.fixture
 async def audited_nodes(audited_plane: ControlPlane) -> AsyncIterator[Nodes]:
     async for made in _nodes_on(audited_plane):
+        yield made
+
+
+@pytest.fixture
+async def legacy_nodes(legacy_plane: ControlPlane) -> AsyncIterator[Nodes]:
+    async for made in _nodes_on(legacy_plane):
         yield made
 
 
@@ -65,8 +79,8 @@ async def nodes(control_plane: ControlPlane) -> AsyncIterator[Nodes]:
         yield made
 
 
-def _reads_of(plane: ControlPlane, tag: str) -> list[tuple[str, dict[str, str]]]:
-    """(verb, query) of every Node list or watch that selected this test's nodes."""
+def _reads_of(plane: ControlPlane, tag: str) -> list[tuple[str, dict[str, str], int]]:
+    """(verb, query, status) of every Node list or watch that selected this test's nodes."""
     reads = []
     for event in plane.audit_events():
         uri = urllib.parse.urlsplit(event["requestURI"])
@@ -74,7 +88,8 @@ def _reads_of(plane: ControlPlane, tag: str) -> list[tuple[str, dict[str, str]]]
         ours = uri.path == NODES and query.get("labelSelector") == f"{TAG}={tag}"
         # A watch is logged when its response starts (and again when it ends): count it once.
         if ours and (event["stage"] == "ResponseStarted" or event["verb"] == "list"):
-            reads.append((event["verb"], query))
+            status = int((event.get("responseStatus") or {}).get("code") or 0)
+            reads.append((event["verb"], query, status))
     return reads
 
 
@@ -101,11 +116,11 @@ async def test_the_first_list_streams_from_the_watch_cache_and_goes_on_watching(
         await sink.wait_event("MODIFIED", relabelled)
         assert state.nodes[names[0]].labels["gpushare.dev/team"] == "streamed"
 
-    async def reads() -> list[tuple[str, dict[str, str]]]:
+    async def reads() -> list[tuple[str, dict[str, str], int]]:
         return _reads_of(audited_plane, nodes.tag)
 
     seen = await eventually(reads, what="the informer's reads in the audit log")
-    verbs = [verb for verb, _ in seen]
+    verbs = [verb for verb, _, _ in seen]
     assert verbs == ["watch"], seen  # one request: no LIST, no second watch
     query = seen[0][1]
     # A watch-cache read: initial events, consistent (no resourceVersion) yet not from etcd.
@@ -115,6 +130,65 @@ async def test_the_first_list_streams_from_the_watch_cache_and_goes_on_watching(
     assert "resourceVersion" not in query
     assert informer.stats.relists == 1
     assert informer.stats.reconnects == 0
+
+
+async def test_a_server_without_streaming_lists_gets_paged_lists(
+    legacy_plane: ControlPlane, legacy_nodes: Nodes
+) -> None:
+    nodes = legacy_nodes
+    names = sorted([str((await nodes.gpu(f"l{i}"))["metadata"]["name"]) for i in range(3)])
+    state = ClusterState()
+    informer = Informer(api=nodes.api, target=nodes.target(page_size=2), sink=NodeSink(state))
+    async with running(informer):
+        assert sorted(state.nodes) == names
+        assert informer.list_mode == "paged"
+        live = await nodes.label(names[0], {"gpushare.dev/team": "paged"})
+
+        async def seen() -> bool:
+            record = state.nodes[names[0]]
+            return record.resource_version == str(live["metadata"]["resourceVersion"])
+
+        await eventually(seen, what="the watch after the paged list")
+
+    async def reads() -> list[tuple[str, dict[str, str], int]]:
+        found = _reads_of(legacy_plane, nodes.tag)
+        return found if len(found) >= 4 else []
+
+    found = await eventually(reads, what="the informer's reads in the audit log")
+    refused, *pages, watch = found[:4]
+    assert (refused[0], refused[1]["sendInitialEvents"], refused[2]) == ("watch", "true", 422)
+    assert [(verb, query["limit"], status) for verb, query, status in pages] == [
+        ("list", "2", 200),
+        ("list", "2", 200),
+    ]
+    assert "continue" in pages[1][1]
+    assert watch[0] == "watch" and "sendInitialEvents" not in watch[1]
+    assert watch[1]["resourceVersion"]  # from where the list ended
+
+
+async def test_a_watch_the_server_keeps_refusing_ends_in_a_relist(
+    legacy_plane: ControlPlane, legacy_nodes: Nodes
+) -> None:
+    """Seen on this server: resuming a watch across compacted history answers 500, forever."""
+    nodes = legacy_nodes
+    victim, kept = [str((await nodes.gpu(r))["metadata"]["name"]) for r in ("v", "k")]
+    state = ClusterState()
+    first = Informer(api=nodes.api, target=nodes.target(), sink=NodeSink(state))
+    async with running(first):
+        assert sorted(state.nodes) == sorted([victim, kept])
+    await nodes.delete(victim)
+    await asyncio.to_thread(legacy_plane.compact_etcd)
+
+    # Resuming from where the first one stopped: refused again and again, then given up on ...
+    second = Informer(api=nodes.api, target=nodes.target(), sink=NodeSink(state), max_backoff=0.2)
+    second.resource_version = first.resource_version
+    with pytest.raises(http.ApiError) as refused:
+        await asyncio.wait_for(second._watch_until_gone(), timeout=30)
+    assert refused.value.status == 500
+    assert second.stats.reconnects == 2  # resumed twice, and the third refusal ends it
+    # ... so that run() lists afresh, and the deletion reaches the cache.
+    async with running(second):
+        assert sorted(state.nodes) == [kept]
 
 
 # -- recovery -----------------------------------------------------------------------------------
@@ -166,7 +240,7 @@ class CountingTelemetry:
 async def test_a_poisoned_object_neither_kills_the_informer_nor_leaves_the_cache_behind(
     nodes: Nodes,
 ) -> None:
-    victim, bystander = (str((await nodes.gpu(r))["metadata"]["name"]) for r in ("v", "b"))
+    victim, bystander = [str((await nodes.gpu(r))["metadata"]["name"]) for r in ("v", "b")]
     state, telemetry = ClusterState(), CountingTelemetry()
     informer = Informer(
         api=nodes.api,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import orjson
@@ -11,7 +12,9 @@ from benchmarks import process
 from benchmarks.__main__ import BENCHMARKS, commands
 
 
-def measured(*, storm_cpu: float, idle_cpu: float, events: float) -> dict[str, object]:
+def measured(
+    *, storm_cpu: float, idle_cpu: float, events: float, beside: list[float] | None = None
+) -> dict[str, object]:
     line = b'{"type":"MODIFIED","object":' + orjson.dumps({"a": list(range(2000))}) + b"}\n"
     storm = {
         "patches": events,
@@ -21,7 +24,7 @@ def measured(*, storm_cpu: float, idle_cpu: float, events: float) -> dict[str, o
         "idle_cpu_seconds": idle_cpu,
         "events_per_second": events / 10.0,
     }
-    return {"storm": storm, "line_bytes": len(line), "line": line}
+    return {"storm": storm, "line_bytes": len(line), "line": line, "beside": beside or []}
 
 
 def test_cpu_per_event_is_net_of_idle_and_a_ratio_to_json_loads_of_the_same_line() -> None:
@@ -32,6 +35,26 @@ def test_cpu_per_event_is_net_of_idle_and_a_ratio_to_json_loads_of_the_same_line
     assert report["operator_over_json_loads"] == pytest.approx(ratio, abs=0.01)
     assert report["pass"] is (ratio <= process.BUDGET)
     json.dumps(report)  # the JSON file can hold it
+
+
+def test_json_loads_under_the_storms_load_is_the_denominator_when_measured() -> None:
+    config = process.Config(out=Path("unused.json"))
+    beside = [100_000.0, 90_000.0, 500_000.0]  # median 100 µs
+    report = process.figures(
+        measured(storm_cpu=0.3, idle_cpu=0.0, events=1000, beside=beside), config
+    )
+    assert report["json_loads_ns_per_event"] == 100_000
+    assert report["operator_over_json_loads"] == 3.0
+    assert report["json_loads_passes_beside"] == 3
+
+
+def test_the_sidecar_times_json_loads_until_terminated(tmp_path: Path) -> None:
+    line = tmp_path / "line.json"
+    line.write_bytes(orjson.dumps({"a": list(range(500))}))
+    into: list[float] = []
+    with process.loads_beside(line.read_bytes(), into):
+        time.sleep(1.0)
+    assert into and all(ns > 0 for ns in into)
 
 
 def test_the_table_has_the_budget_row_and_says_miss() -> None:

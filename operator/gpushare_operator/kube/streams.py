@@ -22,15 +22,23 @@ class LineSplitter:
     """Split a chunked HTTP body into lines without a size limit (a Node can exceed 64 KiB)."""
 
     def __init__(self) -> None:
-        self._buffer = b""
+        # The start of a line still missing its end, in the pieces it came in: joined once when
+        # the end arrives (appending bytes to bytes would copy it again for every piece).
+        self._pieces: list[bytes] = []
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        if b"\n" not in chunk:
-            self._buffer += chunk
+        lines = chunk.split(b"\n")
+        rest = lines.pop()
+        if not lines:  # no newline in this chunk
+            if rest:
+                self._pieces.append(rest)
             return []
-        # Most reads end on an event's newline: then nothing is carried over or copied twice.
-        data = self._buffer + chunk if self._buffer else chunk
-        *lines, self._buffer = data.split(b"\n")
+        if self._pieces:
+            self._pieces.append(lines[0])
+            lines[0] = b"".join(self._pieces)
+            self._pieces = []
+        if rest:
+            self._pieces.append(rest)
         return [line for line in lines if line and not line.isspace()]
 
 
@@ -39,7 +47,7 @@ async def gather_more(response: aiohttp.ClientResponse, *, window: float) -> Non
 
     The API server flushes every event on its own, so each one used to cost a wake-up of the
     loop, a TLS read, an HTTP parse and a task step: about as much as decoding it.  Holding the
-    socket for 20 ms (nothing an operator would notice) turns a storm of heartbeats into a few
+    socket for 100 ms (nothing an operator would notice) turns a storm of heartbeats into a few
     big reads.  aiohttp's own flow control pauses the same way when its buffer is full.
     """
     connection = response.connection

@@ -136,7 +136,7 @@ class Informer:
         telemetry: Telemetry | None = None,
         max_backoff: float = 30.0,
         streaming: bool = True,
-        batch_window: float = 0.1,
+        batch_window: float = 0.25,
     ) -> None:
         self._api = api
         self._target = target

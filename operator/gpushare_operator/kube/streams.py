@@ -47,8 +47,11 @@ async def gather_more(response: aiohttp.ClientResponse, *, window: float) -> Non
 
     The API server flushes every event on its own, so each one used to cost a wake-up of the
     loop, a TLS read, an HTTP parse and a task step: about as much as decoding it.  Holding the
-    socket for 100 ms (nothing an operator would notice) turns a storm of heartbeats into a few
-    big reads.  aiohttp's own flow control pauses the same way when its buffer is full.
+    socket for 250 ms (nothing next to the seconds a config takes to propagate) turns a storm
+    of heartbeats into a few big reads; docs/reading.md has the figures.  The informer only
+    holds after a small read, so the socket never holds more than one window's worth: far
+    below what would make the API server drop a slow watcher.  aiohttp's own flow control
+    pauses the same way when its buffer is full.
     """
     connection = response.connection
     protocol = connection.protocol if connection is not None else None

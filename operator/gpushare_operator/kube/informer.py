@@ -187,9 +187,9 @@ class Informer:
         delay = self._backoff.next(retry_after=_retry_after(exc))
         if isinstance(exc, _EXPECTED):
             reason = "api" if isinstance(exc, http.ApiError) else "connection"
-            log.warning(
-                "list or watch failed; retrying", kind=self.kind, error=str(exc), retry_in=delay
-            )
+            # The message predates streaming lists (where a list is a watch); dashboards and
+            # tests look for it as it is.
+            log.warning("list failed; retrying", kind=self.kind, error=str(exc), retry_in=delay)
         else:
             reason = "event" if isinstance(exc, EventFailed) else "unexpected"
             name = exc.name if isinstance(exc, EventFailed) else None

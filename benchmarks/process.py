@@ -70,14 +70,22 @@ def cpu_seconds(pid: int) -> float:
 # -- the operator -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Ports:
+    probes: int  # /readyz, /healthz
+    metrics: int  # /metrics, plain HTTP here
+
+
 def start_operator(
-    plane: ControlPlane, *, port: int, loop: str, log: Path
+    plane: ControlPlane, *, ports: Ports, loop: str, log: Path
 ) -> subprocess.Popen[bytes]:
     kubeconfig = plane.kubeconfig_for_user(OPERATOR_USER, groups=("system:masters",))
     env = dict(
         os.environ,
         KUBECONFIG=str(kubeconfig),
-        GPUSHARE_HTTP_PORT=str(port),
+        GPUSHARE_HTTP_PORT=str(ports.probes),
+        GPUSHARE_METRICS_PORT=str(ports.metrics),
+        GPUSHARE_METRICS_INSECURE="true",  # scraped on loopback, without a token
         GPUSHARE_NAMESPACE=cluster.OPERATOR_NAMESPACE,
         GPUSHARE_DEVICE_PLUGIN_NAMESPACE=cluster.DEVICE_PLUGIN_NAMESPACE,
         PYTHONPATH=os.pathsep.join(
@@ -110,20 +118,22 @@ def stop_operator(proc: subprocess.Popen[bytes]) -> None:
 class Probe:
     """The operator's /readyz and its count of ingested Node events."""
 
-    def __init__(self, session: aiohttp.ClientSession, port: int) -> None:
-        self._session, self._base = session, f"http://127.0.0.1:{port}"
+    def __init__(self, session: aiohttp.ClientSession, ports: Ports) -> None:
+        self._session, self._ports = session, ports
         self.scrapes = 0
 
     async def ready(self) -> bool:
         try:
-            async with self._session.get(self._base + "/readyz") as response:
+            url = f"http://127.0.0.1:{self._ports.probes}/readyz"
+            async with self._session.get(url) as response:
                 return response.status == 200
         except (aiohttp.ClientError, OSError):
             return False
 
     async def node_events(self) -> float:
         self.scrapes += 1
-        async with self._session.get(self._base + "/metrics") as response:
+        url = f"http://127.0.0.1:{self._ports.metrics}/metrics"
+        async with self._session.get(url) as response:
             text = await response.text()
         return stats.metric_sum(stats.parse_metrics(text), EVENTS_METRIC, kind="Node")
 
@@ -293,12 +303,12 @@ async def measure(plane: ControlPlane, config: Config) -> dict[str, Any]:
         await cluster.create_namespaces(client)
         say(f"creating {config.nodes} GPU nodes")
         await cluster.create_nodes(client, config.nodes, log=say)
-        port = controlplane.free_port()
+        ports = Ports(probes=controlplane.free_port(), metrics=controlplane.free_port())
         log = config.out.with_suffix(".operator.log")
-        proc = start_operator(plane, port=port, loop=config.loop, log=log)
+        proc = start_operator(plane, ports=ports, loop=config.loop, log=log)
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-                probe = Probe(session, port)
+                probe = Probe(session, ports)
                 await wait_until(probe.ready, timeout=120, what="the operator to be ready")
                 await asyncio.sleep(3)  # let start-up work (first writes, GC) die down
                 line = await watch_line(client)

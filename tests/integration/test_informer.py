@@ -32,7 +32,15 @@ from tests.waiting import eventually
 NODES = "/api/v1/nodes"
 TAG = "gpushare.dev/informer-test"  # every node of a test carries TAG=<that test's id>
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-RECORD_FIELDS = {"name", "uid", "resource_version", "labels", "gpu_capacity", "shared_capacity"}
+RECORD_FIELDS = {
+    "name",
+    "uid",
+    "resource_version",
+    "labels",
+    "gpu_capacity",
+    "shared_capacity",
+    "allocatable",  # the nvidia.com/* allocatable pairs, since the GPU-stack work on main
+}
 MAX_RECORD_BYTES = 2048
 
 

@@ -93,6 +93,10 @@ class Target:
     # list of a 5,000-node cluster the operator's peak memory, for no gain in speed.
     page_size: int = 100
     watch_timeout: int = 290  # server-side; we reconnect from the last resourceVersion
+    # Seconds to let events pile up in the socket after a small read (streams.gather_more):
+    # for collections the operator only reads, whose events come in storms (Node heartbeats,
+    # Pods).  Not for what it writes itself: its writer waits for the echo of its own writes.
+    batch_window: float = 0.0
     # A collection the operator may be refused at first (the device-plugin ConfigMap before its
     # Role exists): a 403 on the first list counts as an empty listing, so the operator syncs and
     # says why it cannot write; the list is retried until allowed.
@@ -136,7 +140,6 @@ class Informer:
         telemetry: Telemetry | None = None,
         max_backoff: float = 30.0,
         streaming: bool = True,
-        batch_window: float = 0.25,
     ) -> None:
         self._api = api
         self._target = target
@@ -145,7 +148,7 @@ class Informer:
         self._max_backoff = max_backoff
         self._backoff = Backoff(cap=max_backoff)
         self._streaming = streaming
-        self._batch_window = batch_window
+        self._batch_window = target.batch_window
         self._initial = False  # inside a streaming list's initial events
         self._listed = False  # this round's streaming list has been closed by its bookmark
         self.synced = asyncio.Event()

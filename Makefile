@@ -61,7 +61,7 @@ test: venv controlplane lint ## Every check and every test, against a real local
 BENCH_ARGS ?=
 
 .PHONY: bench
-bench: venv ## In-process micro-benchmarks of the ingest paths (table on stdout, JSON in .bench/).
+bench: venv controlplane ## Ingest micro-benchmarks, and the operator process's CPU per event on a local control plane (tables on stdout, JSON in .bench/).
 	$(VPY) -m benchmarks $(BENCH_ARGS)
 
 BENCH_SCALE_ARGS ?=

@@ -1,4 +1,5 @@
-"""The Node informer against the real API server: paged lists, watches, 410 Gone, slim records."""
+"""The Node informer against the real API server: streaming and paged lists, watches, 410 Gone,
+recovery from failures, slim records."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ RECORD_FIELDS = {
     "labels",
     "gpu_capacity",
     "shared_capacity",
-    "allocatable",
+    "allocatable",  # the nvidia.com/* allocatable pairs: Verified checks them
 }
 MAX_RECORD_BYTES = 2048
 
@@ -216,10 +217,10 @@ def drain(state: ClusterState) -> None:
     assert len(state.dirty) == 0
 
 
-# -- paged list ---------------------------------------------------------------------------------
+# -- paged list (the fallback) -------------------------------------------------------------------
 
 
-async def test_initial_list_is_paged_and_syncs_every_node(
+async def test_a_paged_list_syncs_every_node(
     api: client.ApiClient, nodes: Nodes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     names = [_name_of(await nodes.gpu(f"page{i}")) for i in range(5)]
@@ -242,7 +243,9 @@ async def test_initial_list_is_paged_and_syncs_every_node(
 
     monkeypatch.setattr(http, "request", recording_request)
     state = ClusterState()
-    informer = Informer(api=api, target=nodes.target(page_size=2), sink=NodeSink(state))
+    informer = Informer(
+        api=api, target=nodes.target(page_size=2), sink=NodeSink(state), streaming=False
+    )
     async with running(informer):
         assert sorted(state.nodes) == sorted(names)
 
@@ -327,6 +330,10 @@ async def test_watch_follows_labels_deletions_and_ignores_cpu_nodes_and_heartbea
 # of their own that serves Nodes straight from etcd (``--watch-cache-sizes=nodes#0``) and compact
 # etcd when the test says so, as kube-apiserver's compactor would: what the informer then meets is
 # the API server's own 410 ("too old resource version" / expired continue token).
+#
+# The tests that cut in between a list's pages, or between the list and the watch, use the paged
+# list (the fallback for servers without streaming lists): a streaming list has no such seams,
+# being one request that goes on as the watch.
 
 
 @pytest.fixture(scope="module")
@@ -445,7 +452,7 @@ async def test_run_relists_after_gone_and_keeps_watching(
     monkeypatch.setattr(http, "request", compacted_after_first_list)
     state = ClusterState()
     sink = RecordingSink(NodeSink(state))
-    informer = Informer(api=api, target=nodes.target(), sink=sink)
+    informer = Informer(api=api, target=nodes.target(), sink=sink, streaming=False)
     async with running(informer):
 
         async def relisted() -> bool:
@@ -501,7 +508,7 @@ async def test_an_expired_continue_token_restarts_the_list_from_scratch(
     monkeypatch.setattr(http, "request", compacted_after_first_page)
     state = ClusterState()
     sink = RecordingSink(NodeSink(state))
-    informer = Informer(api=api, target=nodes.target(page_size=2), sink=sink)
+    informer = Informer(api=api, target=nodes.target(page_size=2), sink=sink, streaming=False)
     async with running(informer):
         assert sorted(state.nodes) == names[1:]
 

@@ -24,6 +24,7 @@ async def run_operator(*, settings: Settings, stop: asyncio.Event) -> None:
             cluster_version=cluster,
             server=handle.server,
             identity=settings.identity,
+            event_loop=type(asyncio.get_running_loop()).__module__,
         )
         assembly = Assembly(settings=settings, handle=handle)
         await run_kopf(assembly=assembly, stop=stop)

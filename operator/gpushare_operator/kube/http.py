@@ -14,6 +14,8 @@ import aiohttp
 import orjson
 from kubernetes_asyncio import client
 
+from gpushare_operator.kube.backoff import retry_after_seconds
+
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -22,10 +24,14 @@ APPLY_PATCH = "application/apply-patch+yaml"
 class ApiError(Exception):
     """A non-2xx answer, with the Status object the API server sent when there is one."""
 
-    def __init__(self, *, status: int, reason: str, body: Any) -> None:
+    def __init__(
+        self, *, status: int, reason: str, body: Any, retry_after: float | None = None
+    ) -> None:
         self.status = status
         self.reason = reason
         self.body = body
+        # Seconds the server asked us to wait (429 and some 503s say so in Retry-After).
+        self.retry_after = retry_after
         message = body.get("message") if isinstance(body, Mapping) else None
         super().__init__(f"{status} {reason}: {message or body!r}")
 
@@ -82,13 +88,23 @@ async def request(
     )
     async with response:
         raw = await response.read()
-    decoded = _decode(raw)
+    decoded = decode(raw)
     if not 200 <= response.status < 300:
-        raise ApiError(status=response.status, reason=response.reason or "", body=decoded)
+        raise error_from(response, decoded)
     return decoded
 
 
-def _decode(raw: bytes) -> Any:
+def error_from(response: aiohttp.ClientResponse, body: Any) -> ApiError:
+    """The ApiError for a non-2xx response whose body has been read (and decoded)."""
+    return ApiError(
+        status=response.status,
+        reason=response.reason or "",
+        body=body,
+        retry_after=retry_after_seconds(response.headers),
+    )
+
+
+def decode(raw: bytes) -> Any:
     if not raw:
         return None
     try:

@@ -7,7 +7,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from gpushare_operator.kube import http
-from gpushare_operator.kube.informer import drop_managed_fields
+from gpushare_operator.kube.streams import drop_managed_fields
 
 
 async def list_all(

@@ -11,12 +11,16 @@ from typing import Protocol
 
 class Telemetry(Protocol):
     def event_ingested(self, kind: str, seconds: float) -> None: ...
+    def informer_failed(self, kind: str, reason: str) -> None: ...
     def reconciled(self, kind: str, seconds: float) -> None: ...
     def wrote(self, kind: str, outcome: str, seconds: float) -> None: ...
 
 
 class NoTelemetry:
     def event_ingested(self, kind: str, seconds: float) -> None:
+        return None
+
+    def informer_failed(self, kind: str, reason: str) -> None:
         return None
 
     def reconciled(self, kind: str, seconds: float) -> None:

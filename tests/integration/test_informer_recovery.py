@@ -1,0 +1,352 @@
+"""The informer's read path on the real API server: streaming lists from the watch cache, and an
+informer that outlives whatever goes wrong (a poisoned object, a 429)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import pytest
+import structlog
+from kubernetes_asyncio import client
+
+from gpushare_operator.cache.sinks import NodeSink
+from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.kube import connection, http
+from gpushare_operator.kube.informer import Informer, Sink
+from gpushare_operator.testing import controlplane
+from gpushare_operator.testing.controlplane import ControlPlane
+from tests.integration.test_informer import NODES, TAG, Nodes, RecordingSink, running
+from tests.waiting import eventually
+
+POISON = "gpushare.dev/poison"
+
+# Reads of Nodes are what these tests are about; the shared plane's policy logs writes only.
+READ_AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "resources": [{"group": "", "resources": ["nodes"]}]},
+        {"level": "None"},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def audited_plane() -> Iterator[ControlPlane]:
+    """A plane as shipped (watch cache and streaming lists on) that audits every Node read."""
+    with controlplane.running(audit_policy=READ_AUDIT_POLICY) as plane:
+        yield plane
+
+
+async def _nodes_on(plane: ControlPlane) -> AsyncIterator[Nodes]:
+    handle = await connection.open_handle(kubeconfig=str(plane.admin_kubeconfig))
+    async with handle:
+        made = Nodes(handle.api)
+        try:
+            yield made
+        finally:
+            await made.delete_all()
+
+
+@pytest.fixture(scope="module")
+def legacy_plane() -> Iterator[ControlPlane]:
+    """A server as 1.27-1.31 and 1.33 ship: no streaming lists (and Nodes read from etcd)."""
+    args = ("--feature-gates=WatchList=false", "--watch-cache-sizes=nodes#0")
+    with controlplane.running(audit_policy=READ_AUDIT_POLICY, extra_apiserver_args=args) as plane:
+        yield plane
+
+
+@pytest.fixture
+async def audited_nodes(audited_plane: ControlPlane) -> AsyncIterator[Nodes]:
+    async for made in _nodes_on(audited_plane):
+        yield made
+
+
+@pytest.fixture
+async def legacy_nodes(legacy_plane: ControlPlane) -> AsyncIterator[Nodes]:
+    async for made in _nodes_on(legacy_plane):
+        yield made
+
+
+@pytest.fixture
+async def nodes(control_plane: ControlPlane) -> AsyncIterator[Nodes]:
+    async for made in _nodes_on(control_plane):
+        yield made
+
+
+def _reads_of(plane: ControlPlane, tag: str) -> list[tuple[str, dict[str, str], int]]:
+    """(verb, query, status) of every Node list or watch that selected this test's nodes."""
+    reads = []
+    for event in plane.audit_events():
+        uri = urllib.parse.urlsplit(event["requestURI"])
+        query = dict(urllib.parse.parse_qsl(uri.query))
+        ours = uri.path == NODES and query.get("labelSelector") == f"{TAG}={tag}"
+        # A watch is logged when its response starts (and again when it ends): count it once.
+        if ours and (event["stage"] == "ResponseStarted" or event["verb"] == "list"):
+            status = int((event.get("responseStatus") or {}).get("code") or 0)
+            reads.append((event["verb"], query, status))
+    return reads
+
+
+# -- streaming lists ----------------------------------------------------------------------------
+
+
+async def test_the_first_list_streams_from_the_watch_cache_and_goes_on_watching(
+    audited_plane: ControlPlane, audited_nodes: Nodes
+) -> None:
+    nodes = audited_nodes
+    names = sorted([str((await nodes.gpu(f"s{i}"))["metadata"]["name"]) for i in range(3)])
+    state = ClusterState()
+    sink = RecordingSink(NodeSink(state))
+    informer = Informer(api=nodes.api, target=nodes.target(), sink=sink)
+    async with running(informer):
+        assert sorted(state.nodes) == names
+        assert informer.list_mode == "streaming"
+        assert informer.resource_version  # the closing bookmark's
+        assert sink.relists == [names] or sorted(sink.relists[0]) == names
+        assert sink.events == []  # listed objects are not watch events
+
+        # The same connection carries on as the watch.
+        relabelled = await nodes.label(names[0], {"gpushare.dev/team": "streamed"})
+        await sink.wait_event("MODIFIED", relabelled)
+        assert state.nodes[names[0]].labels["gpushare.dev/team"] == "streamed"
+
+    async def reads() -> list[tuple[str, dict[str, str], int]]:
+        return _reads_of(audited_plane, nodes.tag)
+
+    seen = await eventually(reads, what="the informer's reads in the audit log")
+    verbs = [verb for verb, _, _ in seen]
+    assert verbs == ["watch"], seen  # one request: no LIST, no second watch
+    query = seen[0][1]
+    # A watch-cache read: initial events, consistent (no resourceVersion) yet not from etcd.
+    assert query["sendInitialEvents"] == "true"
+    assert query["resourceVersionMatch"] == "NotOlderThan"
+    assert query["allowWatchBookmarks"] == "true"
+    assert "resourceVersion" not in query
+    assert informer.stats.relists == 1
+    assert informer.stats.reconnects == 0
+
+
+async def test_a_server_without_streaming_lists_gets_paged_lists(
+    legacy_plane: ControlPlane, legacy_nodes: Nodes
+) -> None:
+    nodes = legacy_nodes
+    names = sorted([str((await nodes.gpu(f"l{i}"))["metadata"]["name"]) for i in range(3)])
+    state = ClusterState()
+    informer = Informer(api=nodes.api, target=nodes.target(page_size=2), sink=NodeSink(state))
+    async with running(informer):
+        assert sorted(state.nodes) == names
+        assert informer.list_mode == "paged"
+        live = await nodes.label(names[0], {"gpushare.dev/team": "paged"})
+
+        async def seen() -> bool:
+            record = state.nodes[names[0]]
+            return record.resource_version == str(live["metadata"]["resourceVersion"])
+
+        await eventually(seen, what="the watch after the paged list")
+
+    async def reads() -> list[tuple[str, dict[str, str], int]]:
+        found = _reads_of(legacy_plane, nodes.tag)
+        return found if len(found) >= 4 else []
+
+    found = await eventually(reads, what="the informer's reads in the audit log")
+    refused, *pages, watch = found[:4]
+    assert (refused[0], refused[1]["sendInitialEvents"], refused[2]) == ("watch", "true", 422)
+    assert [(verb, query["limit"], status) for verb, query, status in pages] == [
+        ("list", "2", 200),
+        ("list", "2", 200),
+    ]
+    assert "continue" in pages[1][1]
+    assert watch[0] == "watch" and "sendInitialEvents" not in watch[1]
+    assert watch[1]["resourceVersion"]  # from where the list ended
+
+
+async def test_a_watch_the_server_keeps_refusing_ends_in_a_relist(
+    legacy_plane: ControlPlane, legacy_nodes: Nodes
+) -> None:
+    """Seen on this server: resuming a watch across compacted history answers 500, forever."""
+    nodes = legacy_nodes
+    victim, kept = [str((await nodes.gpu(r))["metadata"]["name"]) for r in ("v", "k")]
+    state = ClusterState()
+    first = Informer(api=nodes.api, target=nodes.target(), sink=NodeSink(state))
+    async with running(first):
+        assert sorted(state.nodes) == sorted([victim, kept])
+    await nodes.delete(victim)
+    await asyncio.to_thread(legacy_plane.compact_etcd)
+
+    # Resuming from where the first one stopped: refused again and again, then given up on ...
+    second = Informer(api=nodes.api, target=nodes.target(), sink=NodeSink(state), max_backoff=0.2)
+    second.resource_version = first.resource_version
+    with pytest.raises(http.ApiError) as refused:
+        await asyncio.wait_for(second._watch_until_gone(), timeout=30)
+    assert refused.value.status == 500
+    assert second.stats.reconnects == 2  # resumed twice, and the third refusal ends it
+    # ... so that run() lists afresh, and the deletion reaches the cache.
+    async with running(second):
+        assert sorted(state.nodes) == [kept]
+
+
+# -- recovery -----------------------------------------------------------------------------------
+
+
+class PoisonedSink:
+    """A real sink that raises on any node labelled POISON, as a bug in a sink would."""
+
+    def __init__(self, inner: Sink) -> None:
+        self.inner = inner
+
+    @staticmethod
+    def _check(obj: dict[str, Any]) -> None:
+        if POISON in (obj.get("metadata") or {}).get("labels", {}):
+            raise KeyError(f"cannot digest {obj['metadata']['name']}")
+
+    def begin_relist(self) -> None:
+        self.inner.begin_relist()
+
+    def relist_item(self, obj: dict[str, Any]) -> None:
+        self._check(obj)
+        self.inner.relist_item(obj)
+
+    def end_relist(self) -> None:
+        self.inner.end_relist()
+
+    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
+        self._check(obj)
+        self.inner.apply(event_type, obj)
+
+
+class CountingTelemetry:
+    def __init__(self) -> None:
+        self.failures: list[tuple[str, str]] = []
+
+    def event_ingested(self, kind: str, seconds: float) -> None:
+        return None
+
+    def informer_failed(self, kind: str, reason: str) -> None:
+        self.failures.append((kind, reason))
+
+    def reconciled(self, kind: str, seconds: float) -> None:
+        return None
+
+    def wrote(self, kind: str, outcome: str, seconds: float) -> None:
+        return None
+
+
+async def test_a_poisoned_object_neither_kills_the_informer_nor_leaves_the_cache_behind(
+    nodes: Nodes,
+) -> None:
+    victim, bystander = [str((await nodes.gpu(r))["metadata"]["name"]) for r in ("v", "b")]
+    state, telemetry = ClusterState(), CountingTelemetry()
+    informer = Informer(
+        api=nodes.api,
+        target=nodes.target(),
+        sink=PoisonedSink(NodeSink(state)),
+        telemetry=telemetry,
+        max_backoff=0.5,
+    )
+    with structlog.testing.capture_logs() as logs:
+        async with running(informer) as task:
+            await nodes.label(victim, {POISON: "x"})
+
+            async def failing_again() -> bool:
+                # The event failed, and so does every re-list while the object stays poisoned.
+                return informer.stats.failures >= 3 and not informer.synced.is_set()
+
+            await eventually(failing_again, what="re-lists failing on the poisoned node")
+            assert not task.done()
+            await nodes.label(bystander, {"gpushare.dev/team": "meanwhile"})
+            fixed = await nodes.label(victim, {POISON: None, "gpushare.dev/team": "fixed"})
+
+            async def converged() -> bool:
+                record = state.nodes.get(victim)
+                return (
+                    informer.synced.is_set()
+                    and record is not None
+                    and record.resource_version == str(fixed["metadata"]["resourceVersion"])
+                    and state.nodes[bystander].labels.get("gpushare.dev/team") == "meanwhile"
+                )
+
+            await eventually(converged, what="the cache to catch up once the node is fixed")
+            assert not task.done()
+
+    assert state.nodes[victim].labels["gpushare.dev/team"] == "fixed"
+    assert POISON not in state.nodes[victim].labels
+    assert set(telemetry.failures) == {("Node", "event")}
+    failed = [e for e in logs if e["event"] == "informer failed; re-listing"]
+    assert len(failed) == len(telemetry.failures)
+    assert {(e["kind"], e["name"]) for e in failed} == {("Node", victim)}
+    assert all("cannot digest" in e["error"] for e in failed)
+    delays = [e["retry_in"] for e in failed]
+    assert all(0 < d <= 0.5 for d in delays)
+    assert len(set(delays)) > 1  # jittered
+
+
+async def test_a_429_is_waited_out_as_long_as_retry_after_says(
+    nodes: Nodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one test double of the read path: a real 429 cannot be had on demand."""
+    name = str((await nodes.gpu("t"))["metadata"]["name"])
+    real_request = http.request
+    calls: list[float] = []
+
+    async def throttled_once(
+        api: client.ApiClient,
+        *,
+        method: str,
+        path: str,
+        query: Sequence[tuple[str, str]] = (),
+        **kw: Any,
+    ) -> Any:
+        if method == "GET" and path == NODES:
+            calls.append(time.monotonic())
+            if len(calls) == 1:
+                body = {"kind": "Status", "code": 429, "reason": "TooManyRequests"}
+                raise http.ApiError(
+                    status=429, reason="Too Many Requests", body=body, retry_after=2
+                )
+        return await real_request(api, method=method, path=path, query=query, **kw)
+
+    monkeypatch.setattr(http, "request", throttled_once)
+    state = ClusterState()
+    informer = Informer(api=nodes.api, target=nodes.target(), sink=NodeSink(state), streaming=False)
+    started = time.monotonic()
+    async with running(informer):
+        assert name in state.nodes
+    assert len(calls) == 2
+    waited = calls[1] - calls[0]
+    # The informer's own back-off would have been 0.2-0.3 s; the server asked for 2 s.
+    assert 2.0 <= waited < 3.0, waited
+    assert time.monotonic() - started >= 2.0
+    assert informer.stats.failures == 1
+
+
+async def test_a_streaming_list_yields_to_the_loop(nodes: Nodes) -> None:
+    """Nothing else may starve while an informer lists: leader-lease renewals share the loop."""
+    for i in range(40):
+        await nodes.gpu(f"y{i:02d}")
+    state = ClusterState()
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticking = asyncio.create_task(ticker(), name="ticker")
+    try:
+        informer = Informer(api=nodes.api, target=nodes.target(), sink=NodeSink(state))
+        async with running(informer):
+            assert len(state.nodes) == 40
+    finally:
+        ticking.cancel()
+        await asyncio.gather(ticking, return_exceptions=True)
+    assert len(gaps) > 5
+    assert max(gaps) < 0.25, max(gaps)  # generous: two shared cores; unbounded would be ~1 s

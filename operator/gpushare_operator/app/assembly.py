@@ -120,6 +120,7 @@ class Assembly:
             kind="ConfigMap",
             field_selector=f"metadata.name={s.device_plugin_configmap}",
             forbidden_is_empty=True,  # until the chart's Role exists there; the writer says so
+            keep_managed_fields=True,  # who owns each key (one small object)
         )
         targets: list[tuple[Target, Sink]] = [
             (

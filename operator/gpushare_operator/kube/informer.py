@@ -101,6 +101,9 @@ class Target:
     # Role exists): a 403 on the first list counts as an empty listing, so the operator syncs and
     # says why it cannot write; the list is retried until allowed.
     forbidden_is_empty: bool = False
+    # Keep metadata.managedFields (dropped otherwise): the device-plugin ConfigMap's say which
+    # field manager owns each key, so that keys like ours owned by others are left alone.
+    keep_managed_fields: bool = False
 
 
 @dataclass
@@ -413,10 +416,12 @@ class Informer:
 
     def _deliver(self, kind: str, obj: dict[str, Any]) -> None:
         """Hand one object to the sink; a failure names the object."""
+        if not self._target.keep_managed_fields:
+            obj = drop_managed_fields(obj)
         try:
             if kind == "LISTED":
-                self._sink.relist_item(drop_managed_fields(obj))
+                self._sink.relist_item(obj)
             else:
-                self._sink.apply(kind, drop_managed_fields(obj))
+                self._sink.apply(kind, obj)
         except Exception as exc:
             raise EventFailed(event=kind, name=_name_of(obj), cause=exc) from exc

@@ -151,7 +151,7 @@ class StateCollector(Collector):
         yield caches
         yield GaugeMetricFamily(
             "gpushare_write_queue_depth",
-            "Objects still to write: dirty, being written, or a policy status held back",
+            "Objects still to write: queued, being written, held back, or waiting to retry",
             value=a.writer.backlog,
         )
         yield GaugeMetricFamily(

@@ -8,6 +8,7 @@ from typing import Any
 
 from gpushare_operator.testing.controlplane import ControlPlane
 from gpushare_operator.testing.simulator import GpuClusterSimulator, RawClient
+from tests.waiting import eventually
 
 API = "/apis/gpushare.dev/v1alpha1"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
@@ -116,3 +117,17 @@ async def add_policy(sim: GpuClusterSimulator, created: list[str], body: dict[st
     """Create a policy and remember it for the ``policies`` fixture to delete."""
     await create_policy(sim.client, body)
     created.append(body["metadata"]["name"])
+
+
+def phase_of(state: Mapping[str, Any] | None) -> str | None:
+    return (state or {}).get("status", {}).get("phase")
+
+
+async def wait_phase(sim: GpuClusterSimulator, node: str, phase: str, timeout: float = 30) -> Any:
+    """Until the node's GPUNodeState shows ``phase``; returns that GPUNodeState."""
+    return await eventually(
+        lambda: node_state(sim.client, node),
+        until=lambda s: phase_of(s) == phase,
+        timeout=timeout,
+        what=f"{node} to be {phase}",
+    )

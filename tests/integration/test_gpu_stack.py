@@ -27,17 +27,11 @@ PRODUCT = "nvidia.com/gpu.product"
 SAMPLES = ROOT / "examples" / "policies.yaml"
 
 
-def _phase(state: dict[str, Any] | None) -> str | None:
-    return (state or {}).get("status", {}).get("phase")
+_phase = h.phase_of
 
 
 async def _phase_is(sim: GpuClusterSimulator, node: str, phase: str, timeout: float = 60) -> Any:
-    return await eventually(
-        lambda: h.node_state(sim.client, node),
-        until=lambda s: _phase(s) == phase,
-        timeout=timeout,
-        what=f"{node} {phase}",
-    )
+    return await h.wait_phase(sim, node, phase, timeout)
 
 
 def _label_writes(plane: ControlPlane, node: str) -> int:

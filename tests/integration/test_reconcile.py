@@ -20,17 +20,8 @@ from tests.waiting import eventually
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
 
-def phase_of(state: dict[str, Any] | None) -> str | None:
-    return (state or {}).get("status", {}).get("phase")
-
-
-async def wait_phase(sim: GpuClusterSimulator, node: str, phase: str, timeout: float = 30) -> Any:
-    return await eventually(
-        lambda: h.node_state(sim.client, node),
-        until=lambda s: phase_of(s) == phase,
-        timeout=timeout,
-        what=f"{node} to be {phase}",
-    )
+phase_of = h.phase_of
+wait_phase = h.wait_phase
 
 
 async def wait_policy(sim: GpuClusterSimulator, name: str, **expected: Any) -> dict[str, Any]:

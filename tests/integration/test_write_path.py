@@ -40,12 +40,7 @@ def _configmap_writes(plane: ControlPlane) -> list[dict[str, Any]]:
 
 
 async def _verified(sim: GpuClusterSimulator, node: str, timeout: float = 90) -> None:
-    await eventually(
-        lambda: h.node_state(sim.client, node),
-        until=lambda s: (s or {}).get("status", {}).get("phase") == "Verified",
-        timeout=timeout,
-        what=f"{node} Verified",
-    )
+    await h.wait_phase(sim, node, "Verified", timeout)
 
 
 async def test_a_propagation_wait_is_published_once(

@@ -102,7 +102,9 @@ def _applied(
     if now >= deadline:
         message = f"not confirmed within {mismatch_timeout:.0f} s: {seen}"
         return NodeDecision(policy, NodePhase.MISMATCH, "NotConfirmed", message, None)
-    message = f"label applied; waiting for the device plugin and GPU Feature Discovery: {seen}"
+    # What is seen is left out until the timeout: it changes as the plugin restarts and GFD
+    # relabels, and every change would be one more status write per node of a rollout.
+    message = "label applied; waiting for the device plugin and GPU Feature Discovery to confirm"
     return NodeDecision(policy, NodePhase.APPLIED, "Applied", message, None, recheck_at=deadline)
 
 

@@ -60,7 +60,9 @@ async def test_holding_the_socket_gathers_events_into_few_reads_and_loses_none(u
     assert reads <= LINES // 3, reads
 
 
-async def test_without_a_window_every_event_is_a_read_of_its_own(url: str) -> None:
+async def test_without_a_window_the_same_lines_arrive(url: str) -> None:
     lines, reads = await read(url, window=0)
-    assert len(lines) == LINES
-    assert reads > LINES // 2, reads  # what the window saves
+    assert [int(line[6 : line.index(b",")]) for line in lines] == list(range(LINES))
+    # Typically one read per event (what the window saves); not asserted: on a loaded machine
+    # the client falls behind and reads several at once anyway.
+    print(f"{reads} reads for {LINES} events without a window")

@@ -23,6 +23,14 @@ answer to the change until the GPUNodeState shows it.  Both variants run with
 reads the volume) and a huge ``--mismatch-timeout`` (GFD is not simulated, so nodes stay
 Applied rather than turning Mismatch mid-run).
 
+Two extra phases (``--skip relist,delayed`` leaves them out).  After priming, a *re-list* of
+every pod through the operator's real pod ``Informer``, once as a paged quorum list (before the
+watch-cache change) and once as a streaming list (after), each in a fresh process
+(``relist.py``).  After the variants, a *delayed rollout*, gpushare only: the operator at its
+default propagation delay (``--delay``, 75 s), a replicas change on the rollout policy (half the
+nodes), and 3 edits of another policy during the wait; its writes against the minimum
+(``delayed.py``).
+
 Results: ``.bench/scale.json`` (everything, with RSS/CPU series), ``.bench/scale.png`` and a
 Markdown table on stdout.  Exits 0 when the run completed, whatever the budgets said.
 """
@@ -74,6 +82,9 @@ RELIST_NOTE = (
     "Re-list: one full list of every pod through the operator's Informer (its pod Target and"
     " PodSink), each mode in a fresh process, direct (not forced by a 410 Gone: that re-list"
     " runs the same listing code); CPU of the lister, the API server and etcd over the listing."
+    " On this 1.35 control plane ConsistentListFromCache is locked on, so the paged list too is"
+    " served from the watch cache (etcd is asked only for its revision): the difference shown is"
+    " the API server's and the lister's, not etcd's; against etcd it takes a server before 1.31."
 )
 
 

@@ -50,6 +50,17 @@ def _rss(field: str) -> int:
     return stats.parse_proc_status(Path("/proc/self/status").read_text()).get(field, 0)
 
 
+class CountingPodSink(PodSink):
+    """The operator's pod sink, counting what the listing handed it: the state keeps only the
+    pods that matter to sharing, so its size would understate what was listed."""
+
+    listed = 0
+
+    def relist_item(self, obj: dict[str, Any]) -> None:
+        self.listed += 1
+        super().relist_item(obj)
+
+
 def _reset_peak() -> None:
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
@@ -59,7 +70,8 @@ async def measure(mode: str, pids: Mapping[str, int], kubeconfig: str | None) ->
     handle = await connection.open_handle(kubeconfig=kubeconfig)
     async with handle:
         state = ClusterState()
-        informer = Informer(api=handle.api, target=PODS, sink=PodSink(state), streaming=MODES[mode])
+        sink = CountingPodSink(state)
+        informer = Informer(api=handle.api, target=PODS, sink=sink, streaming=MODES[mode])
         # VmHWM is reset to the current RSS here (write "5" to clear_refs), so the peak below
         # is the listing's, not the imports'; where that is refused the growth is an upper bound.
         _reset_peak()
@@ -82,7 +94,8 @@ async def measure(mode: str, pids: Mapping[str, int], kubeconfig: str | None) ->
         # Which listing actually ran: a server that refuses streaming lists makes the
         # informer fall back to paged, and the row must not claim otherwise.
         "list_mode": informer.list_mode,
-        "pods": len(state.usage.pods),
+        "pods": sink.listed,
+        "pods_kept": len(state.usage.pods),
         "wall_s": round(wall, 2),
         "lister_cpu_s": round(cpu, 2),
         "system_cpu_s": {name: round(value, 2) for name, value in system.items()},

@@ -284,6 +284,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         print(RELIST_NOTE)
         print()
+    late = result["delayed_rollout"]
+    if late:
+        # The table gives totals; which writes exceed the minimum is the useful part of a MISS.
+        kinds = sorted(set(late["writes_by_kind"]) | set(late["minimum_by_kind"]))
+        split = ", ".join(
+            f"{k} {late['writes_by_kind'].get(k, 0)}/{late['minimum_by_kind'].get(k, 0)}"
+            for k in kinds
+        )
+        print(f"delayed rollout, writes issued/minimum by kind: {split}")
+        print(f"delayed rollout, policy status writes by policy: {late['policy_status_writes']}")
+        print()
     print(f"setup: {result['setup']}")
     for name, variant in result["variants"].items():
         print(f"{name}: API server/etcd CPU share over its run: {run.summary_cpu(variant)}")

@@ -437,7 +437,7 @@ class AuditTail:
         kind = ref.get("resource", "?")
         if ref.get("subresource"):
             kind += "/" + ref["subresource"]
-        stamp = _epoch(str(event.get("stageTimestamp", "")))
+        stamp = epoch(str(event.get("stageTimestamp", "")))
         self.writes[user].append((stamp, f"{event.get('verb')} {kind}"))
 
     def between(self, user: str, start: float, end: float) -> list[tuple[float, str]]:
@@ -446,7 +446,7 @@ class AuditTail:
         return [w for w in self.writes[user] if start <= w[0] <= end]
 
 
-def _epoch(stamp: str) -> float:
+def epoch(stamp: str) -> float:
     from datetime import datetime
 
     try:

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
-from benchmarks.scale import cluster, stats
+from benchmarks.scale import cluster, delayed, stats
 
 STAT = (
     "4242 (python -m gpushare (x)) S 1 4242 4242 0 -1 4194560 52312 0 0 0 "
@@ -175,3 +175,32 @@ def test_relist_table_has_one_row_per_mode_and_the_mode_that_ran() -> None:
     assert lines[2].endswith("| paged |") and lines[3].endswith("| paged |")
     assert "| 12.50 |" in lines[2] and "| n/a |" in lines[3]  # etcd missing: n/a, not 0
     assert stats.render_relist(None) == ""
+
+
+def test_delayed_rollout_names_the_policies_whose_status_was_written(tmp_path: Path) -> None:
+    def line(user: str, name: str, subresource: str | None, stamp: str) -> str:
+        ref = {"resource": "gpusharingpolicies", "name": name}
+        if subresource:
+            ref["subresource"] = subresource
+        event = {
+            "stage": "ResponseComplete",
+            "verb": "patch",
+            "user": {"username": user},
+            "objectRef": ref,
+            "stageTimestamp": stamp,
+        }
+        return json.dumps(event, separators=(",", ":")) + "\n"
+
+    log = tmp_path / "audit.log"
+    inside, outside = "2026-11-29T18:00:05.000000Z", "2026-11-29T17:00:00.000000Z"
+    log.write_text(
+        line("bench-a", "dev-wide", "status", inside)
+        + line("bench-a", "dev-wide", "status", inside)
+        + line("bench-a", "rollout", "status", inside)
+        + line("bench-a", "rollout", None, inside)  # the spec, not the status
+        + line("bench-a", "rollout", "status", outside)
+        + line("someone", "rollout", "status", inside)
+    )
+    start = cluster.epoch("2026-11-29T18:00:00.000000Z")
+    counts = delayed.policy_status_writes(log, "bench-a", start, start + 60)
+    assert counts == {"dev-wide": 2, "rollout": 1}

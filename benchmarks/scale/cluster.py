@@ -321,6 +321,9 @@ class Published:
     pods: dict[str, int] = field(default_factory=dict)
     # (node, pods count) → monotonic times it was seen: the pod-churn lag matches these.
     pod_seen: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+    # The config key each node's status names: a replicas change keeps the policy, so only
+    # the key tells the delayed rollout's nodes that moved from those that did not yet.
+    keys: dict[str, str | None] = field(default_factory=dict)
     events: int = 0
 
     def observe(self, obj: Mapping[str, Any], *, deleted: bool = False) -> None:
@@ -329,9 +332,11 @@ class Published:
         if deleted:
             self.phase.pop(name, None)
             self.pods.pop(name, None)
+            self.keys.pop(name, None)
             return
         status = obj.get("status") or {}
         self.phase[name] = (status.get("policy"), status.get("phase"))
+        self.keys[name] = status.get("configKey")
         pods = int(status.get("pods") or 0)
         if self.pods.get(name) != pods:
             self.pods[name] = pods
@@ -432,7 +437,7 @@ class AuditTail:
         kind = ref.get("resource", "?")
         if ref.get("subresource"):
             kind += "/" + ref["subresource"]
-        stamp = _epoch(str(event.get("stageTimestamp", "")))
+        stamp = epoch(str(event.get("stageTimestamp", "")))
         self.writes[user].append((stamp, f"{event.get('verb')} {kind}"))
 
     def between(self, user: str, start: float, end: float) -> list[tuple[float, str]]:
@@ -441,7 +446,7 @@ class AuditTail:
         return [w for w in self.writes[user] if start <= w[0] <= end]
 
 
-def _epoch(stamp: str) -> float:
+def epoch(stamp: str) -> float:
     from datetime import datetime
 
     try:

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,7 +113,15 @@ async def probe_kopf(session: aiohttp.ClientSession, port: int) -> dict[str, Any
 
 
 def ours(
-    *, user: str, port: int, qps: float, burst: int, identity: str, python: str = sys.executable
+    *,
+    user: str,
+    port: int,
+    qps: float,
+    burst: int,
+    identity: str,
+    python: str = sys.executable,
+    propagation_delay: float = 1,
+    extra: Sequence[str] = (),
 ) -> Variant:
     metrics_port = free_port()
     command = [
@@ -130,7 +138,7 @@ def ours(
         "--write-burst",
         str(burst),
         "--config-propagation-delay",
-        "1",
+        f"{propagation_delay:g}",
         "--mismatch-timeout",
         "100000",  # GFD is not simulated: nodes stay Applied, never turn Mismatch mid-run
         "--http-port",
@@ -142,6 +150,7 @@ def ours(
         identity,
         "--log-format",
         "json",
+        *extra,
     ]
 
     async def probe(session: aiohttp.ClientSession) -> dict[str, Any]:

@@ -146,7 +146,11 @@ def _get(result: Mapping[str, Any] | None, *path: str) -> float | None:
 
 
 def build_rows(
-    ours: Mapping[str, Any] | None, kopf: Mapping[str, Any] | None, *, qps: float
+    ours: Mapping[str, Any] | None,
+    kopf: Mapping[str, Any] | None,
+    *,
+    qps: float,
+    delayed: Mapping[str, Any] | None = None,
 ) -> list[Row]:
     """The table's rows from both variants' result dicts, with ours checked against §5 budgets."""
 
@@ -199,4 +203,50 @@ def build_rows(
         Row("rollout: minimum writes", "writes", *roll_min, "", None),
         Row("pod churn: status lag p50", "s", *lag50, "", None),
         Row("pod churn: status lag p99", "s", *lag99, "≤ 2", le(lag99[0], 2)),
+        *delayed_rows(delayed, qps=qps),
     ]
+
+
+def delayed_rows(delayed: Mapping[str, Any] | None, *, qps: float) -> list[Row]:
+    """The rollout at the default propagation delay with edits during the wait (ours only)."""
+    if delayed is None:
+        return []
+    writes, minimum = _get(delayed, "writes"), _get(delayed, "minimum_writes")
+    label = (
+        f"rollout of {fmt(_get(delayed, 'nodes'))} nodes at {fmt(qps, 0)} QPS,"
+        f" {fmt(_get(delayed, 'propagation_delay_s'))} s propagation delay,"
+        f" {fmt(_get(delayed, 'edits'))} policy edits during the wait"
+    )
+    ok = None if writes is None or minimum is None else writes <= minimum
+    return [
+        Row(label, "s", _get(delayed, "seconds"), None, "", None),
+        Row(f"{label}: writes issued", "writes", writes, None, "= minimum", ok),
+        Row(f"{label}: minimum writes", "writes", minimum, None, "", None),
+    ]
+
+
+def render_relist(relist: Mapping[str, Any] | None) -> str:
+    """The re-list rows: one per listing mode, with the server side's CPU beside the lister's."""
+    if not relist:
+        return ""
+    labels = {
+        "paged": "paged quorum list (before)",
+        "streaming": "streaming list from the watch cache (after)",
+    }
+    lines = [
+        "| re-list | pods | wall s | lister CPU s | kube-apiserver CPU s | etcd CPU s"
+        " | lister peak RSS growth MiB | mode that ran |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for mode, label in labels.items():
+        r = relist.get(mode)
+        if r is None:
+            continue
+        lines.append(
+            f"| re-list {fmt(_get(r, 'pods'))} pods: {label} | {fmt(_get(r, 'pods'))}"
+            f" | {fmt(_get(r, 'wall_s'), 2)} | {fmt(_get(r, 'lister_cpu_s'), 2)}"
+            f" | {fmt(_get(r, 'system_cpu_s', 'kube-apiserver'), 2)}"
+            f" | {fmt(_get(r, 'system_cpu_s', 'etcd'), 2)}"
+            f" | {fmt(_get(r, 'rss_growth_mib'))} | {r.get('list_mode', '?')} |"
+        )
+    return "\n".join(lines)

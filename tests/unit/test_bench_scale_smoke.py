@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
-from benchmarks.scale import cluster, stats
+from benchmarks.scale import cluster, delayed, stats
 
 STAT = (
     "4242 (python -m gpushare (x)) S 1 4242 4242 0 -1 4194560 52312 0 0 0 "
@@ -127,3 +127,80 @@ def test_audit_tail_follows_the_log_through_a_rotation(tmp_path: Path) -> None:
         "patch gpunodestates/status",
         "create gpunodestates/status",
     ]
+
+
+def test_delayed_rollout_rows_are_ours_only_and_say_the_delay() -> None:
+    delayed = {
+        "nodes": 2500,
+        "propagation_delay_s": 75.0,
+        "edits": 3,
+        "seconds": 330.0,
+        "writes": 5012,
+        "minimum_writes": 5006,
+    }
+    rows = stats.build_rows({}, {}, qps=20, delayed=delayed)
+    late = [row for row in rows if "propagation delay" in row.label]
+    assert [row.unit for row in late] == ["s", "writes", "writes"]
+    assert "2,500 nodes" in late[0].label and "75 s propagation delay" in late[0].label
+    assert "3 policy edits" in late[0].label
+    assert all(row.kopf is None for row in late)
+    assert late[1].ok is False  # 5,012 writes > the minimum 5,006: said, not hidden
+    assert stats.build_rows({}, {}, qps=20) == stats.build_rows({}, {}, qps=20, delayed=None)
+    assert not any("propagation delay" in row.label for row in stats.build_rows({}, {}, qps=20))
+
+
+def test_relist_table_has_one_row_per_mode_and_the_mode_that_ran() -> None:
+    relist = {
+        "paged": {
+            "pods": 50000,
+            "list_mode": "paged",
+            "wall_s": 12.5,
+            "lister_cpu_s": 9.0,
+            "system_cpu_s": {"kube-apiserver": 6.0, "etcd": 2.5},
+            "rss_growth_mib": 80.0,
+        },
+        "streaming": {
+            "pods": 50000,
+            "list_mode": "paged",  # the server refused streaming lists: the row must say so
+            "wall_s": 7.0,
+            "lister_cpu_s": 8.0,
+            "system_cpu_s": {"kube-apiserver": 3.0},
+            "rss_growth_mib": 70.0,
+        },
+    }
+    lines = stats.render_relist(relist).splitlines()
+    assert len(lines) == 4
+    assert "re-list 50,000 pods: paged quorum list (before)" in lines[2]
+    assert "re-list 50,000 pods: streaming list from the watch cache (after)" in lines[3]
+    assert lines[2].endswith("| paged |") and lines[3].endswith("| paged |")
+    assert "| 12.50 |" in lines[2] and "| n/a |" in lines[3]  # etcd missing: n/a, not 0
+    assert stats.render_relist(None) == ""
+
+
+def test_delayed_rollout_names_the_policies_whose_status_was_written(tmp_path: Path) -> None:
+    def line(user: str, name: str, subresource: str | None, stamp: str) -> str:
+        ref = {"resource": "gpusharingpolicies", "name": name}
+        if subresource:
+            ref["subresource"] = subresource
+        event = {
+            "stage": "ResponseComplete",
+            "verb": "patch",
+            "user": {"username": user},
+            "objectRef": ref,
+            "stageTimestamp": stamp,
+        }
+        return json.dumps(event, separators=(",", ":")) + "\n"
+
+    log = tmp_path / "audit.log"
+    inside, outside = "2026-11-29T18:00:05.000000Z", "2026-11-29T17:00:00.000000Z"
+    log.write_text(
+        line("bench-a", "dev-wide", "status", inside)
+        + line("bench-a", "dev-wide", "status", inside)
+        + line("bench-a", "rollout", "status", inside)
+        + line("bench-a", "rollout", None, inside)  # the spec, not the status
+        + line("bench-a", "rollout", "status", outside)
+        + line("someone", "rollout", "status", inside)
+    )
+    start = cluster.epoch("2026-11-29T18:00:00.000000Z")
+    counts = delayed.policy_status_writes(log, "bench-a", start, start + 60)
+    assert counts == {"dev-wide": 2, "rollout": 1}

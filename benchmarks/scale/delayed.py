@@ -13,7 +13,10 @@ so re-plans during the wait must not write it again.  This phase checks that on 
 5. done when every rollout node names the new key, Applied, and nothing is left dirty.
 
 Minimum writes: one ConfigMap write for the new rollout key and one per edit; per node one
-label write and one status write; one status write per policy whose status changed.  The key
+label write and two status writes (Pending, with the absolute time its wait ends, then
+Applied: the wait is the one thing the node's status must say before its label changes); per
+policy, one status write per new generation (the edited policy: one per edit) and one more for
+the rollout policy once its nodes are Applied.  The key
 grace period is raised to an hour so that an old key's removal (300 s after it was last used,
 a later, separate write) does not land inside the 5,000-node run's window.
 """
@@ -99,11 +102,13 @@ async def measure(
     changed = sorted(name for name in after if before.get(name) != after[name])
     writes = bench.output_writes(ours.user, epoch0, done)
     by_kind = cluster.summarize_writes(writes)
-    # ConfigMap: the new rollout key, then one per edit; per node label + status; statuses.
+    # ConfigMap: the new rollout key, then one per edit; per node one label and two statuses
+    # (Pending with its configReadyAt, then Applied); policies: one per generation, and the
+    # rollout policy's counts once its nodes are Applied.
     minimum_by_kind = {
         "patch configmaps": 1 + EDITS,
-        "patch gpunodestates/status": len(targets),
-        "patch gpusharingpolicies/status": len(changed),
+        "patch gpunodestates/status": 2 * len(targets),
+        "patch gpusharingpolicies/status": EDITS + 2 if changed else 0,
         "patch nodes": len(targets),
     }
     minimum = sum(minimum_by_kind.values())

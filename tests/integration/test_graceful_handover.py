@@ -1,8 +1,8 @@
 """SIGTERM in the middle of a burst of writes: the old leader's last write lands before the new
 leader's first.
 
-Two replicas (users ``gpushare-a`` and ``gpushare-b``) at ``--write-qps 150``; a pool of 80 GPU
-nodes and its policy give the leader ~250 writes to make, and it is sent SIGTERM once it is well
+Two replicas (users ``gpushare-a`` and ``gpushare-b``) at ``--write-qps 150``; a pool of 200 GPU
+nodes and its policy give the leader ~600 writes to make, and it is sent SIGTERM once it is well
 into them, with writes on the wire.  The API server's audit log says when each write was
 received and when its answer was complete (``stageTimestamp`` at ResponseComplete): every write
 of the old leader must be complete before its own Lease release is received, and before the new
@@ -41,7 +41,9 @@ from tests.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
-NODES = 80
+# Enough nodes that the labels, creates and first statuses alone (3 writes a node) last about
+# 4 s at this rate: the agents' reactions, which the rest of the writes wait for, are slower.
+NODES = 200
 # Fast enough that writes are always on the wire (16 in flight), slow enough that the burst
 # outlasts the poll that decides when to send the signal.
 WRITE_FLAGS = ("--write-qps", "150", "--write-burst", "16")

@@ -35,8 +35,10 @@ def _label_writes(plane: ControlPlane, node: str) -> list[dict[str, Any]]:
     return h.writes_to(h.operator_writes(plane), resource="nodes", name=node)
 
 
-def _configmap_writes(plane: ControlPlane) -> list[dict[str, Any]]:
-    return h.writes_to(h.operator_writes(plane), resource="configmaps", name=CONFIGMAP)
+def _configmap_writes(plane: ControlPlane, namespace: str) -> list[dict[str, Any]]:
+    """This test's ConfigMap only: the audit log spans the session, the name is every test's."""
+    writes = h.writes_to(h.operator_writes(plane), resource="configmaps", name=CONFIGMAP)
+    return [e for e in writes if e["objectRef"].get("namespace") == namespace]
 
 
 async def _verified(sim: GpuClusterSimulator, node: str, timeout: float = 90) -> None:
@@ -66,15 +68,15 @@ async def test_a_propagation_wait_is_published_once(
 
     # Another policy being edited: three ConfigMap changes while the nodes wait.
     edited = h.unique("edited")
-    writes = len(_configmap_writes(control_plane))
+    writes = len(_configmap_writes(control_plane, namespace))
     await h.add_policy(sim, policies, h.policy(edited, pool=other_pool, replicas=2))
     for replicas in (3, 5):
         await eventually(
-            lambda: asyncio.sleep(0, len(_configmap_writes(control_plane))),
+            lambda: asyncio.sleep(0, len(_configmap_writes(control_plane, namespace))),
             until=lambda count, writes=writes: count > writes,
             what="the edited policy's key written",
         )
-        writes = len(_configmap_writes(control_plane))
+        writes = len(_configmap_writes(control_plane, namespace))
         await h.patch_policy(sim.client, edited, {"replicas": replicas})
     for node in nodes:
         await _verified(sim, node)
@@ -87,7 +89,9 @@ async def test_a_propagation_wait_is_published_once(
         applied_after = [e for e in statuses if _when(e) > _when(label)][:1]
         # Pending (once, with its absolute time), then Applied: the re-plans wrote nothing.
         assert len(until_applied) + len(applied_after) <= 2, [e["stageTimestamp"] for e in statuses]
-    assert len(_configmap_writes(control_plane)) >= 4  # the three changes really happened
+    assert (
+        len(_configmap_writes(control_plane, namespace)) >= 4
+    )  # the three changes really happened
 
 
 @pytest.fixture
@@ -190,7 +194,7 @@ async def test_a_foreign_key_is_never_fought_over(
     )
     warning = next(e for e in events if e["reason"] == "ForeignConfigKey")
     assert foreign in warning["message"] and "hand-edit" in warning["message"]
-    settled = len(_configmap_writes(control_plane))
+    settled = len(_configmap_writes(control_plane, namespace))
 
     # 100 changes of the nodes' config labels: pools swap, so each node changes policy.
     for round_ in range(25):
@@ -202,5 +206,5 @@ async def test_a_foreign_key_is_never_fought_over(
     data = await h.config_data(sim.client, namespace)
     assert data is not None and foreign in data  # left alone
     # Both policies' keys were in place before the swaps: no change needed a ConfigMap write.
-    assert len(_configmap_writes(control_plane)) - settled <= 1
+    assert len(_configmap_writes(control_plane, namespace)) - settled <= 1
     assert settled <= 3  # the first write, and the one attempt that found the foreign key

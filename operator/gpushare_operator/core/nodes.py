@@ -165,7 +165,10 @@ def _allocatable_unchanged(kept: tuple[tuple[str, str], ...], status: Mapping[st
     seen = 0
     for name, quantity in allocatable.items():
         if name.startswith(NVIDIA_RESOURCES):
-            if seen >= len(kept) or kept[seen] != (name, quantity):
+            if seen >= len(kept):
+                return False
+            kept_name, kept_quantity = kept[seen]  # compared in place: no tuple per heartbeat
+            if kept_name != name or kept_quantity != quantity:
                 return False
             seen += 1
     return seen == len(kept)

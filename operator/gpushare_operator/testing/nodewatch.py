@@ -6,6 +6,7 @@ this sees (``_observe``, ``_forget``).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import logging
@@ -29,7 +30,7 @@ def rv(obj: JsonObject | None) -> int:
         return 0
 
 
-class NodeWatcher:
+class NodeWatcher(abc.ABC):
     """Keeps ``_nodes`` (the bodies a subclass cares about) current from a Node watch."""
 
     def __init__(self, client: RawClient) -> None:
@@ -38,11 +39,13 @@ class NodeWatcher:
         self._background: list[asyncio.Task[None]] = []
         self._listed = asyncio.Event()
 
+    @abc.abstractmethod
     def _observe(self, node: JsonObject) -> None:
-        raise NotImplementedError
+        """A node as listed or watched: keep it if it is one of ours and newer."""
 
+    @abc.abstractmethod
     def _forget(self, node: JsonObject) -> None:
-        raise NotImplementedError
+        """A node deleted (or gone while unwatched): drop what is kept for it."""
 
     async def _watch_nodes(self) -> None:
         version = await self._list_nodes()

@@ -54,6 +54,13 @@ def test_minimal_spec_takes_the_documented_defaults() -> None:
         "renameByDefault": False,
         "failRequestsGreaterThanOne": None,
         "paused": False,
+        "rollout": {
+            "maxUnavailable": "10%",
+            "canary": 1,
+            "failureThreshold": 1,
+            "podPolicy": "WaitForPods",
+            "cordonDuringChange": False,
+        },
     }
     assert parsed.strategy is SharingStrategy.TIME_SLICING
     assert parsed.fail_requests_greater_than_one is False  # the plugin's time-slicing default
@@ -95,6 +102,13 @@ def test_full_spec_from_the_design_round_trips() -> None:
         "renameByDefault": False,
         "failRequestsGreaterThanOne": True,
         "paused": False,
+        "rollout": {
+            "maxUnavailable": 4,
+            "canary": 2,
+            "failureThreshold": 3,
+            "podPolicy": "Proceed",
+            "cordonDuringChange": True,
+        },
     }
     parsed = GPUSharingPolicySpec.model_validate(body)
     assert parsed.model_dump(mode="json", exclude_none=True) == body

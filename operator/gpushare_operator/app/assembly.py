@@ -92,6 +92,7 @@ class Assembly:
                 key_grace_period=s.config_key_grace_period,
                 mismatch_timeout=s.mismatch_timeout,
             ),
+            max_unavailable=s.max_unavailable,
         )
         self.informers = self._informers()
         self.state.on_new_resource = self.informers[-1].request_relist

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ class Settings:
     config_propagation_delay: float
     config_key_grace_period: float
     mismatch_timeout: float
+    max_unavailable: int | str
     log_format: LogFormat
     lease_duration: float
     renew_deadline: float
@@ -77,6 +79,15 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
+
+
+def _int_or_percent(text: str) -> int | str:
+    """A node count (at least 1) or a percentage such as 10%, as rollout.maxUnavailable."""
+    if re.fullmatch(r"(100|[1-9]?[0-9])%", text):
+        return text
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"{text!r} is neither a node count (>= 1) nor a percentage")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]) -> None:
@@ -150,6 +161,13 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]
         "seconds Applied may last before it is a Mismatch",
         _positive_float,
     )
+    flag(
+        "max-unavailable",
+        "10%",
+        "GPU nodes that may be between a config label change and Verified at once, over all"
+        " policies: a count or a percentage of GPU nodes (rounded down, at least 1)",
+        _int_or_percent,
+    )
     flag("lease-duration", "15", "leader Lease duration in seconds", _above_zero_float)
     flag("renew-deadline", "10", "seconds the leader may go without renewing", _above_zero_float)
     flag("retry-period", "2", "seconds between Lease attempts", _above_zero_float)
@@ -181,6 +199,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         config_propagation_delay=args.config_propagation_delay,
         config_key_grace_period=args.config_key_grace_period,
         mismatch_timeout=args.mismatch_timeout,
+        max_unavailable=args.max_unavailable,
         log_format=args.log_format,
         lease_duration=args.lease_duration,
         renew_deadline=args.renew_deadline,

@@ -53,6 +53,8 @@ _KEPT: Final = frozenset(
         "properties",
         "required",
         "type",
+        "x-kubernetes-int-or-string",
+        "x-kubernetes-preserve-unknown-fields",
     }
 )
 # Kubernetes has no keywords for map keys (propertyNames, patternProperties): they are checked
@@ -159,6 +161,14 @@ RESOURCE_NAME_RULES: Final = (
     _rule("!self.contains('kubernetes.io/')", "resourceName must not be in kubernetes.io"),
     _rule("!self.startsWith('requests.')", "resourceName must not start with 'requests.'"),
 )
+# An int-or-string has no type for OpenAPI to check: both shapes are checked here.
+MAX_UNAVAILABLE_RULES: Final = (
+    _rule(
+        f"type(self) == int ? self >= 1 && self <= {models.MAX_ROLLOUT_NODES}"
+        f" : self.matches({cel_string(models.PERCENT_PATTERN)})",
+        "maxUnavailable must be a whole number of nodes (at least 1) or a percentage such as 10%",
+    ),
+)
 # Only a rule at the root of the schema may read metadata.name.
 POLICY_NAME_RULES: Final = (
     _rule(
@@ -190,6 +200,7 @@ _EXTENSIONS: Final[dict[tuple[type[BaseModel], str | None], Schema]] = {
         "x-kubernetes-validations": RESOURCE_NAME_RULES
     },
     (models.Condition, "type"): {"x-kubernetes-validations": LABEL_KEY_RULES},
+    (models.RolloutSpec, "maxUnavailable"): {"x-kubernetes-validations": MAX_UNAVAILABLE_RULES},
     (models.GPUSharingPolicyStatus, "conditions"): _CONDITIONS,
     (models.GPUNodeStateStatus, "conditions"): _CONDITIONS,
 }
@@ -211,6 +222,7 @@ POLICY_COLUMNS: Final = (
     _column("Applied", "integer", ".status.appliedNodes"),
     _column("Verified", "integer", ".status.verifiedNodes"),
     _column("Slots", "string", ".status.slotsSummary"),
+    _column("Rollout", "string", ".status.rollout.progress"),
     _column("Ready", "string", '.status.conditions[?(@.type=="Ready")].status'),
     _AGE,
 )
@@ -280,7 +292,7 @@ def _keywords(flat: Schema) -> Schema:
         out["default"] = _without_nulls(out["default"])
         if out["default"] is None:
             del out["default"]
-    if "type" not in out:
+    if "type" not in out and not out.get("x-kubernetes-int-or-string"):
         raise ValueError(f"not structural, a node without a type: {flat}")
     return out
 

@@ -159,6 +159,16 @@ def _check_rfc3339(value: str) -> str | None:
     return None
 
 
+def _int_or_percent(value: int | str) -> int | str:
+    if isinstance(value, int):
+        if not 1 <= value <= MAX_ROLLOUT_NODES:
+            raise ValueError(f"must be 1 to {MAX_ROLLOUT_NODES} nodes, or a percentage")
+        return value
+    if not re.fullmatch(PERCENT_PATTERN, value):
+        raise ValueError(f"{value!r} is neither a whole number of nodes nor a percentage like 10%")
+    return value
+
+
 LabelKey = Annotated[
     str,
     _checked(label_key_error, "label key"),
@@ -185,6 +195,14 @@ Replicas = Annotated[StrictInt, Field(ge=MIN_REPLICAS, le=MAX_REPLICAS)]
 # Exclusive has one slot per GPU; the field allows 1 so that it may say so explicitly.
 SpecReplicas = Annotated[StrictInt, Field(ge=1, le=MAX_REPLICAS)]
 SelectorOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
+# A Kubernetes int-or-string: a whole number of nodes, or a percentage such as "10%".
+PERCENT_PATTERN: Final = "^(100|[1-9]?[0-9])%$"
+MAX_ROLLOUT_NODES: Final = 1_000_000
+IntOrPercent = Annotated[
+    StrictInt | str,
+    AfterValidator(lambda value: _int_or_percent(value)),
+    WithJsonSchema({"x-kubernetes-int-or-string": True}),
+]
 
 
 class SharingStrategy(enum.StrEnum):
@@ -245,6 +263,41 @@ class LabelSelector(_Model):
     """Label selector requirements, all of which must hold."""
 
 
+class PodPolicy(enum.StrEnum):
+    """What a change does to a node whose pods hold more slots than the new config has."""
+
+    WAIT_FOR_PODS = "WaitForPods"
+    PROCEED = "Proceed"
+
+
+class RolloutState(enum.StrEnum):
+    """Where the rollout of a policy's generation stands."""
+
+    PROGRESSING = "Progressing"
+    COMPLETE = "Complete"
+    HALTED = "Halted"
+    WAITING_FOR_PODS = "WaitingForPods"
+    PAUSED = "Paused"
+
+
+class RolloutSpec(_Model):
+    """How a change of the policy reaches its nodes: in budgeted batches, a canary first."""
+
+    maxUnavailable: IntOrPercent = "10%"
+    """Nodes that may be between their config label change and Verified at once: a number, or
+    a percentage of the nodes the policy governs (rounded down, at least 1)."""
+    canary: Annotated[StrictInt, Field(ge=0, le=MAX_ROLLOUT_NODES)] = 1
+    """Nodes changed first; the rest waits until they are all Verified. 0: no canary."""
+    failureThreshold: Annotated[StrictInt, Field(ge=1, le=MAX_ROLLOUT_NODES)] = 1
+    """Nodes of the rollout that may end in Mismatch before it halts."""
+    podPolicy: PodPolicy = PodPolicy.WAIT_FOR_PODS
+    """WaitForPods: a node whose pods hold more slots than its new config has keeps its config
+    until they fit. Proceed: change it anyway."""
+    cordonDuringChange: StrictBool = False
+    """Taint the node NoSchedule (gpushare.dev/reconfiguring) from just before its label
+    changes until it is Verified, so no pod is admitted while the device plugin restarts."""
+
+
 class GPUSharingPolicySpec(_Model):
     """How the GPUs of the selected nodes are shared."""
 
@@ -265,6 +318,8 @@ class GPUSharingPolicySpec(_Model):
     for the strategy (true for MPS, false for TimeSlicing)."""
     paused: StrictBool = False
     """Change no node while true; status keeps being reported."""
+    rollout: RolloutSpec = RolloutSpec()
+    """How a change reaches the nodes: budget, canary, failure threshold, pods, cordon."""
 
     @model_validator(mode="after")
     def _replicas_fit_strategy(self) -> Self:
@@ -353,6 +408,47 @@ class _HasSlots(_Model):
 Conditions = Annotated[list[Condition], Field(max_length=MAX_CONDITIONS)]
 
 
+class RolloutStatus(_Model):
+    """The rollout of the generation in force: how many of its nodes are where."""
+
+    generation: Count = 0
+    """The policy generation being rolled out (the one in force)."""
+    state: RolloutState = RolloutState.PROGRESSING
+    """Progressing, Complete, Halted, WaitingForPods or Paused."""
+    totalNodes: Count = 0
+    """Nodes this rollout concerns: those the policy governs, and those it releases."""
+    updatedNodes: Count = 0
+    """Nodes on this generation's config and Verified (or released and settled)."""
+    unavailableNodes: Count = 0
+    """Nodes between their config label change and Verified; Mismatch nodes stay here."""
+    waitingNodes: Count = 0
+    """Nodes still to be changed: waiting for their turn, or for their pods to fit."""
+    failedNodes: Count = 0
+    """Nodes on this generation's config that ended in Mismatch."""
+    startedAt: Rfc3339 | None = None
+    """When this generation's rollout started (RFC 3339)."""
+    completedAt: Rfc3339 | None = None
+    """When it completed (RFC 3339); absent until then."""
+
+    @computed_field  # type: ignore[prop-decorator]  # as slotsSummary
+    @property
+    def progress(self) -> str:
+        """Updated/total nodes, e.g. 37/40, for display."""
+        return f"{self.updatedNodes}/{self.totalNodes}"
+
+
+class AppliedSpec(_Model):
+    """The last valid spec in force, kept so that a new leader facing a broken spec keeps it."""
+
+    generation: Count = 0
+    """The policy generation this spec is from."""
+    spec: Annotated[
+        dict[str, object],
+        WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+    ] = {}
+    """The spec as the operator understood it."""
+
+
 class GPUSharingPolicyStatus(_HasSlots):
     """What the policy governs and how far its configuration has got."""
 
@@ -372,6 +468,10 @@ class GPUSharingPolicyStatus(_HasSlots):
     """Physical GPUs on the nodes this policy governs."""
     configKey: str | None = None
     """The device-plugin config key that this spec renders to."""
+    appliedSpec: AppliedSpec | None = None
+    """The last valid spec in force, with its generation."""
+    rollout: RolloutStatus | None = None
+    """How far the rollout of the generation in force has got."""
     conditions: Conditions = []
     """Ready, SelectorValid, Conflicting, Paused and related conditions."""
 

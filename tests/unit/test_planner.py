@@ -162,12 +162,23 @@ def test_highest_priority_wins_then_name(state: ClusterState, planner: Planner) 
     assert tally.conflicts == [("n1", "a-high")]
 
 
+def admitted_plan(state: ClusterState, planner: Planner, name: str) -> Any:
+    """Plan ``name`` as the writer would: every queued node placed, the rollout advanced
+    (a release waits for its turn under the budget), then planned again."""
+    while (queued := state.dirty.pop_node()) is not None:
+        planner.plan_node(queued)
+    planner.due()
+    return planner.plan_node(name)
+
+
 def test_release_removes_only_our_labels(state: ClusterState, planner: Planner) -> None:
     ours = node("n1", **{CONFIG_LABEL: "p-ts4-abcdef", POLICY_LABEL: "p"})
     theirs = node("n2", **{CONFIG_LABEL: "hand-made"})
     state.upsert_node(ours)
     state.upsert_node(theirs)
-    plan = planner.plan_node("n1")
+    held = planner.plan_node("n1")
+    assert held is None or held.labels is None  # a release waits for its turn
+    plan = admitted_plan(state, planner, "n1")
     assert plan is not None and plan.labels == {CONFIG_LABEL: None, POLICY_LABEL: None}
     assert planner.plan_node("n2") is None  # not ours, never matched: no write, no state
 
@@ -180,7 +191,7 @@ def test_relabel_out_of_selector_goes_unmanaged(state: ClusterState, planner: Pl
     state.upsert_node(node("n1", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
     state.node_states["n1"] = {"phase": "Applied"}
     state.upsert_node(node("n1", pool="elsewhere", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
-    plan = planner.plan_node("n1")
+    plan = admitted_plan(state, planner, "n1")
     assert plan is not None and plan.labels == {CONFIG_LABEL: None, POLICY_LABEL: None}
     assert plan.status is not None and plan.status["phase"] == NodePhase.UNMANAGED
     assert "policy" not in plan.status

@@ -175,6 +175,35 @@ class StateCollector(Collector):
                 slots.add_metric([name, kind], status.get("slots", {}).get(kind, 0))
         yield nodes
         yield slots
+        yield from self._rollout_metrics()
+
+    def _rollout_metrics(self) -> Iterator[Metric]:
+        """Live from the rollout book, not from the last status written (which waits for nodes
+        to settle): what a dashboard of a rollout in progress wants."""
+        book = self._assembly.planner.rollouts
+        nodes = GaugeMetricFamily(
+            "gpushare_rollout_nodes",
+            "Nodes per policy at each step of its rollout",
+            labels=["policy", "state"],
+        )
+        for name in sorted(self._assembly.state.policies):
+            counts = book.counts(name)
+            for state in _ROLLOUT_STATES:
+                nodes.add_metric([name, state], getattr(counts, state))
+        yield nodes
+        yield GaugeMetricFamily(
+            "gpushare_unavailable_nodes",
+            "GPU nodes between a config label change and Verified, over all policies",
+            value=book.unavailable(),
+        )
+        yield GaugeMetricFamily(
+            "gpushare_max_unavailable_nodes",
+            "The cluster-wide budget of unavailable GPU nodes (--max-unavailable)",
+            value=book.cluster_budget(),
+        )
+
+
+_ROLLOUT_STATES = ("updated", "changing", "failed", "admitted", "waiting", "blocked", "unavailable")
 
 
 def build_probe_app(assembly: Assembly) -> web.Application:

@@ -18,7 +18,12 @@ from gpushare_operator.core import devconfigs, nodestates, resolution
 from gpushare_operator.core import nodes as core_nodes
 from gpushare_operator.core import pods as core_pods
 from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.policies import CompiledPolicy, compile_policy, keep_last_good
+from gpushare_operator.core.policies import (
+    CompiledPolicy,
+    compile_policy,
+    keep_last_good,
+    keep_recorded,
+)
 from gpushare_operator.core.workqueue import WorkQueue
 
 ALWAYS_TRACKED = frozenset({core_nodes.GPU_RESOURCE, core_nodes.SHARED_RESOURCE})
@@ -57,6 +62,11 @@ class ClusterState:
         # The same moments on the wall clock, fixed once: a published wait never drifts.
         self.key_seen_wall: dict[str, float] = {}
         self.config_label_counts: Counter[str] = Counter()
+        self.policy_label_counts: Counter[str] = Counter()  # policy label value -> nodes
+        # Policies being deleted (deletionTimestamp set): they govern nothing, and are kept
+        # until our finalizer goes, which is when no node carries their label any more.
+        self.deleting: set[str] = set()
+        self.policy_finalizers: dict[str, tuple[str, ...]] = {}
         self.index = MatchIndex()
         # What needs a fresh look: the cache only marks it; the writer takes it (see workqueue).
         self.dirty = WorkQueue(clock=clock)
@@ -74,7 +84,8 @@ class ClusterState:
         """Usable policies matching ``node``, the winner by priority and name first."""
         policies = self.policies
         matched = (policies[p] for p in self.index.policies_of(node) if p in policies)
-        return resolution.ranked(p for p in matched if p.usable)
+        deleting = self.deleting
+        return resolution.ranked(p for p in matched if p.usable and p.name not in deleting)
 
     def governing(self, node: str) -> CompiledPolicy | None:
         """The policy that governs ``node``: the first usable match by rank that can work
@@ -103,10 +114,16 @@ class ClusterState:
     # -- nodes (informer sink) -----------------------------------------------------------------
 
     def _count_config_label(self, record: NodeRecord | None, delta: int) -> None:
-        if record is not None and record.config_label is not None:
-            self.config_label_counts[record.config_label] += delta
-            if self.config_label_counts[record.config_label] <= 0:
-                del self.config_label_counts[record.config_label]
+        if record is None:
+            return
+        for counts, value in (
+            (self.config_label_counts, record.config_label),
+            (self.policy_label_counts, record.policy_label),
+        ):
+            if value is not None:
+                counts[value] += delta
+                if counts[value] <= 0:
+                    del counts[value]
 
     def upsert_node(self, obj: Mapping[str, Any]) -> None:
         name = (obj.get("metadata") or {}).get("name")
@@ -171,6 +188,7 @@ class ClusterState:
                 return  # older than what we hold
         if version is not None:
             self.policy_versions[name] = version
+        self._track_metadata(name, metadata)
         self.policy_status[name] = body.get("status") or {}
         self.in_flight.pop(("policy", name), None)
         old = self.policies.get(name)
@@ -180,9 +198,22 @@ class ClusterState:
         new = compile_policy(name=name, uid=uid, generation=generation, spec=body.get("spec"))
         if old is not None:
             new = keep_last_good(old, new)
+        else:
+            new = keep_recorded(new, body.get("status"))
         self.policies[name] = new
         self._track_resource(new)
         self._reindex_policy(old, new)
+
+    def _track_metadata(self, name: str, metadata: Mapping[str, Any]) -> None:
+        """Finalizers and deletion: neither changes the generation the early return keys on."""
+        self.policy_finalizers[name] = tuple(str(f) for f in metadata.get("finalizers") or ())
+        if metadata.get("deletionTimestamp") and name not in self.deleting:
+            self.deleting.add(name)
+            affected = set(self.index.nodes_of(name))
+            self._refresh_governors(affected)
+            self.dirty.many_nodes(affected)
+            self.dirty.many_policies({p for n in affected for p in self.index.policies_of(n)})
+            self.dirty.config()
 
     def _reindex_policy(self, old: CompiledPolicy | None, new: CompiledPolicy) -> None:
         if old is not None and old.selector == new.selector:
@@ -203,6 +234,8 @@ class ClusterState:
             return
         self.deleted_policies[held.uid] = self.clock()
         del self.policies[name]
+        self.deleting.discard(name)
+        self.policy_finalizers.pop(name, None)
         self.policy_status.pop(name, None)
         self.policy_versions.pop(name, None)
         self.in_flight.pop(("policy", name), None)

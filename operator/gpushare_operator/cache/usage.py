@@ -32,6 +32,10 @@ class UsageLedger:
         counters = self._by_node.get(node, {}).get(resource)
         return (counters[0], counters[1]) if counters else (0, 0)
 
+    def node_slots(self, node: str) -> dict[str, int]:
+        """Slots held on ``node`` per resource (only resources some pod holds)."""
+        return {resource: c[0] for resource, c in self._by_node.get(node, {}).items() if c[0]}
+
     def policy_slots(self, policy: str) -> int:
         return self._by_policy.get(policy, 0)
 

@@ -54,9 +54,41 @@ def _changed(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> bool
     )
 
 
+def rollout_announcements(
+    previous: Mapping[str, Any] | None, rollout: Mapping[str, Any] | None
+) -> Iterator[Announcement]:
+    """RolloutStarted for a new generation, RolloutHalted and RolloutComplete as the state
+    turns so; nothing while a rollout just makes progress."""
+    if not rollout:
+        return
+    before = previous or {}
+    generation = rollout.get("generation")
+    new = before.get("generation") != generation
+    state = rollout.get("state")
+    if new:
+        yield Announcement(
+            "Normal",
+            "RolloutStarted",
+            f"rolling out generation {generation} to {rollout.get('totalNodes', 0)} node(s)",
+        )
+    if state != before.get("state") or new:
+        if state == "Halted":
+            message = (
+                f"generation {generation}: {rollout.get('failedNodes', 0)} node(s) ended in"
+                " Mismatch; no further node is changed until they recover or the spec changes"
+            )
+            yield Announcement("Warning", "RolloutHalted", message)
+        elif state == "Complete":
+            message = (
+                f"generation {generation} is on all {rollout.get('updatedNodes', 0)} node(s)"
+            )
+            yield Announcement("Normal", "RolloutComplete", message)
+
+
 def policy_announcements(
     previous: Mapping[str, Any], status: Mapping[str, Any]
 ) -> Iterator[Announcement]:
+    yield from rollout_announcements(previous.get("rollout"), status.get("rollout"))
     for cond in status.get("conditions") or ():
         kind, state, reason = str(cond["type"]), str(cond["status"]), str(cond["reason"])
         if not _changed(condition(previous, kind), cond):

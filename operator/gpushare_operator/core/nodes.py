@@ -67,6 +67,12 @@ class NodeRecord:
     shared_capacity: int | None
     # (resource, quantity) of allocatable nvidia.com/* resources, as the API server wrote them.
     allocatable: tuple[tuple[str, str], ...] = ()
+    # spec.taints exactly as the API server has them (usually none): a taint patch tests the
+    # list it changes, so that another manager's taints are never replaced or reordered.
+    taints: tuple[Mapping[str, Any], ...] = ()
+
+    def has_taint(self, key: str) -> bool:
+        return any(taint.get("key") == key for taint in self.taints)
 
     def allocatable_of(self, resource: str) -> int | None:
         """What kubelet says pods may request of ``resource`` now; None when it is absent."""
@@ -174,6 +180,24 @@ def _allocatable_unchanged(kept: tuple[tuple[str, str], ...], status: Mapping[st
     return seen == len(kept)
 
 
+def _taints(spec: object) -> tuple[Mapping[str, Any], ...]:
+    raw = spec.get("taints") if isinstance(spec, Mapping) else None
+    if not isinstance(raw, list) or not raw:
+        return ()
+    return tuple(dict(taint) for taint in raw if isinstance(taint, Mapping))
+
+
+def _taints_unchanged(kept: tuple[Mapping[str, Any], ...], spec: object) -> bool:
+    raw = spec.get("taints") if isinstance(spec, Mapping) else None
+    if not raw:
+        return not kept  # the common case: no taints at all, nothing built
+    return (
+        isinstance(raw, list)
+        and len(raw) == len(kept)
+        and all(a == b for a, b in zip(kept, raw, strict=True))
+    )
+
+
 def slim_labels(raw: object) -> LabelSet:
     """Labels with interned values and a key layout shared across nodes (see ``labelsets``)."""
     return LabelSet(raw if isinstance(raw, Mapping) else None)
@@ -198,6 +222,7 @@ def project_node(obj: Mapping[str, Any]) -> NodeRecord:
         gpu_capacity=_capacity(status, GPU_RESOURCE),
         shared_capacity=_capacity(status, SHARED_RESOURCE),
         allocatable=_nvidia_allocatable(status),
+        taints=_taints(obj.get("spec")),
     )
 
 
@@ -210,6 +235,7 @@ def content_unchanged(record: NodeRecord, obj: Mapping[str, Any]) -> bool:
         and record.gpu_capacity == _capacity(status, GPU_RESOURCE)
         and record.shared_capacity == _capacity(status, SHARED_RESOURCE)
         and _allocatable_unchanged(record.allocatable, status)
+        and _taints_unchanged(record.taints, obj.get("spec"))
         and record.uid == metadata.get("uid")
     )
 

@@ -181,6 +181,20 @@ def decide(
     return NodeDecision(policy, NodePhase.PENDING, "LabelPending", message, labels)
 
 
+def held_back(decision: NodeDecision, *, reason: str, message: str) -> NodeDecision:
+    """The same decision without its label change: the rollout holds the node where it is.
+    A node to be released stays Unmanaged; one to be (re)configured is Pending."""
+    phase = NodePhase.UNMANAGED if decision.policy is None else NodePhase.PENDING
+    return NodeDecision(decision.policy, phase, reason, message, None)
+
+
+def shows(record: NodeRecord, policy: CompiledPolicy | None) -> bool:
+    """Whether the node carries ``policy``'s labels (for None: none of ours)."""
+    if policy is None:
+        return record.policy_label is None
+    return record.config_label == policy.config_key and record.policy_label == policy.name
+
+
 def labels_satisfied(record: NodeRecord, labels: Labels) -> bool:
     """Whether the node already shows what we want (removal = absent)."""
     return all(record.labels.get(key) == value for key, value in labels.items())

@@ -36,6 +36,20 @@ class CompiledPolicy:
     kept_generation: int | None = None
 
     @property
+    def generation_in_force(self) -> int | None:
+        """The generation whose spec the nodes get; None when none is usable."""
+        if self.kept_generation is not None:
+            return self.kept_generation
+        return self.generation if self.error is None else None
+
+    def applied_spec(self) -> dict[str, Any] | None:
+        """The spec in force as the API would show it: recorded in the status, so that a new
+        leader facing a broken spec can keep this one in force (``keep_recorded``)."""
+        if self.spec is None or self.generation_in_force is None:
+            return None
+        return self.spec.model_dump(mode="json", exclude_none=True)
+
+    @property
     def valid(self) -> bool:
         return self.error is None
 
@@ -83,6 +97,23 @@ def keep_last_good(current: CompiledPolicy, update: CompiledPolicy) -> CompiledP
         error_reason=update.error_reason,
         kept_generation=kept,
     )
+
+
+def keep_recorded(update: CompiledPolicy, status: object) -> CompiledPolicy:
+    """A broken spec met for the first time (a new leader, a restart): keep the last good spec
+    that the status recorded in force, rather than release every node of the policy."""
+    if update.valid or not isinstance(status, Mapping):
+        return update
+    recorded = status.get("appliedSpec")
+    if not isinstance(recorded, Mapping):
+        return update
+    generation, spec = recorded.get("generation"), recorded.get("spec")
+    if not isinstance(generation, int) or not isinstance(spec, Mapping):
+        return update
+    if generation >= update.generation:
+        return update
+    kept = compile_policy(name=update.name, uid=update.uid, generation=generation, spec=spec)
+    return keep_last_good(kept, update) if kept.valid else update
 
 
 def _invalid(*, name: str, uid: str, generation: int, message: str, reason: str) -> CompiledPolicy:

@@ -6,8 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpushare_operator.core import conditions
+from gpushare_operator.core import conditions, rollouts
 from gpushare_operator.core.conditions import Cond
+from gpushare_operator.core.models import RolloutState
 from gpushare_operator.core.policies import CompiledPolicy
 
 MAX_LISTED_NODES = 10
@@ -107,6 +108,70 @@ def policy_conditions(
     return wanted
 
 
+@dataclass(frozen=True, slots=True)
+class RolloutView:
+    """What the planner knows of the policy's rollout, for its status."""
+
+    counts: rollouts.Counts
+    failed_nodes: Sequence[str] = ()
+    releasing: int | None = None  # deleting: nodes that still carry the policy's label
+
+
+def render_rollout(
+    *,
+    policy: CompiledPolicy,
+    view: RolloutView,
+    previous: Mapping[str, Any] | None,
+    now: str,
+) -> dict[str, Any] | None:
+    """``status.rollout``: start and completion times are kept while the generation is the
+    same, so that a re-render writes nothing."""
+    generation = policy.generation_in_force
+    if generation is None or policy.spec is None:
+        return None
+    counts = view.counts
+    state = rollouts.state(counts, policy.spec.rollout, paused=policy.paused)
+    before = previous if previous and previous.get("generation") == generation else {}
+    complete = state is RolloutState.COMPLETE
+    rollout = {
+        "generation": generation,
+        "state": str(state),
+        "totalNodes": counts.total,
+        "updatedNodes": counts.updated,
+        "unavailableNodes": counts.unavailable,
+        "waitingNodes": counts.waiting + counts.blocked + counts.admitted,
+        "failedNodes": counts.failed,
+        "progress": f"{counts.updated}/{counts.total}",
+        "startedAt": before.get("startedAt") or now,
+        "completedAt": (before.get("completedAt") or now) if complete else None,
+    }
+    return {k: v for k, v in rollout.items() if v is not None}
+
+
+def _rollout_conditions(policy: CompiledPolicy, view: RolloutView) -> list[Cond]:
+    wanted = []
+    spec = policy.spec.rollout if policy.spec is not None else rollouts.DEFAULT_ROLLOUT
+    if rollouts.halted(view.counts, spec):
+        names = ", ".join(view.failed_nodes[:MAX_LISTED_NODES])
+        more = len(view.failed_nodes) - MAX_LISTED_NODES
+        message = (
+            f"{view.counts.failed} node(s) ended in Mismatch (failureThreshold"
+            f" {spec.failureThreshold}): {names}"
+            + (f" and {more} more" if more > 0 else "")
+            + "; no further node is changed until they are Verified or the spec changes"
+        )
+        wanted.append(Cond("RolloutHalted", "True", "FailureThresholdReached", message))
+    else:
+        wanted.append(Cond("RolloutHalted", "False", "NoFailures", ""))
+    if view.releasing is not None:
+        message = (
+            f"{view.releasing} node(s) still carry this policy's config; they are released"
+            " under its rollout budget, then the policy goes"
+        )
+        wanted.append(Cond("Deleting", "True", "ReleasingNodes", message))
+    return wanted
+
+
 def render_policy_status(
     *,
     policy: CompiledPolicy,
@@ -115,10 +180,13 @@ def render_policy_status(
     now: str,
     config_problem: str | None = None,
     schema_problem: str | None = None,
+    rollout: RolloutView | None = None,
 ) -> dict[str, Any]:
     """The status dict, with transition times kept while conditions hold."""
     previous = previous or {}
     wanted = policy_conditions(policy, tally, config_problem=config_problem)
+    if rollout is not None:
+        wanted.extend(_rollout_conditions(policy, rollout))
     if schema_problem is not None:
         wanted.append(Cond("SchemaOutdated", "True", "CRDOutdated", schema_problem))
     status: dict[str, Any] = {
@@ -132,6 +200,10 @@ def render_policy_status(
         "slots": {"capacity": tally.capacity, "allocated": tally.allocated},
         "slotsSummary": f"{tally.allocated}/{tally.capacity}",
         "configKey": policy.config_key,
+        "appliedSpec": _applied(policy),
+        "rollout": None
+        if rollout is None
+        else render_rollout(policy=policy, view=rollout, previous=previous.get("rollout"), now=now),
         "conditions": conditions.render_conditions(
             wanted,
             previous=previous.get("conditions"),
@@ -140,3 +212,11 @@ def render_policy_status(
         ),
     }
     return {k: v for k, v in status.items() if v is not None}
+
+
+def _applied(policy: CompiledPolicy) -> dict[str, Any] | None:
+    spec = policy.applied_spec()
+    generation = policy.generation_in_force
+    if spec is None or generation is None:
+        return None
+    return {"generation": generation, "spec": spec}

@@ -214,6 +214,7 @@ class Writer:
                     await asyncio.wait_for(self._stopping.wait(), timeout=RETRY_AFTER)
 
     def resync(self) -> None:
+        self._planner.rollouts.restart()
         dirty = self._state.dirty
         dirty.config()
         dirty.many_nodes(self._state.nodes)

@@ -271,6 +271,8 @@ class ObjectWriter:
 
     async def _write_node(self, plan: NodePlan) -> None:
         try:
+            if plan.taint is not None and not await self._taint(plan):
+                return
             if plan.labels is not None:
                 if not await self._label_or_report(plan):
                     return
@@ -310,6 +312,29 @@ class ObjectWriter:
             return False
         if self._planner.node_problems.pop(plan.name, None) is not None:
             self._state.dirty.node(plan.name)  # its status drops the condition
+        return True
+
+    async def _taint(self, plan: NodePlan) -> bool:
+        """Add or remove our taint; False when the node's taints changed since we read them
+        (the patch's test failed): the node's watch event plans it again."""
+        try:
+            node = await self._write(
+                "node-taint",
+                method="PATCH",
+                path=f"/api/v1/nodes/{plan.name}",
+                query=[("fieldManager", FIELD_MANAGER)],
+                body=plan.taint,
+                content_type=JSON_PATCH,
+            )
+        except http.ApiError as exc:
+            if exc.status not in (409, 422):
+                raise
+            log.info("node taints changed meanwhile; planning again", kind="Node", name=plan.name)
+            self.retry_later("node", plan.name)
+            return False
+        current = self._state.nodes.get(plan.name)
+        if isinstance(node, dict) and current is not None and current.uid == plan.uid:
+            self._state.upsert_node(drop_managed_fields(node))
         return True
 
     async def _report(self, ref: ObjectRef, problem: str) -> None:
@@ -394,8 +419,10 @@ class ObjectWriter:
     # -- policies --------------------------------------------------------------------------------
 
     async def write_policy(self, name: str) -> None:
+        if not await self._finalize(name):
+            return
         status = await self.plan_with_token("policy", lambda: self._planner.plan_policy(name))
-        if status is None:
+        if status is None or name not in self._state.policies:
             return
         policy = self._state.policies[name]
         previous = self._state.policy_status.get(name) or {}
@@ -426,6 +453,43 @@ class ObjectWriter:
         if isinstance(answer, dict):
             self._planner.echoed("policy", written=status, echoed=answer.get("status"))
         await self._policy_events(policy.name, policy.uid, previous, status)
+
+    async def _finalize(self, name: str) -> bool:
+        """Add or remove our finalizer; False when the policy is gone, or its finalizers
+        changed since we read them (its watch event brings it back)."""
+        patch = await self.plan_with_token("policy", lambda: self._planner.plan_finalizer(name))
+        if patch is None:
+            return True
+        try:
+            answer = await self._write(
+                "policy-finalizer",
+                method="PATCH",
+                path=f"{_API}/{models.POLICY_PLURAL}/{name}",
+                body=patch,
+                query=[("fieldManager", FIELD_MANAGER)],
+                content_type=JSON_PATCH,
+            )
+        except http.ApiError as exc:
+            if exc.status == 404:
+                return False
+            if exc.status in PERMANENT - {422}:
+                # An older ClusterRole without patch on policies: the status still gets written;
+                # a deleted policy then goes at once and its nodes are released under the
+                # cluster-wide budget only.
+                policy = self._state.policies.get(name)
+                if policy is not None:
+                    problem = f"cannot set the policy's finalizer: {_problem(exc)}"
+                    await self._report(_policy_ref(policy.name, policy.uid), problem)
+                return True
+            if exc.status not in (409, 422):
+                raise
+            self.retry_later("policy", name)
+            return False
+        if isinstance(answer, dict) and (answer.get("metadata") or {}).get("name") == name:
+            self._state.upsert_policy(drop_managed_fields(answer))
+        else:  # no object in the answer: the patch's own result, until the watch shows it
+            self._state.policy_finalizers[name] = self._planner.finalizers_after(name)
+        return name in self._state.policies
 
     async def _policy_events(
         self, name: str, uid: str, previous: Mapping[str, Any], status: Mapping[str, Any]

@@ -17,10 +17,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.core import devconfigs, nodestates, policystatus, resolution, statusdiff
+from gpushare_operator.core import (
+    devconfigs,
+    listpatches,
+    nodestates,
+    policystatus,
+    resolution,
+    rollouts,
+    statusdiff,
+)
+from gpushare_operator.core.listpatches import JsonPatch
 from gpushare_operator.core.models import FIELD_MANAGER, NodePhase
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.reconcile.rollouts import RolloutBook, Step
+
+# Keeps a deleted policy until its nodes are released (under its rollout budget).
+FINALIZER = "gpushare.dev/release-nodes"
 
 # Keys this operator renders: `default` and `<policy>-<ts|mps><replicas>-<6 hex>`.
 _OUR_KEY = re.compile(r"^(default|([a-z0-9.-]+-)?(ts\d+|mps\d+|excl)-[0-9a-f]{6})$")
@@ -44,6 +57,7 @@ class NodePlan:
     labels: nodestates.Labels | None  # SSA of our two labels; None: no label write
     status: dict[str, Any] | None  # GPUNodeState status; None: no status write
     create_state: bool  # the GPUNodeState object does not exist yet
+    taint: JsonPatch | None = None  # our NoSchedule taint added or removed, before the labels
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +78,11 @@ class Planner:
         timings: Timings,
         wallclock: Callable[[], str] = rfc3339_now,
         epoch: Callable[[], float] = time.time,
+        max_unavailable: int | str = "10%",
     ) -> None:
         self.state = state
         self.timings = timings
+        self.rollouts = RolloutBook(state, max_unavailable=max_unavailable)
         self._wallclock = wallclock
         self._epoch = epoch
         self._applied_since: dict[str, tuple[str, float]] = {}
@@ -134,7 +150,9 @@ class Planner:
     def due(self) -> float | None:
         """Queue whatever a timer has come due for; return when the next timer fires."""
         self.state.expire_tombstones()
-        return self.state.dirty.next_due()
+        again = self.rollouts.advance()
+        timer = self.state.dirty.next_due()
+        return again if timer is None else (timer if again is None else min(again, timer))
 
     # -- nodes -----------------------------------------------------------------------------------
 
@@ -217,8 +235,9 @@ class Planner:
             self.node_problems.pop(name, None)
             self._applied_since.pop(name, None)
             self._decided.discard(name)
+            self.rollouts.forget(name)
             return None  # gone: its GPUNodeState follows through the ownerReference
-        decision = self.decide(record)
+        decision = self.rollouts.gate(record, self.decide(record))
         self._track_applied(name, decision)
         self.recheck(decision.recheck_at, "node", name)
         labels = decision.labels
@@ -227,9 +246,18 @@ class Planner:
         if labels is not None and state.in_flight.get(("node", name)) == labels:
             labels = None
         status = self._node_status(record, decision) if not self._hold(name, decision) else None
-        if labels is None and status is None:
+        taint = self._taint(record)
+        if labels is None and status is None and taint is None:
             return None
-        return NodePlan(name, record.uid, labels, status, name not in state.node_states)
+        return NodePlan(name, record.uid, labels, status, name not in state.node_states, taint)
+
+    def _taint(self, record: NodeRecord) -> JsonPatch | None:
+        """Our NoSchedule taint: on from just before a cordoned change's label write until the
+        node is Verified; only ever ours, added and removed in place."""
+        tainted = record.has_taint(rollouts.TAINT_KEY)
+        if self.rollouts.wants_taint(record.name, tainted=tainted):
+            return None if tainted else rollouts.taint_added(record.taints)
+        return rollouts.taint_removed(record.taints) if tainted else None
 
     def _hold(self, name: str, decision: nodestates.NodeDecision) -> bool:
         """Whether to keep a soon-outdated Pending status to ourselves (see ``pending_hold``)."""
@@ -350,12 +378,44 @@ class Planner:
             now=self._wallclock(),
             config_problem=self.config_error,
             schema_problem=self.schema_problem(),
+            rollout=self._rollout_view(name),
         )
         status = statusdiff.without(status, self.pruned.get("policy", frozenset()))
         self.rendered_policies[name] = status
         if _same_status(previous, status) or self.state.in_flight.get(("policy", name)) == status:
             return None
         return status
+
+    def _rollout_view(self, name: str) -> policystatus.RolloutView:
+        book = self.rollouts
+        releasing = None
+        if name in self.state.deleting:
+            releasing = self.state.policy_label_counts.get(name, 0)
+        return policystatus.RolloutView(
+            counts=book.counts(name),
+            failed_nodes=book.nodes_at(name, Step.FAILED),
+            releasing=releasing,
+        )
+
+    def plan_finalizer(self, name: str) -> JsonPatch | None:
+        """Our finalizer: on every policy, so that deleting one releases its nodes under its
+        budget; removed once no node carries its label (the finalizer goes last)."""
+        if name not in self.state.policies:
+            return None
+        current = self.state.policy_finalizers.get(name, ())
+        if name not in self.state.deleting:
+            if FINALIZER in current:
+                return None
+            return listpatches.appended("/metadata/finalizers", current, FINALIZER)
+        if self.state.policy_label_counts.get(name, 0) > 0:
+            return None
+        return listpatches.removed("/metadata/finalizers", current, FINALIZER.__eq__)
+
+    def finalizers_after(self, name: str) -> tuple[str, ...]:
+        """The policy's finalizers once ``plan_finalizer``'s patch has been applied."""
+        current = self.state.policy_finalizers.get(name, ())
+        others = tuple(f for f in current if f != FINALIZER)
+        return others if name in self.state.deleting else (*others, FINALIZER)
 
     # -- the device-plugin ConfigMap -------------------------------------------------------------
 

@@ -49,7 +49,15 @@ _AUDIT_POLICY = {
             "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}],
             "users": ["system:kube-controller-manager", "system:apiserver"],
         },
-        {"level": "Request", "resources": [{"group": "", "resources": ["nodes"]}]},
+        # With their bodies: what a label, taint or phase was at each moment (rollout tests).
+        {
+            "level": "Request",
+            "resources": [
+                {"group": "", "resources": ["nodes"]},
+                {"group": "gpushare.dev", "resources": ["gpunodestates/status"]},
+                {"group": "gpushare.dev", "resources": ["gpusharingpolicies"]},
+            ],
+        },
         {"level": "Metadata"},
     ],
 }

@@ -1,0 +1,119 @@
+"""Rollout arithmetic: budgets, order, whether pods fit, the taint, and a rollout's state.
+
+Pure functions of numbers and records; the bookkeeping that feeds them (which node is where)
+lives in ``reconcile.rollouts``.  A node is *unavailable* from the moment its config label
+changes until it is Verified (a released node: until the device plugin is back unshared); a
+Mismatch node stays unavailable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gpushare_operator.core import listpatches
+from gpushare_operator.core.listpatches import JsonPatch
+from gpushare_operator.core.models import RolloutSpec, RolloutState
+from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
+
+TAINT_KEY: Final = "gpushare.dev/reconfiguring"
+TAINT: Final[Mapping[str, str]] = {"key": TAINT_KEY, "effect": "NoSchedule"}
+DEFAULT_ROLLOUT: Final = RolloutSpec()
+
+
+def max_unavailable(value: int | str, *, total: int) -> int:
+    """The budget: a number of nodes, or a percentage of ``total`` rounded down; at least 1."""
+    if isinstance(value, int):
+        return max(1, value)
+    percent = int(value.rstrip("%"))
+    return max(1, total * percent // 100)
+
+
+def release_settled(record: NodeRecord) -> bool:
+    """Whether a released node runs the unshared config again: GFD reports no sharing and
+    kubelet shows one ``nvidia.com/gpu`` per GPU (what the default config advertises)."""
+    if record.reported_replicas not in (None, 1):
+        return False
+    if record.sharing_strategy not in (None, "none"):
+        return False
+    gpus = record.gpus
+    return gpus is None or record.allocatable_of(GPU_RESOURCE) == gpus
+
+
+def misfit(held: Mapping[str, int], *, resource: str, capacity: int) -> str | None:
+    """Why the node's pods would not fit a config advertising ``capacity`` of ``resource``
+    (and nothing else); None when they fit.  ``held``: slots held per resource."""
+    for other, slots in sorted(held.items()):
+        if other != resource and slots > 0:
+            return f"pods hold {slots} {other}, which the new config does not advertise"
+    slots = held.get(resource, 0)
+    if slots > capacity:
+        return f"pods hold {slots} {resource}; the new config has {capacity}"
+    return None
+
+
+def order_key(*, allocated: int, name: str) -> tuple[int, str]:
+    """Fewest allocated slots first, then by name: the same order after every restart."""
+    return (allocated, name)
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """Where the nodes of one rollout are."""
+
+    total: int = 0  # nodes the rollout concerns (governed, or released by this policy)
+    updated: int = 0  # on the target and Verified
+    changing: int = 0  # on the target (label written), not yet Verified, not Mismatch
+    failed: int = 0  # on the target, Mismatch
+    admitted: int = 0  # cleared to change, label not written yet
+    waiting: int = 0  # to change, waiting for their turn
+    blocked: int = 0  # to change, waiting for their pods to fit
+    unavailable: int = 0  # between label change and Verified, whatever their target
+
+
+def halted(counts: Counts, spec: RolloutSpec) -> bool:
+    return counts.failed >= spec.failureThreshold
+
+
+def canary_room(counts: Counts, spec: RolloutSpec) -> int | None:
+    """How many more nodes may take the new config while the canary is not yet proven;
+    None once it is (or there is no canary)."""
+    if spec.canary <= 0:
+        return None
+    in_rollout = counts.updated + counts.changing + counts.failed + counts.admitted
+    target = min(spec.canary, in_rollout + counts.waiting + counts.blocked)
+    if counts.updated >= target:
+        return None
+    return max(0, target - in_rollout)
+
+
+def room(counts: Counts, spec: RolloutSpec, *, cluster_room: int, paused: bool) -> int:
+    """How many more nodes may start changing now under the policy's and the cluster's budget."""
+    if paused or halted(counts, spec):
+        return 0
+    budget = max_unavailable(spec.maxUnavailable, total=counts.total)
+    return max(0, min(budget - counts.unavailable, cluster_room))
+
+
+def state(counts: Counts, spec: RolloutSpec, *, paused: bool) -> RolloutState:
+    if paused:
+        return RolloutState.PAUSED
+    if halted(counts, spec):
+        return RolloutState.HALTED
+    if counts.waiting + counts.admitted + counts.unavailable == 0:
+        return RolloutState.WAITING_FOR_PODS if counts.blocked else RolloutState.COMPLETE
+    return RolloutState.PROGRESSING
+
+
+# -- the taint ----------------------------------------------------------------------------------
+
+
+def taint_added(taints: Sequence[Mapping[str, Any]]) -> JsonPatch:
+    """Append our taint, never replacing or reordering another manager's (see listpatches)."""
+    return listpatches.appended("/spec/taints", taints, TAINT)
+
+
+def taint_removed(taints: Sequence[Mapping[str, Any]]) -> JsonPatch | None:
+    """Remove our taint only; None when it is not there."""
+    return listpatches.removed("/spec/taints", taints, lambda t: t.get("key") == TAINT_KEY)

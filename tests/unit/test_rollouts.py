@@ -1,0 +1,201 @@
+"""Rollout arithmetic (core.rollouts) and the bookkeeping that admits nodes (reconcile.rollouts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.core import listpatches, rollouts
+from gpushare_operator.core.models import GPUSharingPolicySpec, RolloutSpec, RolloutState
+from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.reconcile.planner import Planner, Timings
+from tests.unit.test_planner import Clock, node, policy
+
+# -- arithmetic ------------------------------------------------------------------------------
+
+
+@given(total=st.integers(0, 10_000), percent=st.integers(0, 100))
+def test_a_percentage_budget_rounds_down_and_is_at_least_one(total: int, percent: int) -> None:
+    budget = rollouts.max_unavailable(f"{percent}%", total=total)
+    assert budget == max(1, total * percent // 100)
+    assert budget >= 1 and (budget == 1 or budget <= total)
+
+
+def test_a_count_budget_is_taken_as_is() -> None:
+    assert rollouts.max_unavailable(4, total=40) == 4
+    assert rollouts.max_unavailable(4, total=2) == 4  # more than there is: all at once
+
+
+def test_the_spec_refuses_a_budget_that_is_neither_a_count_nor_a_percentage() -> None:
+    for bad in (0, -1, "0.5", "10", "101%", "ten%", True):
+        with pytest.raises(ValueError):
+            RolloutSpec.model_validate({"maxUnavailable": bad})
+    assert RolloutSpec.model_validate({"maxUnavailable": "25%"}).maxUnavailable == "25%"
+    assert RolloutSpec.model_validate({"maxUnavailable": 3}).maxUnavailable == 3
+
+
+def test_pods_fit_only_what_the_new_config_advertises() -> None:
+    held = {"nvidia.com/gpu": 3}
+    assert rollouts.misfit(held, resource="nvidia.com/gpu", capacity=4) is None
+    assert rollouts.misfit(held, resource="nvidia.com/gpu", capacity=2) == (
+        "pods hold 3 nvidia.com/gpu; the new config has 2"
+    )
+    # Renamed: the plugin stops advertising nvidia.com/gpu, whatever the new capacity.
+    assert "does not advertise" in str(
+        rollouts.misfit(held, resource="nvidia.com/gpu.shared", capacity=64)
+    )
+
+
+def test_the_canary_goes_alone_then_the_budget_rules() -> None:
+    spec = RolloutSpec(canary=1, maxUnavailable=4)
+    fresh = rollouts.Counts(total=10, waiting=10)
+    assert rollouts.canary_room(fresh, spec) == 1
+    trying = rollouts.Counts(total=10, changing=1, waiting=9, unavailable=1)
+    assert rollouts.canary_room(trying, spec) == 0  # wait until it is Verified
+    proven = rollouts.Counts(total=10, updated=1, waiting=9)
+    assert rollouts.canary_room(proven, spec) is None
+    assert rollouts.room(proven, spec, cluster_room=100, paused=False) == 4
+    assert rollouts.room(proven, spec, cluster_room=2, paused=False) == 2  # cluster-wide cap
+    assert rollouts.canary_room(fresh, RolloutSpec(canary=0)) is None
+
+
+def test_failures_halt_and_the_state_says_so() -> None:
+    spec = RolloutSpec(failureThreshold=2)
+    one = rollouts.Counts(total=5, failed=1, unavailable=1, waiting=3, updated=1)
+    two = rollouts.Counts(total=5, failed=2, unavailable=2, waiting=2, updated=1)
+    assert rollouts.state(one, spec, paused=False) is RolloutState.PROGRESSING
+    assert rollouts.state(two, spec, paused=False) is RolloutState.HALTED
+    assert rollouts.room(two, spec, cluster_room=100, paused=False) == 0
+    assert rollouts.state(two, spec, paused=True) is RolloutState.PAUSED
+    blocked = rollouts.Counts(total=2, updated=1, blocked=1)
+    assert rollouts.state(blocked, spec, paused=False) is RolloutState.WAITING_FOR_PODS
+    done = rollouts.Counts(total=2, updated=2)
+    assert rollouts.state(done, spec, paused=False) is RolloutState.COMPLETE
+
+
+# -- JSON patches that touch one member of a shared list ------------------------------------
+
+
+def apply(patch: list[dict[str, Any]], doc: dict[str, Any]) -> dict[str, Any]:
+    """A small RFC 6902 interpreter for the ops we emit (test, add, remove)."""
+    import copy
+
+    doc = copy.deepcopy(doc)
+    for op in patch:
+        parts = op["path"].strip("/").split("/")
+        parent = doc
+        for part in parts[:-1]:
+            parent = parent[int(part)] if isinstance(parent, list) else parent.setdefault(part, {})
+        last = parts[-1]
+        if op["op"] == "test":
+            current = parent.get(last) if isinstance(parent, dict) else parent[int(last)]
+            assert current == op["value"], "test failed"
+        elif op["op"] == "add":
+            if isinstance(parent, list):
+                parent.append(op["value"]) if last == "-" else parent.insert(int(last), op["value"])
+            else:
+                parent[last] = op["value"]
+        else:
+            del parent[int(last) if isinstance(parent, list) else last]
+    return doc
+
+
+TAINTS = [
+    {"key": "a.example/x", "effect": "NoSchedule"},
+    {"key": "b.example/y", "value": "1", "effect": "PreferNoSchedule"},
+]
+
+
+def test_our_taint_is_appended_and_removed_in_place() -> None:
+    node_doc = {"spec": {"taints": list(TAINTS)}}
+    tainted = apply(rollouts.taint_added(TAINTS), node_doc)
+    assert tainted["spec"]["taints"] == [*TAINTS, dict(rollouts.TAINT)]
+    # Someone adds a taint in the middle meanwhile: the removal is planned from what is there.
+    edited = [TAINTS[0], {"key": "c.example/z", "effect": "NoExecute"}, *tainted["spec"]["taints"][1:]]
+    patch = rollouts.taint_removed(edited)
+    assert patch is not None
+    after = apply(patch, {"spec": {"taints": edited}})
+    assert after["spec"]["taints"] == [edited[0], edited[1], edited[2]]  # order kept
+    assert rollouts.taint_removed(TAINTS) is None  # not ours: nothing to do
+
+
+def test_a_stale_list_makes_the_patch_fail_instead_of_replacing() -> None:
+    patch = rollouts.taint_added(TAINTS)
+    with pytest.raises(AssertionError, match="test failed"):
+        apply(patch, {"spec": {"taints": TAINTS[:1]}})
+
+
+def test_alone_in_the_list_our_member_takes_the_list_with_it() -> None:
+    patch = listpatches.removed("/metadata/finalizers", ["ours"], "ours".__eq__)
+    assert patch is not None
+    assert apply(patch, {"metadata": {"finalizers": ["ours"]}}) == {"metadata": {}}
+    added = listpatches.appended("/metadata/finalizers", [], "ours")
+    assert added[0] == {"op": "test", "path": "/metadata/finalizers", "value": None}
+
+
+# -- the book: who goes when ------------------------------------------------------------------
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def cluster(clock: Clock, *, nodes: int, rollout: dict[str, Any]) -> tuple[ClusterState, Planner]:
+    """``nodes`` nodes all on policy p's old config (replicas 2), p now at replicas 4."""
+    state = ClusterState(clock=clock)
+    old = policy("p", replicas=2)
+    state.upsert_policy(old)
+    old_key = state.policies["p"].config_key
+    new = policy("p", replicas=4)
+    new["metadata"]["generation"] = 2
+    new["spec"]["rollout"] = rollout
+    state.upsert_policy(new)
+    key = state.policies["p"].config_key
+    state.set_config_data({str(old_key): "x", str(key): "y", "default": "z"}, initial=True)
+    state.settle_initial_keys()
+    clock.now += 100  # past the propagation delay
+    for i in range(nodes):
+        state.upsert_node(node(f"n{i:02d}", **{CONFIG_LABEL: str(old_key), POLICY_LABEL: "p"}))
+    timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
+    return state, Planner(state, timings=timings, max_unavailable="100%")
+
+
+def labelled(state: ClusterState, planner: Planner, clock: Clock) -> list[str]:
+    """A few writer rounds: plan every queued node, advance the rollout; who gets labels."""
+    out = []
+    for _ in range(3):
+        while (name := state.dirty.pop_node()) is not None:
+            plan = planner.plan_node(name)
+            if plan is not None and plan.labels is not None:
+                out.append(name)
+        clock.now += 1
+        planner.due()
+    return sorted(out)
+
+
+def test_a_canary_first_then_batches_in_order_of_fewest_slots(clock: Clock) -> None:
+    state, planner = cluster(clock, nodes=6, rollout={"maxUnavailable": 2, "canary": 1})
+    assert labelled(state, planner, clock) == ["n00"]  # by name: no pods anywhere
+    assert labelled(state, planner, clock) == []  # the canary is not Verified yet
+    counts = planner.rollouts.counts("p")
+    assert (counts.admitted + counts.changing, counts.waiting) == (1, 5)
+
+
+def test_a_node_joining_the_pool_is_configured_at_once(clock: Clock) -> None:
+    state, planner = cluster(clock, nodes=2, rollout={"maxUnavailable": 1, "canary": 1})
+    state.upsert_node(node("new"))
+    plan = planner.plan_node("new")
+    assert plan is not None and plan.labels is not None
+    assert plan.labels[POLICY_LABEL] == "p"
+
+
+def test_spec_rollout_defaults_are_the_documented_ones() -> None:
+    spec = GPUSharingPolicySpec.model_validate({"strategy": "TimeSlicing", "replicas": 2})
+    assert spec.rollout == RolloutSpec(
+        maxUnavailable="10%", canary=1, failureThreshold=1, cordonDuringChange=False
+    )

@@ -23,6 +23,7 @@ from gpushare_operator.core import devconfigs, nodestates, resolution, rollouts
 from gpushare_operator.core.models import NodePhase, PodPolicy, RolloutSpec
 from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.workqueue import NODE
 
 RELEASE = ""  # the target of a node to be released (config keys are never empty)
 CLUSTER = ""  # charged to no policy, only to the cluster-wide budget (names are never empty)
@@ -299,10 +300,13 @@ class RolloutBook:
         if not self._stale:
             return None
         now = self.state.clock()
-        queued = bool(self.state.dirty.nodes)
+        dirty = self.state.dirty
+        queued = bool(dirty.nodes)
         if not self._primed:
-            if queued:
-                return None  # placing every node once comes first (a restart, a failover)
+            # Placing every node once comes first (a restart, a failover): one taken by a job
+            # but not planned yet may be mid-change, and would not be counted.
+            if queued or dirty.processing(NODE):
+                return None
             self._primed = True
         wait = FULL_LOOK_EVERY if queued else self.interval
         if now - self._last < wait:

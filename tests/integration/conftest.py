@@ -121,6 +121,8 @@ async def start_operator(
             **os.environ,
             "KUBECONFIG": str(config),
             "GPUSHARE_CONFIG_PROPAGATION_DELAY": "1",
+            # No cluster-wide pacing unless a test asks (test_rollouts does).
+            "GPUSHARE_MAX_UNAVAILABLE": "100%",
             "GPUSHARE_HTTP_PORT": str(port),
             "GPUSHARE_NAMESPACE": OPERATOR_NAMESPACE,
             # Tests scrape over plain HTTP; test_observability passes --no-metrics-insecure.
@@ -192,7 +194,14 @@ async def policies(sim: GpuClusterSimulator) -> AsyncIterator[list[str]]:
         yield created
     finally:
         for name in created:
-            status, body = await sim.client.delete(
-                f"/apis/gpushare.dev/v1alpha1/gpusharingpolicies/{name}"
+            path = f"/apis/gpushare.dev/v1alpha1/gpusharingpolicies/{name}"
+            status, body = await sim.client.delete(path)
+            assert status in (200, 404), body
+            # The operator has stopped by now, so nothing releases the nodes and lifts its
+            # finalizer: lift it as the documented uninstall does, or the policy stays.
+            status, body = await sim.client.patch(
+                path,
+                {"metadata": {"finalizers": None}},
+                content_type="application/merge-patch+json",
             )
             assert status in (200, 404), body

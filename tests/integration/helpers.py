@@ -14,6 +14,7 @@ API = "/apis/gpushare.dev/v1alpha1"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 POLICY_LABEL = "gpushare.dev/policy"
 OPERATOR_USER = "gpushare-operator"
+UNPACED = {"maxUnavailable": "100%", "canary": 0}
 
 
 def unique(prefix: str) -> str:
@@ -27,6 +28,8 @@ def policy(
         "nodeSelector": {"matchLabels": {"pool": pool}},
         "strategy": strategy,
         "replicas": replicas,
+        # Every node at once: these tests are about other things; test_rollouts paces its own.
+        "rollout": UNPACED,
     }
     body_spec.update(spec)
     return {

@@ -214,6 +214,43 @@ REJECTED = [
     Rejected("strategy-unknown", spec(strategy="MIG"), "spec.strategy", 'Unsupported value: "MIG"'),
     Rejected("strategy-lowercase", spec(strategy="mps"), "spec.strategy", 'supported values: "'),
     Rejected("strategy-missing", spec(strategy=...), "spec.strategy", "Required value"),
+    # rollout
+    Rejected(
+        "rollout-max-unavailable-0",
+        spec(rollout={"maxUnavailable": 0}),
+        "spec.rollout.maxUnavailable",
+        "maxUnavailable must be a whole number of nodes (at least 1) or a percentage",
+    ),
+    Rejected(
+        "rollout-max-unavailable-word",
+        spec(rollout={"maxUnavailable": "half"}),
+        "spec.rollout.maxUnavailable",
+        "or a percentage such as 10%",
+    ),
+    Rejected(
+        "rollout-max-unavailable-101-percent",
+        spec(rollout={"maxUnavailable": "101%"}),
+        "spec.rollout.maxUnavailable",
+        "or a percentage such as 10%",
+    ),
+    Rejected(
+        "rollout-canary-negative",
+        spec(rollout={"canary": -1}),
+        "spec.rollout.canary",
+        "greater than or equal to 0",
+    ),
+    Rejected(
+        "rollout-failure-threshold-0",
+        spec(rollout={"failureThreshold": 0}),
+        "spec.rollout.failureThreshold",
+        "greater than or equal to 1",
+    ),
+    Rejected(
+        "rollout-pod-policy-unknown",
+        spec(rollout={"podPolicy": "Sometimes"}),
+        "spec.rollout.podPolicy",
+        'Unsupported value: "Sometimes"',
+    ),
     # replicas
     Rejected("replicas-1", spec(replicas=1), "spec", "replicas must be 2 to 64 when strategy"),
     Rejected("replicas-0", spec(replicas=0), "spec.replicas", "greater than or equal to 1"),
@@ -593,6 +630,13 @@ DEFAULTED_SPEC: Json = {
     "resourceName": models.DEFAULT_RESOURCE_NAME,
     "renameByDefault": False,
     "paused": False,
+    "rollout": {
+        "maxUnavailable": "10%",
+        "canary": 1,
+        "failureThreshold": 1,
+        "podPolicy": "WaitForPods",
+        "cordonDuringChange": False,
+    },
 }
 DOCUMENTED_EXAMPLE: Json = {
     "nodeSelector": {
@@ -608,6 +652,20 @@ DOCUMENTED_EXAMPLE: Json = {
     "renameByDefault": False,
     "failRequestsGreaterThanOne": True,
     "paused": False,
+    "rollout": {
+        "maxUnavailable": "10%",
+        "canary": 1,
+        "failureThreshold": 1,
+        "podPolicy": "WaitForPods",
+        "cordonDuringChange": False,
+    },
+}
+EVERY_ROLLOUT_FIELD: Json = {
+    "maxUnavailable": 25,
+    "canary": 0,
+    "failureThreshold": 3,
+    "podPolicy": "Proceed",
+    "cordonDuringChange": True,
 }
 ACCEPTED: list[tuple[str, Json, Json]] = [
     # (id, spec sent, spec expected back)
@@ -651,6 +709,7 @@ ACCEPTED: list[tuple[str, Json, Json]] = [
             renameByDefault=True,
             failRequestsGreaterThanOne=True,
             paused=True,
+            rollout=EVERY_ROLLOUT_FIELD,
         ),
         spec(
             nodeSelector={},
@@ -659,7 +718,17 @@ ACCEPTED: list[tuple[str, Json, Json]] = [
             renameByDefault=True,
             failRequestsGreaterThanOne=True,
             paused=True,
+            rollout=EVERY_ROLLOUT_FIELD,
         ),
+    ),
+    (
+        "rollout-partly-set",
+        spec(rollout={"maxUnavailable": "50%"}),
+        {
+            **DEFAULTED_SPEC,
+            **spec(),
+            "rollout": {**DEFAULTED_SPEC["rollout"], "maxUnavailable": "50%"},
+        },
     ),
     (
         "exists-and-doesnotexist",
@@ -946,7 +1015,7 @@ def _table(output: str) -> tuple[list[str], list[list[str]]]:
 
 POLICY_HEADERS = [
     "NAME", "STRATEGY", "REPLICAS", "PRIORITY", "MATCHED", "APPLIED", "VERIFIED", "SLOTS",
-    "READY", "AGE",
+    "ROLLOUT", "READY", "AGE",
 ]  # fmt: skip
 NODE_STATE_HEADERS = ["NAME", "POLICY", "STRATEGY", "PHASE", "GPUS", "SLOTS", "PODS", "AGE"]
 

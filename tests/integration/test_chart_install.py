@@ -262,10 +262,23 @@ async def test_installs_before_the_gpu_operator_and_converges_after_an_upgrade(
         assert operator.proc.poll() is None
         starts = [line for line in operator.log_lines() if line.get("event") == "starting"]
         assert len(starts) == 1, "no restart was needed"
+
+        # The documented uninstall: policies first, while the operator runs (it releases the
+        # node and lifts its finalizer), then the release.
+        finalized = await h.get_policy(sim.client, policy)
+        assert finalized["metadata"]["finalizers"] == ["gpushare.dev/release-nodes"]
+        await h.delete_policy(sim.client, policy)
+        await eventually(
+            lambda: sim.client.get(f"{h.API}/gpusharingpolicies/{policy}"),
+            until=lambda answer: answer[0] == 404,
+            timeout=60,
+            what="the policy gone once its node is released",
+        )
+        labels = (await h.node(sim.client, node))["metadata"]["labels"]
+        assert h.CONFIG_LABEL not in labels and h.POLICY_LABEL not in labels
         operator.stop()
 
-        # Uninstall: the release's objects go, the CRDs and the policies stay, and nothing
-        # holds a policy back (the operator puts no finalizer on them).
+        # Uninstall: the release's objects go, the CRDs stay.
         helm.run("uninstall", release, "-n", release_ns, "--wait", "--timeout", "60s")
         assert release_objects(control_plane, release) == []
         for crd in CRDS:
@@ -273,8 +286,6 @@ async def test_installs_before_the_gpu_operator_and_converges_after_an_upgrade(
                 "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}"
             )
             assert status == 200, f"{crd} must outlive the release"
-        kept = await h.get_policy(sim.client, policy)
-        assert not kept["metadata"].get("finalizers"), kept["metadata"]
 
 
 def create_namespace_named(plane: ControlPlane, created: list[str], name: str) -> None:

@@ -40,6 +40,7 @@ RECORD_FIELDS = {
     "gpu_capacity",
     "shared_capacity",
     "allocatable",  # the nvidia.com/* allocatable pairs: Verified checks them
+    "taints",  # spec.taints, usually none: the cordon taint is patched against this list
 }
 MAX_RECORD_BYTES = 2048
 

@@ -35,6 +35,7 @@ ALLOWED_WRITES = {
     ("gpunodestates", "", "create"),
     ("gpunodestates", "status", "patch"),
     ("gpusharingpolicies", "status", "patch"),
+    ("gpusharingpolicies", "", "patch"),  # our finalizer only (see the audit check below)
     ("configmaps", "", "patch"),
     ("events", "", "create"),
     ("leases", "", "create"),
@@ -202,6 +203,16 @@ async def test_operator_runs_as_the_chart_service_account_and_can_do_nothing_els
     }
     assert done <= ALLOWED_WRITES, done - ALLOWED_WRITES
     assert {("nodes", "", "patch"), ("configmaps", "", "patch"), ("leases", "", "create")} <= done
+    # Patching a policy itself is allowed only for our finalizer: every such patch is a JSON
+    # patch of /metadata/finalizers and nothing else.
+    policy_patches = [
+        w["requestObject"]
+        for w in writes
+        if w["objectRef"]["resource"] == "gpusharingpolicies"
+        and not w["objectRef"].get("subresource")
+    ]
+    assert policy_patches, "the finalizer was set"
+    assert {op["path"].split("/")[2] for patch in policy_patches for op in patch} == {"finalizers"}
     refused = [w["requestURI"] for w in writes if w["responseStatus"]["code"] == 403]
     assert refused, "the probes' refusals are audited"
     assert all("dryRun=All" in uri for uri in refused), refused
@@ -293,8 +304,8 @@ async def assert_refused(
             MERGE,
         ),
         ("GET", "/api/v1/configmaps", None, {}, MERGE),
-        # Policies are the users': only their status is the operator's.
-        ("PATCH", f"{h.API}/gpusharingpolicies/rbac-probe", {"spec": {"replicas": 2}}, dry, MERGE),
+        # Policies are the users': the operator may patch them (RBAC cannot narrow a patch to
+        # metadata.finalizers), and the audit check shows it only ever touches its finalizer.
         ("DELETE", f"{h.API}/gpunodestates/{node}", None, dry, MERGE),
         # Pods are only read; the Lease only in its own namespace.
         ("DELETE", f"/api/v1/namespaces/{namespace}/pods/rbac-probe", None, dry, MERGE),

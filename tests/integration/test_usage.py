@@ -255,7 +255,10 @@ async def test_rename_by_default_counts_the_shared_resource(
     pool = h.unique("pool")
     [node] = await sim.create_gpu_nodes(pool=pool, count=1, gpus=2)
     policy = h.unique("ts")
-    await h.add_policy(sim, policies, h.policy(policy, pool=pool, replicas=4))
+    # Pods of a resource the config stops advertising would hold the change back (the default
+    # podPolicy, WaitForPods): this test is about counting them while it goes ahead.
+    rollout = {**h.UNPACED, "podPolicy": "Proceed"}
+    await h.add_policy(sim, policies, h.policy(policy, pool=pool, replicas=4, rollout=rollout))
     await create_pod(sim, pods_ns, "plain-gpu", node, resource=GPU, count=2)
     await create_pod(sim, pods_ns, "shared-a", node, resource=SHARED, count=1)
     await create_pod(sim, pods_ns, "shared-b", node, resource=SHARED, count=2)

@@ -32,7 +32,7 @@ def test_a_count_budget_is_taken_as_is() -> None:
 
 def test_the_spec_refuses_a_budget_that_is_neither_a_count_nor_a_percentage() -> None:
     for bad in (0, -1, "0.5", "10", "101%", "ten%", True):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="maxUnavailable"):
             RolloutSpec.model_validate({"maxUnavailable": bad})
     assert RolloutSpec.model_validate({"maxUnavailable": "25%"}).maxUnavailable == "25%"
     assert RolloutSpec.model_validate({"maxUnavailable": 3}).maxUnavailable == 3
@@ -115,7 +115,11 @@ def test_our_taint_is_appended_and_removed_in_place() -> None:
     tainted = apply(rollouts.taint_added(TAINTS), node_doc)
     assert tainted["spec"]["taints"] == [*TAINTS, dict(rollouts.TAINT)]
     # Someone adds a taint in the middle meanwhile: the removal is planned from what is there.
-    edited = [TAINTS[0], {"key": "c.example/z", "effect": "NoExecute"}, *tainted["spec"]["taints"][1:]]
+    edited = [
+        TAINTS[0],
+        {"key": "c.example/z", "effect": "NoExecute"},
+        *tainted["spec"]["taints"][1:],
+    ]
     patch = rollouts.taint_removed(edited)
     assert patch is not None
     after = apply(patch, {"spec": {"taints": edited}})
@@ -199,3 +203,57 @@ def test_spec_rollout_defaults_are_the_documented_ones() -> None:
     assert spec.rollout == RolloutSpec(
         maxUnavailable="10%", canary=1, failureThreshold=1, cordonDuringChange=False
     )
+
+
+# -- what the status says, and what it announces ----------------------------------------------
+
+
+def test_a_fresh_state_keeps_the_spec_the_status_recorded_when_the_current_one_is_broken() -> None:
+    good = policy("p", replicas=4)
+    state = ClusterState()
+    state.upsert_policy(good)
+    recorded = state.policies["p"]
+    applied = {"generation": 1, "spec": recorded.applied_spec()}
+    broken = policy("p", replicas=100, generation=2)  # past an older CRD
+    broken["status"] = {"appliedSpec": applied}
+    fresh = ClusterState()  # a new leader: knows only what the API says
+    fresh.upsert_policy(broken)
+    kept = fresh.policies["p"]
+    assert kept.error is not None and kept.kept_generation == 1
+    assert kept.config_key == recorded.config_key and kept.usable
+    # Without the record, the broken spec governs nothing (its nodes would be released).
+    del broken["status"]
+    bare = ClusterState()
+    bare.upsert_policy(broken)
+    assert not bare.policies["p"].usable
+
+
+def test_rollout_status_keeps_its_times_while_the_generation_is_the_same() -> None:
+    from gpushare_operator.core import policystatus
+    from gpushare_operator.core.policies import compile_policy
+
+    compiled = compile_policy(name="p", uid="u", generation=3, spec=policy("p")["spec"])
+    busy = policystatus.RolloutView(counts=rollouts.Counts(total=4, updated=1, waiting=3))
+    first = policystatus.render_rollout(policy=compiled, view=busy, previous=None, now="T1")
+    assert first is not None and first["startedAt"] == "T1" and "completedAt" not in first
+    done = policystatus.RolloutView(counts=rollouts.Counts(total=4, updated=4))
+    later = policystatus.render_rollout(policy=compiled, view=done, previous=first, now="T2")
+    assert later is not None
+    assert (later["startedAt"], later["completedAt"], later["state"]) == ("T1", "T2", "Complete")
+    again = policystatus.render_rollout(policy=compiled, view=done, previous=later, now="T3")
+    assert again == later  # nothing changes with the clock alone
+
+
+def test_rollouts_announce_a_start_a_halt_and_a_completion_once_each() -> None:
+    from gpushare_operator.core.announcements import rollout_announcements
+
+    started = {"generation": 2, "state": "Progressing", "totalNodes": 40}
+    halted = {**started, "state": "Halted", "failedNodes": 1}
+    done = {**started, "state": "Complete", "updatedNodes": 40}
+    old = {"generation": 1, "state": "Complete"}
+    assert [a.reason for a in rollout_announcements(old, started)] == ["RolloutStarted"]
+    assert [a.reason for a in rollout_announcements(started, started)] == []
+    [halt] = rollout_announcements(started, halted)
+    assert (halt.type, halt.reason) == ("Warning", "RolloutHalted")
+    assert [a.reason for a in rollout_announcements(halted, done)] == ["RolloutComplete"]
+    assert [a.reason for a in rollout_announcements(done, done)] == []

@@ -183,9 +183,8 @@ def decide(
 
 def held_back(decision: NodeDecision, *, reason: str, message: str) -> NodeDecision:
     """The same decision without its label change: the rollout holds the node where it is.
-    A node to be released stays Unmanaged; one to be (re)configured is Pending."""
-    phase = NodePhase.UNMANAGED if decision.policy is None else NodePhase.PENDING
-    return NodeDecision(decision.policy, phase, reason, message, None)
+    Pending either way: a node to be released is not Unmanaged until our labels are gone."""
+    return NodeDecision(decision.policy, NodePhase.PENDING, reason, message, None)
 
 
 def shows(record: NodeRecord, policy: CompiledPolicy | None) -> bool:

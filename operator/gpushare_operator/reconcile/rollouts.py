@@ -27,7 +27,7 @@ from gpushare_operator.core.workqueue import NODE
 
 RELEASE = ""  # the target of a node to be released (config keys are never empty)
 CLUSTER = ""  # charged to no policy, only to the cluster-wide budget (names are never empty)
-FULL_LOOK_EVERY = 0.5  # seconds between admissions while node events keep arriving
+FULL_LOOK_EVERY = 2.0  # seconds between admissions while node events keep arriving
 
 
 class Step(enum.Enum):
@@ -75,6 +75,8 @@ class RolloutBook:
         self.changing: dict[str, str] = {}  # changed by us, not settled -> charged
         self._stale = True
         self._primed = False
+        self._busy_since: float | None = None
+        self._halted: set[str] = set()  # policies whose waiting nodes were told so
         self._last = float("-inf")
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -294,27 +296,47 @@ class RolloutBook:
     def advance(self) -> float | None:
         """Admit the next nodes if anything moved; returns when to look again, if it must.
 
-        Waits until no node is queued for planning (so the counts are whole) or, under a
-        steady stream of node events, at most ``FULL_LOOK_EVERY`` seconds.
+        Only once every node queued for planning has been placed (taken by a job counts as
+        queued until planned): the counts are then whole and the order global.  Under a stream
+        of node events that never lets the queue run dry, at most ``FULL_LOOK_EVERY`` seconds
+        pass between admissions, with what has been placed by then.  Before the first whole
+        look after gaining leadership, never.
         """
         if not self._stale:
             return None
         now = self.state.clock()
         dirty = self.state.dirty
-        queued = bool(dirty.nodes)
-        if not self._primed:
-            # Placing every node once comes first (a restart, a failover): one taken by a job
-            # but not planned yet may be mid-change, and would not be counted.
-            if queued or dirty.processing(NODE):
-                return None
+        busy = bool(dirty.nodes) or bool(dirty.processing(NODE))
+        if not busy:
             self._primed = True
-        wait = FULL_LOOK_EVERY if queued else self.interval
-        if now - self._last < wait:
-            return self._last + wait
+            self._busy_since = None
+        elif not self._primed:
+            return None  # a restart, a failover: one node not yet planned may be mid-change
+        elif self._busy_since is None:
+            self._busy_since = now
+        if busy and now - (self._busy_since or now) < FULL_LOOK_EVERY:
+            return now + FULL_LOOK_EVERY / 10
+        if now - self._last < self.interval:
+            return self._last + self.interval
         self._stale = False
         self._last = now
+        self._restate_halts()
         self._admit_all()
         return None
+
+    def _restate_halts(self) -> None:
+        """A rollout that halts (or resumes) changes what its waiting nodes say: look again."""
+        halted = set()
+        for policy, steps in self._steps.items():
+            if policy and (steps[Step.WAITING] or steps[Step.BLOCKED]):
+                spec, _ = self._spec(policy)
+                if rollouts.halted(self.counts(policy), spec):
+                    halted.add(policy)
+        for policy in halted ^ self._halted:
+            held = self._steps.get(policy)
+            if held is not None:
+                self.state.dirty.many_nodes(held[Step.WAITING] | held[Step.BLOCKED])
+        self._halted = halted
 
     def _admit_all(self) -> None:
         room = self.cluster_budget() - len(self._down)

@@ -1,0 +1,414 @@
+"""Safe rollouts on the real control plane: budgets, the canary, halting, pods, cordon, deletion.
+
+The simulator plays the device plugin's restart window (allocatable 0 for 2 s) and GFD; every
+claim about how many nodes changed at once is read from the API server's audit log
+(``rollout_audit``), never from the operator's own account.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
+
+import pytest
+
+from gpushare_operator.testing.controlplane import ControlPlane
+from gpushare_operator.testing.simulator import GpuClusterSimulator
+from tests.integration import helpers as h
+from tests.integration import rollout_audit as audit
+from tests.integration.conftest import OperatorFactory
+from tests.integration.test_bad_input import _create_until_accepted, relaxed_crd  # noqa: F401
+from tests.integration.test_failover import (  # noqa: F401
+    USERS,
+    Replicas,
+    exited,
+    leader_gauge,
+    replicas_factory,
+)
+from tests.integration.test_usage import create_pod, delete_pod, pods_ns  # noqa: F401
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.usefixtures("crds_installed")
+
+TAINT = "gpushare.dev/reconfiguring"
+
+
+def paced(name: str, *, pool: str, replicas: int = 4, **rollout: Any) -> dict[str, Any]:
+    return h.policy(name, pool=pool, replicas=replicas, rollout=rollout)
+
+
+async def settled_key(sim: GpuClusterSimulator, name: str) -> str:
+    """The config key of the policy's current generation, once its status has seen it."""
+    body = await eventually(
+        lambda: h.get_policy(sim.client, name),
+        until=lambda b: (
+            (b.get("status") or {}).get("observedGeneration") == b["metadata"]["generation"]
+        ),
+        what=f"{name}'s status for its current generation",
+    )
+    return str(body["status"]["configKey"])
+
+
+async def all_verified(
+    sim: GpuClusterSimulator, nodes: Collection[str], name: str, *, timeout: float = 120
+) -> str:
+    """Wait until every node is Verified on the policy's current key; return the key."""
+    key = await settled_key(sim, name)
+
+    async def verified() -> set[str]:
+        body = await h.ok(sim.client, "GET", f"{h.API}/gpunodestates")
+        return {
+            item["metadata"]["name"]
+            for item in body["items"]
+            if (item.get("status") or {}).get("phase") == "Verified"
+            and item["status"].get("configKey") == key
+        }
+
+    await eventually(
+        verified,
+        until=lambda done: set(nodes) <= done,
+        timeout=timeout,
+        interval=0.5,
+        what=f"{len(nodes)} nodes Verified on {key}",
+    )
+    return key
+
+
+async def rollout_of(sim: GpuClusterSimulator, name: str) -> dict[str, Any]:
+    return dict(((await h.get_policy(sim.client, name)).get("status") or {}).get("rollout") or {})
+
+
+async def rollout_state(
+    sim: GpuClusterSimulator, name: str, state: str, timeout: float = 60
+) -> Any:
+    return await eventually(
+        lambda: rollout_of(sim, name),
+        until=lambda r: r.get("state") == state,
+        timeout=timeout,
+        what=f"{name}'s rollout {state}",
+    )
+
+
+async def reasons(sim: GpuClusterSimulator, name: str) -> list[tuple[str, str]]:
+    return [(e["type"], e["reason"]) for e in await h.events_about(sim.client, name)]
+
+
+async def test_forty_nodes_change_canary_first_then_never_more_than_four_at_once(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("fleet")
+    nodes = await sim.create_gpu_nodes(pool=pool, count=40, gpus=2)
+    name = h.unique("fleet")
+    await h.add_policy(sim, policies, paced(name, pool=pool, maxUnavailable=4, canary=1))
+    await start_operator("--device-plugin-namespace", namespace, "--max-unavailable", "100%")
+    first = await all_verified(sim, nodes, name)  # new nodes: configured at once
+
+    since = time.time()
+    await h.patch_policy(sim.client, name, {"replicas": 2})
+    key = await all_verified(sim, nodes, name, timeout=300)
+    assert key != first
+
+    windows = sorted(
+        audit.unavailable_windows(control_plane, nodes, key=key, replicas=2, since=since),
+        key=lambda w: w.start,
+    )
+    assert sorted(w.node for w in windows) == sorted(nodes)  # one label write per node
+    assert audit.most_at_once(windows) == 4  # the budget, used and never exceeded
+    canary, rest = windows[0], windows[1:]
+    assert canary.node == sorted(nodes)[0]  # no pods anywhere: by name
+    assert all(w.start >= canary.end for w in rest), "the canary changes alone, first"
+    rollout = await rollout_state(sim, name, "Complete")
+    assert (rollout["updatedNodes"], rollout["totalNodes"], rollout["progress"]) == (
+        40,
+        40,
+        "40/40",
+    )
+    assert rollout["generation"] == 2 and rollout["completedAt"] >= rollout["startedAt"]
+    seen = await reasons(sim, name)
+    assert ("Normal", "RolloutStarted") in seen and ("Normal", "RolloutComplete") in seen
+
+
+async def test_a_failed_canary_halts_the_rollout_until_the_node_recovers(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("canary")
+    nodes = await sim.create_gpu_nodes(pool=pool, count=6, gpus=1)
+    canary = sorted(nodes)[0]
+    name = h.unique("canary")
+    await h.add_policy(sim, policies, paced(name, pool=pool, maxUnavailable=2, canary=1))
+    await start_operator(
+        "--device-plugin-namespace",
+        namespace,
+        "--mismatch-timeout",
+        "4",
+        "--max-unavailable",
+        "100%",
+    )
+    await all_verified(sim, nodes, name)
+
+    sim.set_healthy(canary, False)  # its agents will not follow the next config
+    since = time.time()
+    await h.patch_policy(sim.client, name, {"replicas": 2})
+    rollout = await rollout_state(sim, name, "Halted", timeout=60)
+    assert (rollout["failedNodes"], rollout["updatedNodes"]) == (1, 0)
+    halted = h.condition((await h.get_policy(sim.client, name))["status"], "RolloutHalted")
+    assert halted["status"] == "True" and canary in halted["message"]
+    await asyncio.sleep(3)  # a rollout that went on would have changed more nodes by now
+    changed = audit.label_writes(control_plane, nodes, since=since)
+    assert [node for _, node, _ in changed] == [canary], "exactly the canary changed"
+    assert ("Warning", "RolloutHalted") in await reasons(sim, name)
+    others = [await h.node_state(sim.client, n) for n in sorted(nodes)[1:]]
+    assert {h.condition(s["status"], "Ready")["reason"] for s in others if s} == {"RolloutHalted"}
+
+    sim.set_healthy(canary, True)  # the node recovers: the rollout resumes by itself
+    key = await all_verified(sim, nodes, name, timeout=120)
+    await rollout_state(sim, name, "Complete")
+    windows = audit.unavailable_windows(control_plane, nodes, key=key, replicas=2, since=since)
+    assert sorted(w.node for w in windows) == sorted(nodes)
+    assert audit.most_at_once(windows) <= 2
+
+
+async def test_wait_for_pods_keeps_a_node_whose_pods_would_not_fit(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    pods_ns: str,  # noqa: F811
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("pods")
+    busy, idle = sorted(await sim.create_gpu_nodes(pool=pool, count=2, gpus=1))
+    name = h.unique("pods")
+    await h.add_policy(sim, policies, paced(name, pool=pool, maxUnavailable=2, canary=0))
+    await start_operator("--device-plugin-namespace", namespace, "--max-unavailable", "100%")
+    old = await all_verified(sim, [busy, idle], name)
+    await create_pod(sim, pods_ns, "holds-three", busy, count=3)  # 3 of its 4 slots
+    await eventually(
+        lambda: h.node_state(sim.client, busy),
+        until=lambda s: (s or {}).get("status", {}).get("slots", {}).get("allocated") == 3,
+        what="the pod's slots counted",
+    )
+
+    await h.patch_policy(sim.client, name, {"replicas": 2})  # 2 slots: the pod does not fit
+    new = await all_verified(sim, [idle], name)
+    waiting = await eventually(
+        lambda: h.node_state(sim.client, busy),
+        until=lambda s: (
+            h.condition((s or {}).get("status"), "Ready").get("reason") == "WaitingForPods"
+        ),
+        what=f"{busy} waiting for its pods",
+    )
+    assert (
+        "pods hold 3 nvidia.com/gpu; the new config has 2"
+        in h.condition(waiting["status"], "Ready")["message"]
+    )
+    await rollout_state(sim, name, "WaitingForPods")
+    labels = (await h.node(sim.client, busy))["metadata"]["labels"]
+    assert labels[h.CONFIG_LABEL] == old  # keeps its config while the pod runs
+
+    await delete_pod(sim, pods_ns, "holds-three")
+    await all_verified(sim, [busy, idle], name)
+    assert (await h.node(sim.client, busy))["metadata"]["labels"][h.CONFIG_LABEL] == new
+    await rollout_state(sim, name, "Complete")
+
+
+async def test_cordon_taints_each_node_during_its_change_and_keeps_other_taints_in_order(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("cordon")
+    nodes = sorted(await sim.create_gpu_nodes(pool=pool, count=3, gpus=1))
+    theirs = [
+        {"key": "example.com/maintenance", "value": "planned", "effect": "PreferNoSchedule"},
+        {"key": "example.com/dedicated", "value": "ml", "effect": "NoSchedule"},
+    ]
+    for node in nodes:  # another manager's taints, set beforehand
+        await h.ok(
+            sim.client,
+            "PATCH",
+            f"/api/v1/nodes/{node}",
+            {"spec": {"taints": theirs}},
+        )
+    name = h.unique("cordon")
+    body = paced(name, pool=pool, maxUnavailable=1, canary=0, cordonDuringChange=True)
+    await h.add_policy(sim, policies, body)
+    await start_operator("--device-plugin-namespace", namespace, "--max-unavailable", "100%")
+    await all_verified(sim, nodes, name)
+
+    since = time.time()
+    await h.patch_policy(sim.client, name, {"replicas": 2})
+    key = await all_verified(sim, nodes, name)
+    await eventually(
+        lambda: asyncio.gather(*(h.node(sim.client, n) for n in nodes)),
+        until=lambda bodies: all(b["spec"].get("taints") == theirs for b in bodies),
+        what="every node's taints back to exactly theirs, in their order",
+    )
+    taints = audit.taint_writes(control_plane, nodes, since=since)
+    labels = audit.label_writes(control_plane, nodes, since=since, key=key)
+    windows = {
+        w.node: w
+        for w in audit.unavailable_windows(control_plane, nodes, key=key, replicas=2, since=since)
+    }
+    for node in nodes:
+        mine = [(when, patch) for when, n, patch in taints if n == node]
+        assert len(mine) == 2, mine  # on once, off once
+        (on, add), (off, remove) = mine
+        [labelled] = [when for when, n, _ in labels if n == node]
+        assert on <= labelled <= windows[node].end <= off  # around the whole change
+        assert add[-1] == {
+            "op": "add",
+            "path": "/spec/taints/-",
+            "value": {"key": TAINT, "effect": "NoSchedule"},
+        }
+        assert add[0] == {"op": "test", "path": "/spec/taints", "value": theirs}
+        assert [op["op"] for op in remove] == ["test", "remove"]
+
+
+async def test_deleting_a_policy_releases_its_nodes_under_budget_and_the_finalizer_goes_last(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("gone")
+    nodes = await sim.create_gpu_nodes(pool=pool, count=6, gpus=1)
+    name = h.unique("gone")
+    await h.add_policy(sim, policies, paced(name, pool=pool, maxUnavailable=2))
+    await start_operator(
+        "--device-plugin-namespace",
+        namespace,
+        "--max-unavailable",
+        "100%",
+        "--policy-status-max-delay",
+        "1",  # status while its nodes are still changing
+    )
+    await all_verified(sim, nodes, name)
+    body = await eventually(
+        lambda: h.get_policy(sim.client, name),
+        until=lambda b: "gpushare.dev/release-nodes" in (b["metadata"].get("finalizers") or ()),
+        what="our finalizer on the policy",
+    )
+    assert body["metadata"]["finalizers"] == ["gpushare.dev/release-nodes"]
+
+    since = time.time()
+    await h.delete_policy(sim.client, name)
+    releasing = await eventually(
+        lambda: h.get_policy(sim.client, name),
+        until=lambda b: h.condition(b.get("status"), "Deleting").get("status") == "True",
+        what="the release shown on the policy",
+    )
+    assert (
+        "still carry this policy's config"
+        in h.condition(releasing["status"], "Deleting")["message"]
+    )
+    await eventually(
+        lambda: sim.client.get(f"{h.API}/gpusharingpolicies/{name}"),
+        until=lambda answer: answer[0] == 404,
+        timeout=120,
+        what="the policy gone",
+    )
+    for node in nodes:
+        labels = (await h.node(sim.client, node))["metadata"]["labels"]
+        assert h.CONFIG_LABEL not in labels and h.POLICY_LABEL not in labels
+    removals = audit.label_writes(control_plane, nodes, since=since)
+    assert sorted(n for _, n, key in removals if key is None) == sorted(nodes)
+    settled = audit.release_windows(control_plane, nodes, since=since)
+    assert audit.most_at_once(settled) <= 2
+    finalizer = audit.finalizer_writes(control_plane, name, since=since)
+    assert len(finalizer) == 1 and finalizer[0] >= max(w.start for w in settled)
+
+
+async def test_a_new_leader_continues_the_rollout_within_its_budget(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    policies: list[str],
+    replicas_factory: Callable[[], Awaitable[Replicas]],  # noqa: F811
+) -> None:
+    pool = h.unique("handover")
+    nodes = await sim.create_gpu_nodes(pool=pool, count=12, gpus=1)
+    name = h.unique("handover")
+    await h.add_policy(sim, policies, paced(name, pool=pool, maxUnavailable=2, canary=1))
+    replicas = await replicas_factory()
+    leader, follower = await replicas.roles()
+    await all_verified(sim, nodes, name)
+    users = list(USERS.values())
+
+    since = time.time()
+    await h.patch_policy(sim.client, name, {"replicas": 2})
+    await eventually(
+        lambda: asyncio.sleep(
+            0, audit.label_writes(control_plane, nodes, since=since, users=users)
+        ),
+        until=lambda writes: len(writes) >= 4,
+        timeout=90,
+        what="the rollout under way",
+    )
+    dying = replicas.running[leader]
+    dying.proc.send_signal(signal.SIGKILL)  # mid-rollout: some nodes still restarting
+    assert await exited(dying) == -signal.SIGKILL
+    key = await all_verified(sim, nodes, name, timeout=180)
+
+    windows = audit.unavailable_windows(
+        control_plane, nodes, key=key, replicas=2, since=since, users=users
+    )
+    assert sorted(w.node for w in windows) == sorted(nodes)  # each node changed exactly once
+    assert audit.most_at_once(windows) <= 2
+    by_new = audit.label_writes(control_plane, nodes, since=since, users=[USERS[follower]])
+    assert by_new, "the new leader carried the rollout on"
+
+
+async def test_a_new_leader_keeps_the_last_good_spec_of_a_broken_policy(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    relaxed_crd: None,  # noqa: F811
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("kept")
+    nodes = await sim.create_gpu_nodes(pool=pool, count=3, gpus=1)
+    body = h.policy(h.unique("kept"), pool=pool, replicas=4)
+    name = body["metadata"]["name"]
+    try:
+        await _create_until_accepted(sim, body)
+        first = await start_operator("--device-plugin-namespace", namespace)
+        key = await all_verified(sim, nodes, name)
+        await h.patch_policy(sim.client, name, {"replicas": 100})  # the relaxed CRD allows it
+        broken = await eventually(
+            lambda: h.get_policy(sim.client, name),
+            until=lambda b: h.condition(b.get("status"), "Ready").get("reason") == "InvalidSpec",
+            what="InvalidSpec",
+        )
+        applied = broken["status"]["appliedSpec"]
+        assert applied["generation"] == 1 and applied["spec"]["replicas"] == 4
+        first.stop()  # hands the Lease back: the next one leads at once
+
+        restarted = time.time()
+        second = await start_operator("--device-plugin-namespace", namespace)  # API only
+        await eventually(
+            lambda: leader_gauge(second), until=lambda v: v == 1, what="the new one leading"
+        )
+        await asyncio.sleep(4)  # a release would have happened by now
+        for node in nodes:
+            labels = (await h.node(sim.client, node))["metadata"]["labels"]
+            assert (labels[h.CONFIG_LABEL], labels[h.POLICY_LABEL]) == (key, name)
+        assert audit.label_writes(control_plane, nodes, since=restarted) == []
+        status = (await h.get_policy(sim.client, name))["status"]
+        assert "generation 1 stays in force" in h.condition(status, "Ready")["message"]
+        assert status["appliedSpec"]["generation"] == 1 and status["configKey"] == key
+    finally:
+        await h.delete_policy(sim.client, name)

@@ -257,3 +257,23 @@ def test_rollouts_announce_a_start_a_halt_and_a_completion_once_each() -> None:
     assert (halt.type, halt.reason) == ("Warning", "RolloutHalted")
     assert [a.reason for a in rollout_announcements(halted, done)] == ["RolloutComplete"]
     assert [a.reason for a in rollout_announcements(done, done)] == []
+
+
+def test_a_node_still_changing_when_the_spec_moves_on_is_not_stuck_behind_itself(
+    clock: Clock,
+) -> None:
+    state, planner = cluster(clock, nodes=1, rollout={"maxUnavailable": 1, "canary": 0})
+    assert labelled(state, planner, clock) == ["n00"]
+    key = str(state.policies["p"].config_key)
+    state.upsert_node(node("n00", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))  # restarting
+    planner.plan_node("n00")
+    assert planner.rollouts.counts("p").unavailable == 1
+    newer = policy("p", replicas=8, generation=3, rollout={"maxUnavailable": 1, "canary": 0})
+    state.upsert_policy(newer)
+    newest = str(state.policies["p"].config_key)
+    state.set_config_data({key: "y", newest: "w", "default": "z"}, initial=False)
+    clock.now += 10  # past the new key's propagation delay
+    # Still unavailable from the last change, it takes the newest config at once: the budget
+    # of one is its own, and changing it again leaves no more nodes unavailable.
+    assert labelled(state, planner, clock) == ["n00"]
+    assert planner.rollouts.counts("p").unavailable == 1

@@ -79,9 +79,7 @@ def rollout_announcements(
             )
             yield Announcement("Warning", "RolloutHalted", message)
         elif state == "Complete":
-            message = (
-                f"generation {generation} is on all {rollout.get('updatedNodes', 0)} node(s)"
-            )
+            message = f"generation {generation} is on all {rollout.get('updatedNodes', 0)} node(s)"
             yield Announcement("Normal", "RolloutComplete", message)
 
 

@@ -342,9 +342,8 @@ class RolloutBook:
         room = self.cluster_budget() - len(self._down)
         waiting = [p for p, steps in self._steps.items() if steps[Step.WAITING]]
         for policy in self._by_rank(waiting):
-            if room <= 0:
-                return
-            room -= self._admit(policy, cluster_room=room)
+            # Even with no room left, a node already unavailable may take its new target.
+            room -= self._admit(policy, cluster_room=max(0, room))
 
     def _by_rank(self, names: list[str]) -> list[str]:
         policies = self.state.policies
@@ -366,17 +365,20 @@ class RolloutBook:
             waiting,
             key=lambda n: rollouts.order_key(allocated=sum(usage.node_slots(n).values()), name=n),
         )
-        admitted = 0
+        used = 0
         for node in order:
-            if admitted >= room:
-                break
+            # A node still unavailable from its last change (its target moved on meanwhile)
+            # costs nothing more: changing it again leaves as many nodes unavailable.
+            was_down = self._down.get(node)
+            if was_down is None and used >= room:
+                continue
             target = self._wanted.get(node, RELEASE)
             if target != RELEASE and canary is not None:
                 if canary <= 0:
                     continue
                 canary -= 1
             self.admitted[node] = (target, policy)
-            self._place(node, policy, Step.ADMITTED, down=policy)
+            self._place(node, policy, Step.ADMITTED, down=was_down or policy)
             self.state.dirty.node(node)
-            admitted += 1
-        return admitted
+            used += was_down is None
+        return used

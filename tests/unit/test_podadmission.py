@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from gpushare_operator.testing import bodies
+from gpushare_operator.testing.nodeagents import NodeAgents, Timing
 from gpushare_operator.testing.nodelifecycle import no_schedule_taints
 from gpushare_operator.testing.podadmission import (
     Admitted,
@@ -19,6 +20,7 @@ from gpushare_operator.testing.podadmission import (
     rejected_status,
     running_status,
 )
+from gpushare_operator.testing.podagent import kubelet_view
 
 GPU, SHARED, FPGA = "nvidia.com/gpu", "nvidia.com/gpu.shared", "example.com/fpga"
 
@@ -188,6 +190,24 @@ def test_the_device_manager_speaks_before_the_predicates() -> None:
     resources = node(pods=0, devices={GPU: 0})
     outcome = admit(requests={"pods": 1, GPU: 1}, node=resources, others=[])
     assert isinstance(outcome, Rejection) and outcome.reason == "UnexpectedAdmissionError"
+
+
+# -- what the simulator feeds it -----------------------------------------------------------------
+
+
+def test_the_kubelet_view_of_a_restarting_plugin_has_no_healthy_device() -> None:
+    body = bodies.gpu_node(name="n", pool="p", gpus=2, managed_fields=False)
+    timing = Timing(restart_window=5.0)
+    agents = NodeAgents.start(
+        gpus=2, capacity=body["status"]["capacity"], label=None, view={}, timing=timing, now=0.0
+    )
+    view = kubelet_view(agents, body)
+    assert view is not None and view[0].devices == {GPU: 2}
+    assert view[0].allocatable["cpu"] == 192_000 - 920
+    agents.see_label("ts4", now=1.0, view={"ts4": "version: v1\n"})  # a change: SIGHUP
+    view = kubelet_view(agents, body)
+    assert view is not None and view[0].devices == {GPU: 0}
+    assert kubelet_view(None, body) is None and kubelet_view(agents, None) is None
 
 
 # -- statuses ------------------------------------------------------------------------------------

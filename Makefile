@@ -34,7 +34,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed ## Create .venv with the package and its test extra.
 
 .PHONY: controlplane
-controlplane: ## Build etcd, kube-apiserver, kubectl, kube-controller-manager and helm from Go modules (cached).
+controlplane: ## Build etcd, kube-apiserver, kubectl, kube-controller-manager, kube-scheduler and helm from Go modules (cached).
 	@bash tests/controlplane/build.sh $(CONTROLPLANE_DIR) $(KUBERNETES_VERSION) $(ETCD_VERSION) $(HELM_VERSION)
 
 .PHONY: lint

@@ -16,7 +16,7 @@ logger = logging.getLogger("tests")
 
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
-    """One etcd + kube-apiserver (+ controller manager) for the whole session, RBAC on."""
+    """One etcd + kube-apiserver (+ controller manager, scheduler) for the session, RBAC on."""
     plane = ControlPlane()
     plane.start()  # logs its own startup time
     try:

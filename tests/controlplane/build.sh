@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver and kubectl from the Go module proxy into $1/bin.
+# Builds etcd, kube-apiserver, kubectl, kube-controller-manager, kube-scheduler and helm
+# from the Go module proxy into $1/bin.
 #
 # Each binary is built only when missing or stamped with another version (a .NAME.version file
 # beside it), so a warm cache costs nothing and a version bump in versions.mk rebuilds.  Static, trimmed
@@ -45,6 +46,9 @@ build kubectl kubernetes k8s.io/kubernetes/cmd/kubectl "$kv" "$k8s"
 # Garbage collection (ownerReferences) and namespace deletion only happen in the
 # controller manager; without it a deleted namespace stays Terminating for ever.
 build kube-controller-manager kubernetes k8s.io/kubernetes/cmd/kube-controller-manager "$kv" "$k8s"
+# Pods without spec.nodeName are placed by kube-scheduler only: with it, tests see real
+# scheduling (resource fit, taints, affinity) instead of a pod Pending for ever.
+build kube-scheduler kubernetes k8s.io/kubernetes/cmd/kube-scheduler "$kv" "$k8s"
 # Helm for the chart tests (lint, template, install); its own module again.
 # Without the Kubernetes version stamped in, `helm template` assumes v1.20 and refuses charts
 # that declare a kubeVersion; stamp the version of the client-go it was built against.

@@ -178,10 +178,17 @@ def crds_installed(control_plane: ControlPlane) -> None:
 
 
 @pytest.fixture
-async def sim(control_plane: ControlPlane, namespace: str) -> AsyncIterator[GpuClusterSimulator]:
-    """GPU nodes and the NVIDIA agents on them; the device-plugin namespace is ``namespace``."""
+async def sim(
+    request: pytest.FixtureRequest, control_plane: ControlPlane, namespace: str
+) -> AsyncIterator[GpuClusterSimulator]:
+    """GPU nodes and the NVIDIA agents on them; the device-plugin namespace is ``namespace``.
+
+    A test marked ``@pytest.mark.simulator(**knobs)`` gets those constructor knobs.
+    """
+    marker = request.node.get_closest_marker("simulator")
+    knobs = marker.kwargs if marker is not None else {}
     async with GpuClusterSimulator(
-        kubeconfig=control_plane.admin_kubeconfig, namespace=namespace
+        kubeconfig=control_plane.admin_kubeconfig, namespace=namespace, **knobs
     ) as simulator:
         yield simulator
 

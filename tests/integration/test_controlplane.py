@@ -157,7 +157,7 @@ def test_no_orphans_when_the_owner_is_killed(control_plane: ControlPlane) -> Non
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert owner.stdout is not None
     pids = [int(p) for p in owner.stdout.readline().split()]
-    assert len(pids) == 3
+    assert len(pids) == 4  # etcd, kube-apiserver, kube-controller-manager, kube-scheduler
     assert all(_alive(pid) for pid in pids)
     owner.send_signal(signal.SIGKILL)
     owner.wait()

@@ -1,15 +1,17 @@
 """End to end: GPU-sharing usage from Pods, published on GPUNodeStates and policies.
 
-Pods never run here (there is no kubelet): each is created already bound (``spec.nodeName``, as
-the scheduler's binding leaves it) and its phase is patched through the status subresource, as
-kubelet would.  Finished pods are deleted with ``gracePeriodSeconds=0``, since no kubelet will
-confirm a graceful deletion.  The operator runs as a child process; the simulator plays the
-NVIDIA agents on its nodes.
+Each pod is created already bound (``spec.nodeName``, as the scheduler's binding leaves it); the
+simulated kubelet admits it against what its node offers at that moment and runs it, or rejects
+it (``Failed``) as the real one would.  Pods finish when a test patches their phase through the
+status subresource, as kubelet would report it.  Finished pods are deleted with
+``gracePeriodSeconds=0``, since the simulated kubelet does not confirm graceful deletions.  The
+operator runs as a child process; the simulator plays the NVIDIA agents on its nodes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -92,6 +94,10 @@ async def create_pod(
     return created
 
 
+async def read_pod(sim: GpuClusterSimulator, namespace: str, name: str) -> dict[str, Any]:
+    return dict(await h.ok(sim.client, "GET", f"/api/v1/namespaces/{namespace}/pods/{name}"))
+
+
 async def set_phase(sim: GpuClusterSimulator, namespace: str, name: str, phase: str) -> None:
     path = f"/api/v1/namespaces/{namespace}/pods/{name}/status"
     await h.ok(sim.client, "PATCH", path, {"status": {"phase": phase}})
@@ -139,6 +145,17 @@ async def wait_node_usage(
         timeout=timeout,
         what=f"{node} to show {allocated} slots in {pods} pods",
     )
+
+
+async def wait_verified(sim: GpuClusterSimulator, *nodes: str) -> None:
+    """Wait until the operator verified each node: its device plugin serves the new config, so
+    that kubelet admits pods there again (it rejects them while the plugin restarts)."""
+    for node in nodes:
+        await eventually(
+            functools.partial(node_state, sim, node),
+            until=lambda s: s.get("status", {}).get("phase") == "Verified",
+            what=f"{node} to be Verified",
+        )
 
 
 async def wait_policy_slots(
@@ -200,11 +217,12 @@ async def test_pods_are_counted_through_their_whole_life(
     body = await wait_policy_slots(sim, policy, allocated=0, capacity=16)
     assert body["status"]["gpus"] == 4
     await expect(sim, nodes={n0: (0, 0), n1: (0, 0)}, policies={policy: 0})
+    await wait_verified(sim, n0, n1)
 
-    # Bound at creation and still Pending: the scheduler has reserved its slots already.
+    # Bound at creation: it holds its slots from then on, Pending or (once kubelet ran it)
+    # Running.
     await create_pod(sim, pods_ns, "a", n0, count=2)
     await expect(sim, nodes={n0: (2, 1), n1: (0, 0)}, policies={policy: 2})
-    await set_phase(sim, pods_ns, "a", "Running")
 
     # An init container asking for more than the app containers: it decides (3, not 1).
     await create_pod(sim, pods_ns, "b", n0, count=1, init_count=3)
@@ -215,14 +233,25 @@ async def test_pods_are_counted_through_their_whole_life(
     await expect(sim, nodes={n0: (5, 2), n1: (3, 1)}, policies={policy: 8})
 
     # Neither a pod asking for a resource the policy does not advertise, nor a CPU-only pod,
-    # nor an unscheduled one counts.
+    # nor an unscheduled one counts.  (Kubelet runs the first: n1 lists no such resource, and
+    # kubelet drops the requests of extended resources its node does not list.)
     await create_pod(sim, pods_ns, "other-resource", n1, resource=SHARED, count=4)
     plain = podbodies.plain_pod(name="web", node=n1, namespace=pods_ns, managed_fields=False)
     manifest = {"metadata": {"name": "web"}, "spec": plain["spec"]}
     await h.ok(sim.client, "POST", f"/api/v1/namespaces/{pods_ns}/pods", manifest)
     await create_pod(sim, pods_ns, "unscheduled", None, count=1)
+    # kube-scheduler leaves it Pending: the PersistentVolumeClaim it mounts does not exist.
+    unscheduled = await eventually(
+        lambda: read_pod(sim, pods_ns, "unscheduled"),
+        until=lambda p: any(
+            c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+            for c in p["status"].get("conditions") or ()
+        ),
+        what="kube-scheduler to find no node for the pod",
+    )
+    assert "nodeName" not in unscheduled["spec"]
     await expect(sim, nodes={n0: (5, 2), n1: (3, 1)}, policies={policy: 8})
-    # The scheduler binds it: now it holds a slot on n1.
+    # Bound as the scheduler binds (the binding subresource): now it holds a slot on n1.
     await bind(sim, pods_ns, "unscheduled", n1)
     await expect(sim, nodes={n0: (5, 2), n1: (4, 2)}, policies={policy: 9})
 
@@ -235,7 +264,7 @@ async def test_pods_are_counted_through_their_whole_life(
     assert status == 200
 
     # Deleting a running pod releases its slots; deleting a finished one changes nothing.
-    await set_phase(sim, pods_ns, "c", "Running")
+    assert (await read_pod(sim, pods_ns, "c"))["status"]["phase"] == "Running"
     await delete_pod(sim, pods_ns, "c")
     await delete_pod(sim, pods_ns, "a")
     await expect(sim, nodes={n0: (0, 0), n1: (1, 1)}, policies={policy: 1})
@@ -275,13 +304,21 @@ async def test_rename_by_default_counts_the_shared_resource(
     )
     assert advertised["status"]["capacity"][GPU] == "0"
 
-    # New pods of either kind: only the shared one counts now.
+    # New pods of either kind: only the shared one counts now.  Kubelet rejects the other: the
+    # plugin no longer serves nvidia.com/gpu, which kubelet still lists, with no device.
     await create_pod(sim, pods_ns, "plain-gpu-2", node, resource=GPU, count=1)
     await create_pod(sim, pods_ns, "shared-c", node, resource=SHARED, count=1)
     await expect(sim, nodes={node: (4, 3)}, policies={policy: 4})
+    rejected = await eventually(
+        lambda: read_pod(sim, pods_ns, "plain-gpu-2"),
+        until=lambda p: p["status"].get("phase") == "Failed",
+        what="kubelet to reject plain-gpu-2",
+    )
+    assert rejected["status"]["reason"] == "UnexpectedAdmissionError"
 
+    # Back to nvidia.com/gpu: the pod that runs counts again; the rejected one never will.
     await h.patch_policy(sim.client, policy, {"renameByDefault": False})
-    await expect(sim, nodes={node: (3, 2)}, policies={policy: 3})
+    await expect(sim, nodes={node: (2, 1)}, policies={policy: 2})
 
 
 async def test_relabelled_node_takes_its_allocation_to_the_other_policy(
@@ -300,6 +337,7 @@ async def test_relabelled_node_takes_its_allocation_to_the_other_policy(
         sim, policies, h.policy(shared, pool=pool_b, replicas=2, renameByDefault=True)
     )
     await start_operator("--device-plugin-namespace", namespace)
+    await wait_verified(sim, moving, staying)
     await create_pod(sim, pods_ns, "g", moving, resource=GPU, count=3)
     await create_pod(sim, pods_ns, "s", moving, resource=SHARED, count=1)
     await create_pod(sim, pods_ns, "s2", staying, resource=SHARED, count=2)
@@ -337,6 +375,7 @@ async def test_lowering_replicas_below_the_allocation_is_overcommitted(
     policy = h.unique("ts")
     await h.add_policy(sim, policies, h.policy(policy, pool=pool, replicas=4))
     await start_operator("--device-plugin-namespace", namespace)
+    await wait_verified(sim, node)
     for name in ("a", "b", "c"):
         await create_pod(sim, pods_ns, name, node, count=1)
     await expect(sim, nodes={node: (3, 3)}, policies={policy: 3})
@@ -417,6 +456,8 @@ async def test_a_new_resource_name_counts_pods_that_already_exist(
     await expect(sim, nodes={node: (2, 2)}, policies={policy: 2})
 
 
+# No simulated kubelet: the test writes the phases itself, to make each change a burst of 20.
+@pytest.mark.simulator(run_pods=False)
 async def test_a_burst_of_pod_events_is_few_status_writes(
     control_plane: ControlPlane,
     sim: GpuClusterSimulator,

@@ -36,8 +36,16 @@ def build(tmp_path: Path, *, helm: str) -> list[str]:
 
 
 def test_a_warm_cache_builds_nothing_and_a_helm_bump_rebuilds_only_helm(tmp_path: Path) -> None:
-    everything = ["etcd", "kube-apiserver", "kubectl", "kube-controller-manager", "helm"]
+    everything = ["etcd", "kube-apiserver", "kubectl", "kube-controller-manager"]
+    everything += ["kube-scheduler", "helm"]
     assert build(tmp_path, helm="v3.22.0") == everything
     assert build(tmp_path, helm="v3.22.0") == []
     assert build(tmp_path, helm="v3.23.1") == ["helm"]
     assert (tmp_path / "out/bin/.helm.version").read_text().strip() == "v3.23.1"
+
+
+def test_a_cache_from_before_the_scheduler_builds_only_the_scheduler(tmp_path: Path) -> None:
+    build(tmp_path, helm="v3.22.0")
+    for name in ("kube-scheduler", ".kube-scheduler.version"):
+        (tmp_path / "out/bin" / name).unlink()
+    assert build(tmp_path, helm="v3.22.0") == ["kube-scheduler"]

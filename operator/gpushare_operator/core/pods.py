@@ -15,6 +15,7 @@ from typing import Any
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 Requests = tuple[tuple[str, int], ...]  # sorted (resource, amount) pairs, amount > 0
+Quantity = Callable[[object], int]  # one resource quantity as the caller counts it
 
 _intern = sys.intern
 _shared_requests: dict[Requests, Requests] = {}
@@ -53,20 +54,28 @@ def _quantity(raw: object) -> int:
     return 0
 
 
-def container_request(container: Mapping[str, Any], resource: str) -> int:
-    """A container's request of an extended resource; a limit alone stands in for it."""
+def container_request(
+    container: Mapping[str, Any], resource: str, *, quantity: Quantity = _quantity
+) -> int:
+    """A container's request of an extended resource; a limit alone stands in for it.
+
+    ``quantity`` reads one value (whole units by default; the simulated kubelet passes its own
+    parser for cpu and memory).
+    """
     resources = container.get("resources") or {}
     requests = resources.get("requests") or {}
     if resource in requests:
-        return _quantity(requests[resource])
-    return _quantity((resources.get("limits") or {}).get(resource))
+        return quantity(requests[resource])
+    return quantity((resources.get("limits") or {}).get(resource))
 
 
 def _is_sidecar(container: Mapping[str, Any]) -> bool:
     return container.get("restartPolicy") == "Always"
 
 
-def effective_request(spec: Mapping[str, Any], resource: str) -> int:
+def effective_request(
+    spec: Mapping[str, Any], resource: str, *, quantity: Quantity = _quantity
+) -> int:
     """What the scheduler reserves for the pod: max(init phase, steady state).
 
     A regular init container runs alongside the sidecars (restartable init containers)
@@ -75,13 +84,13 @@ def effective_request(spec: Mapping[str, Any], resource: str) -> int:
     sidecars_so_far = 0
     init_peak = 0
     for container in spec.get("initContainers") or ():
-        amount = container_request(container, resource)
+        amount = container_request(container, resource, quantity=quantity)
         if _is_sidecar(container):
             sidecars_so_far += amount
         else:
             init_peak = max(init_peak, amount + sidecars_so_far)
     steady = sidecars_so_far + sum(
-        container_request(c, resource) for c in spec.get("containers") or ()
+        container_request(c, resource, quantity=quantity) for c in spec.get("containers") or ()
     )
     return max(init_peak, steady)
 

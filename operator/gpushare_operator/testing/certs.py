@@ -52,7 +52,7 @@ def _builder(subject: x509.Name, issuer: x509.Name) -> x509.CertificateBuilder:
 
 
 class CertificateAuthority:
-    """A throwaway CA that signs the apiserver's serving cert and every client cert."""
+    """A throwaway CA that signs the serving certs (apiserver, scheduler) and every client cert."""
 
     def __init__(self) -> None:
         self._key = _new_key()
@@ -82,7 +82,7 @@ class CertificateAuthority:
     def cert_pem(self) -> bytes:
         return self._cert.public_bytes(serialization.Encoding.PEM)
 
-    def serving(self, *, hosts: list[str]) -> KeyPair:
+    def serving(self, *, hosts: list[str], name: str = "kube-apiserver") -> KeyPair:
         key = _new_key()
         sans: list[x509.GeneralName] = []
         for host in hosts:
@@ -91,9 +91,7 @@ class CertificateAuthority:
             except ValueError:
                 sans.append(x509.DNSName(host))
         cert = (
-            _builder(
-                x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]), self._name
-            )
+            _builder(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]), self._name)
             .public_key(key.public_key())
             .add_extension(x509.SubjectAlternativeName(sans), critical=False)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)

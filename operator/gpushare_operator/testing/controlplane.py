@@ -1,7 +1,8 @@
-"""A real etcd + kube-apiserver (+ kube-controller-manager) on loopback, for tests and ``make run``.
+"""etcd, kube-apiserver, controller manager and scheduler on loopback, for tests and ``make run``.
 
 In the spirit of ``kopf.testing``: the thing under test talks to a real API server, with real
-admission, RBAC, server-side apply, watches and audit, not to a mock.  Binaries come from
+admission, RBAC, server-side apply, watches and audit, not to a mock; and pods created without
+``spec.nodeName`` are placed by the real kube-scheduler.  Binaries come from
 ``make controlplane`` (built from the Go module proxy).
 
 Every child is started with ``PR_SET_PDEATHSIG`` so that it dies with the process that
@@ -25,42 +26,26 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpushare_operator.testing import certs
+from gpushare_operator.testing.components import (
+    AUDIT_POLICY,
+    apiserver_args,
+    controller_manager_args,
+    etcd_args,
+    scheduler_args,
+)
 from gpushare_operator.testing.kubeconfigs import write_kubeconfig
 
 logger = logging.getLogger(__name__)
 
 ADMIN_USER = "gpushare-admin"
-
-# Writes are logged with who made them; reads are not (a watch-heavy test would drown the log).
-_AUDIT_POLICY = {
-    "apiVersion": "audit.k8s.io/v1",
-    "kind": "Policy",
-    "omitStages": ["RequestReceived"],
-    "rules": [
-        {"level": "None", "verbs": ["get", "list", "watch"]},
-        {
-            "level": "None",
-            "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}],
-            "users": ["system:kube-controller-manager", "system:apiserver"],
-        },
-        # With their bodies: what a label, taint or phase was at each moment (rollout tests).
-        {
-            "level": "Request",
-            "resources": [
-                {"group": "", "resources": ["nodes"]},
-                {"group": "gpushare.dev", "resources": ["gpunodestates/status"]},
-                {"group": "gpushare.dev", "resources": ["gpusharingpolicies"]},
-            ],
-        },
-        {"level": "Metadata"},
-    ],
-}
+# The bootstrap RBAC binds the system:kube-scheduler and system:volume-scheduler roles to it.
+SCHEDULER_USER = "system:kube-scheduler"
 
 
 def default_bin_dir() -> Path:
@@ -98,14 +83,18 @@ def _die_with_parent() -> None:
 
 @dataclass
 class ControlPlane:
-    """etcd, kube-apiserver with RBAC and audit, and the controller manager's GC/namespace loops."""
+    """etcd, kube-apiserver with RBAC and audit, the controller manager's GC/namespace loops,
+    and kube-scheduler (``scheduler=False`` leaves it out, for runs that must not pay its
+    informers, such as benchmarks of tens of thousands of pods)."""
 
     bin_dir: Path = field(default_factory=default_bin_dir)
     workdir: Path | None = None
     extra_apiserver_args: tuple[str, ...] = ()
-    audit_policy: Mapping[str, Any] = field(default_factory=lambda: _AUDIT_POLICY)
+    audit_policy: Mapping[str, Any] = field(default_factory=lambda: AUDIT_POLICY)
+    scheduler: bool = True
     etcd_port: int = 0
     apiserver_port: int = 0
+    scheduler_port: int = 0
     _procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     _owns_workdir: bool = False
     _ca: certs.CertificateAuthority | None = None
@@ -118,7 +107,8 @@ class ControlPlane:
             self.workdir = Path(tempfile.mkdtemp(prefix="gpushare-cp-"))
             self._owns_workdir = True
         self.workdir.mkdir(parents=True, exist_ok=True)
-        for name in ("etcd", "kube-apiserver", "kube-controller-manager"):
+        names = ["etcd", "kube-apiserver", "kube-controller-manager"]
+        for name in names + ["kube-scheduler"] * self.scheduler:
             if not (self.bin_dir / name).exists():
                 raise FileNotFoundError(f"{self.bin_dir / name} missing: run `make controlplane`")
         self.etcd_port = self.etcd_port or free_port()
@@ -129,6 +119,9 @@ class ControlPlane:
             self._start_apiserver()
             self._wait_ready(deadline=time.monotonic() + 90)
             self._start_controller_manager()
+            if self.scheduler:
+                self._start_scheduler()
+                self._wait_for(self._scheduler_ready, "kube-scheduler", time.monotonic() + 60)
         except BaseException:
             self.stop()
             raise
@@ -251,70 +244,58 @@ class ControlPlane:
         certs.write_service_account_key(pki)
         (self._dir / "audit-policy.json").write_text(json.dumps(self.audit_policy))
         self.admin_kubeconfig = self.kubeconfig_for_user(ADMIN_USER, groups=("system:masters",))
+        if self.scheduler:
+            # Its own serving cert from our CA, so that start() can verify its /readyz.
+            pair = self._ca.serving(hosts=["127.0.0.1"], name="kube-scheduler")
+            (pki / "scheduler.crt").write_bytes(pair.cert_pem)
+            (pki / "scheduler.key").write_bytes(pair.key_pem)
 
     def _start_etcd(self) -> None:
-        peer = free_port()
-        client = f"http://127.0.0.1:{self.etcd_port}"
-        self._spawn(
-            "etcd",
-            [
-                "--name=default",
-                f"--data-dir={self._dir / 'etcd'}",
-                f"--listen-client-urls={client}",
-                f"--advertise-client-urls={client}",
-                f"--listen-peer-urls=http://127.0.0.1:{peer}",
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-                f"--initial-cluster=default=http://127.0.0.1:{peer}",
-                "--unsafe-no-fsync",
-                "--log-level=warn",
-                "--quota-backend-bytes=8589934592",
-            ],
-        )
+        args = etcd_args(data_dir=self._dir / "etcd", port=self.etcd_port, peer_port=free_port())
+        self._spawn("etcd", args)
 
     def _start_apiserver(self) -> None:
-        pki = self._dir / "pki"
-        self._spawn(
-            "kube-apiserver",
-            [
-                f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={self.apiserver_port}",
-                "--endpoint-reconciler-type=none",
-                f"--tls-cert-file={pki / 'apiserver.crt'}",
-                f"--tls-private-key-file={pki / 'apiserver.key'}",
-                f"--client-ca-file={pki / 'ca.crt'}",
-                "--authorization-mode=RBAC",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={pki / 'sa.pub'}",
-                f"--service-account-signing-key-file={pki / 'sa.key'}",
-                "--service-cluster-ip-range=10.96.0.0/16",
-                # Pods in tests are bound by hand and never run; requiring each namespace's default
-                # ServiceAccount to exist first would only add a race to every test.
-                "--disable-admission-plugins=ServiceAccount",
-                f"--audit-policy-file={self._dir / 'audit-policy.json'}",
-                f"--audit-log-path={self.audit_log_path}",
-                "--audit-log-mode=blocking",
-                "--profiling=false",
-                f"--cert-dir={pki}",
-                *self.extra_apiserver_args,
-            ],
+        args = apiserver_args(
+            workdir=self._dir,
+            etcd_port=self.etcd_port,
+            port=self.apiserver_port,
+            audit_log=self.audit_log_path,
+            extra=self.extra_apiserver_args,
         )
+        self._spawn("kube-apiserver", args)
 
     def _start_controller_manager(self) -> None:
-        self._spawn(
-            "kube-controller-manager",
-            [
-                f"--kubeconfig={self.admin_kubeconfig}",
-                "--controllers=garbage-collector-controller,namespace-controller",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
-                "--concurrent-gc-syncs=5",
-            ],
+        args = controller_manager_args(kubeconfig=self.admin_kubeconfig, port=free_port())
+        self._spawn("kube-controller-manager", args)
+
+    def _start_scheduler(self) -> None:
+        """Started once the apiserver is ready; ``start()`` then waits for its ``/readyz``, so
+        that a pod created right after ``start()`` is scheduled without a start-up race."""
+        self.scheduler_port = self.scheduler_port or free_port()
+        kubeconfig = self.kubeconfig_for_user(SCHEDULER_USER)
+        args = scheduler_args(
+            kubeconfig=kubeconfig, port=self.scheduler_port, pki=self._dir / "pki"
         )
+        self._spawn("kube-scheduler", args)
+
+    def _apiserver_ready(self) -> tuple[bool, str]:
+        status, body = self.request("GET", "/readyz")
+        return status == 200, body.decode(errors="replace")[-500:]
+
+    def _scheduler_ready(self) -> tuple[bool, str]:
+        ctx = ssl.create_default_context(cafile=str(self.ca_path))
+        url = f"https://127.0.0.1:{self.scheduler_port}/readyz"
+        try:
+            with urllib.request.urlopen(url, context=ctx, timeout=5) as resp:
+                return int(resp.status) == 200, ""
+        except urllib.error.HTTPError as err:
+            return False, bytes(err.read()).decode(errors="replace")[-500:]
 
     def _wait_ready(self, *, deadline: float) -> None:
+        self._wait_for(self._apiserver_ready, "kube-apiserver", deadline)
+
+    def _wait_for(self, probe: Callable[[], tuple[bool, str]], what: str, deadline: float) -> None:
+        """Poll ``probe`` (ready?, why not) until it says ready; fail early if a child exited."""
         last: str = ""
         while time.monotonic() < deadline:
             for name, proc in self._procs:
@@ -322,14 +303,13 @@ class ControlPlane:
                     tail = (self._dir / f"{name}.log").read_text(errors="replace")[-3000:]
                     raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
             try:
-                status, body = self.request("GET", "/readyz")
-                if status == 200:
+                ready, last = probe()
+                if ready:
                     return
-                last = body.decode(errors="replace")[-500:]
             except (OSError, urllib.error.URLError) as exc:
                 last = str(exc)
             time.sleep(0.2)
-        raise TimeoutError(f"kube-apiserver not ready: {last}")
+        raise TimeoutError(f"{what} not ready: {last}")
 
     # -- access ------------------------------------------------------------------------------
 

@@ -74,11 +74,11 @@ async def _create_sample_pods(sim: GpuClusterSimulator) -> None:
             managed_fields=False,
         )
         body["metadata"].pop("resourceVersion", None)
+        # Its ReplicaSet does not exist: the garbage collector would delete the pod at once.
+        body["metadata"].pop("ownerReferences", None)
         body.pop("status", None)
-        await sim.client.post(pods, body)
-        # No kubelet runs here: say what it would, that the pod is running.
-        await sim.client.patch(f"{pods}/{name}/status", {"status": {"phase": "Running"}})
-    logger.info("sample pods running in namespace %s", DEMO_NAMESPACE)
+        await sim.client.post(pods, body)  # the simulated kubelet admits and runs it
+    logger.info("sample pods created in namespace %s", DEMO_NAMESPACE)
 
 
 async def run(*, kubeconfig: Path, namespace: str, namespaces: Sequence[str]) -> None:

@@ -1,9 +1,9 @@
 """``make dev-cluster``: the test control plane, kept running in the background for humans.
 
-``up`` starts a detached supervisor process that owns etcd, kube-apiserver and the controller
-manager (they die with it), and returns once the API server is ready and the kubeconfig is at
-``<dir>/kubeconfig``.  ``down`` stops the supervisor, which stops the rest.  Each ``up`` after a
-``down`` is a fresh, empty cluster.
+``up`` starts a detached supervisor process that owns etcd, kube-apiserver, the controller
+manager and kube-scheduler (they die with it), and returns once they are ready and the
+kubeconfig is at ``<dir>/kubeconfig``.  ``down`` stops the supervisor, which stops the rest.
+Each ``up`` after a ``down`` is a fresh, empty cluster.
 """
 
 from __future__ import annotations

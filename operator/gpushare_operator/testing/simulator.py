@@ -7,6 +7,8 @@ with the sharing it now sees.  ``GpuClusterSimulator`` plays those agents for th
 created, with their real failure modes and lags (see ``nodeagents`` for the per-node state
 machine, ``agents`` for the pure rules, and ``docs/simulator.md`` for the sources), and with
 their field managers, so that audit logs and managedFields look as they would in a cluster.
+It also plays kubelet's part in running the pods bound to those nodes (``podagent``): each is
+admitted against what the node offers at that moment, then Running or rejected (Failed).
 
 It talks to the API server through ``RawClient``, a few lines of aiohttp: this layer must not
 depend on the operator's own client stack (kubernetes_asyncio lives in ``kube`` only), and a
@@ -38,7 +40,9 @@ from gpushare_operator.testing.agents import (
 )
 from gpushare_operator.testing.configview import ConfigView
 from gpushare_operator.testing.nodeagents import NodeAgents, Timing
+from gpushare_operator.testing.nodelifecycle import no_schedule_taints
 from gpushare_operator.testing.nodewatch import NodeWatcher, rv
+from gpushare_operator.testing.podagent import PodAgent, kubelet_view
 from gpushare_operator.testing.rawclient import (
     MERGE_PATCH,
     ApiError,
@@ -87,6 +91,7 @@ class GpuClusterSimulator(NodeWatcher):
     ``verify=False`` breaks GFD everywhere: capacity still follows the config but the sharing
     labels never do, which is how a test drives the operator into its ``Mismatch`` phase;
     ``set_healthy(name, False)`` breaks one node's agents (they write nothing) until healed.
+    ``run_pods=False`` leaves pods alone (no kubelet: bound pods stay Pending).
     Nodes it did not create are never touched; those it created are deleted on exit unless
     ``cleanup=False``.
     """
@@ -105,8 +110,11 @@ class GpuClusterSimulator(NodeWatcher):
         verify: bool = True,
         poll_interval: float = 0.2,
         cleanup: bool = True,
+        run_pods: bool = True,
     ) -> None:
         super().__init__(RawClient(kubeconfig=kubeconfig))
+        view = lambda name: kubelet_view(self._agents.get(name), self._nodes.get(name))  # noqa: E731
+        self.pods = PodAgent(self.client, view=view) if run_pods else None
         self._configs = ConfigView(
             self.client,
             path=f"/api/v1/namespaces/{namespace}/configmaps/{configmap}",
@@ -136,6 +144,7 @@ class GpuClusterSimulator(NodeWatcher):
             asyncio.create_task(self._watch_nodes(), name="gpu-simulator-watch"),
             asyncio.create_task(self._configs.run(), name="gpu-simulator-configs"),
         ]
+        self._background += self.pods.start() if self.pods is not None else []
         try:
             await self._until(self._started, timeout=30.0, what="the simulator to start")
         except BaseException:
@@ -228,7 +237,13 @@ class GpuClusterSimulator(NodeWatcher):
             created = await self._patch(
                 name, {"status": body["status"]}, status=True, as_="kubelet"
             )
+        if (taints := no_schedule_taints(created)) is not None:  # not-ready goes: it is Ready
+            created = await self._patch(
+                name, {"spec": {"taints": taints}}, as_="kube-controller-manager"
+            )
         self._observe(created)
+        if self.pods is not None:
+            self.pods.node_added(name)
         return dict(created)
 
     async def create_gpu_nodes(
@@ -387,6 +402,8 @@ class GpuClusterSimulator(NodeWatcher):
             return False
         if self._configs.pending or configs != self._configs.seen:
             return False
+        if self.pods is not None and not self.pods.idle:
+            return False
         view = self._configs.view or {}
         for name, agents in self._agents.items():
             node = self._nodes.get(name)
@@ -399,4 +416,5 @@ class GpuClusterSimulator(NodeWatcher):
         return True
 
     async def _started(self) -> bool:
-        return self._listed.is_set() and self._configs.view is not None
+        pods = self.pods is None or self.pods.listed.is_set()
+        return pods and self._listed.is_set() and self._configs.view is not None

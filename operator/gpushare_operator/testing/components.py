@@ -1,0 +1,121 @@
+"""How ``ControlPlane`` runs each binary: the flags, as pure functions of paths and ports.
+
+Split from ``controlplane`` (which owns the processes, their lifecycle and the client side) so
+that each module stays small; nothing here starts anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = [
+    "AUDIT_POLICY",
+    "apiserver_args",
+    "controller_manager_args",
+    "etcd_args",
+    "scheduler_args",
+]
+
+# Writes are logged with who made them; reads are not (a watch-heavy test would drown the log).
+AUDIT_POLICY: Final[dict[str, Any]] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "None", "verbs": ["get", "list", "watch"]},
+        {
+            "level": "None",
+            "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}],
+            "users": ["system:kube-controller-manager", "system:apiserver"],
+        },
+        # With their bodies: what a label, taint, phase or binding was at each moment (the
+        # rollout tests read them back).
+        {
+            "level": "Request",
+            "resources": [
+                {"group": "", "resources": ["nodes", "pods/binding"]},
+                {"group": "gpushare.dev", "resources": ["gpunodestates/status"]},
+                {"group": "gpushare.dev", "resources": ["gpusharingpolicies"]},
+            ],
+        },
+        {"level": "Metadata"},
+    ],
+}
+
+
+def etcd_args(*, data_dir: Path, port: int, peer_port: int) -> list[str]:
+    """A single-member etcd on loopback; no fsync (a test cluster is thrown away anyway)."""
+    client = f"http://127.0.0.1:{port}"
+    peer = f"http://127.0.0.1:{peer_port}"
+    return [
+        "--name=default",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=default={peer}",
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+        "--quota-backend-bytes=8589934592",
+    ]
+
+
+def apiserver_args(
+    *, workdir: Path, etcd_port: int, port: int, audit_log: Path, extra: tuple[str, ...]
+) -> list[str]:
+    """kube-apiserver with client-cert auth, RBAC, bound ServiceAccount tokens and an audit log."""
+    pki = workdir / "pki"
+    return [
+        f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={port}",
+        "--endpoint-reconciler-type=none",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        "--authorization-mode=RBAC",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        "--service-cluster-ip-range=10.96.0.0/16",
+        # The controller manager here runs no ServiceAccount controller, so no namespace gets
+        # its `default` ServiceAccount; this plugin would refuse every pod of a new namespace.
+        "--disable-admission-plugins=ServiceAccount",
+        f"--audit-policy-file={workdir / 'audit-policy.json'}",
+        f"--audit-log-path={audit_log}",
+        "--audit-log-mode=blocking",
+        "--profiling=false",
+        f"--cert-dir={pki}",
+        *extra,
+    ]
+
+
+def controller_manager_args(*, kubeconfig: Path, port: int) -> list[str]:
+    """Only garbage collection (ownerReferences) and namespace deletion, without election."""
+    return [
+        f"--kubeconfig={kubeconfig}",
+        "--controllers=garbage-collector-controller,namespace-controller",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        "--concurrent-gc-syncs=5",
+    ]
+
+
+def scheduler_args(*, kubeconfig: Path, port: int, pki: Path) -> list[str]:
+    """kube-scheduler as kubeadm runs it (its own identity and bootstrap RBAC), no election.
+
+    It serves on loopback with a cert from the test CA only so that its ``/readyz`` (which
+    includes its informers' sync) can be polled and verified.
+    """
+    return [
+        f"--kubeconfig={kubeconfig}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--tls-cert-file={pki / 'scheduler.crt'}",
+        f"--tls-private-key-file={pki / 'scheduler.key'}",
+    ]

@@ -1,0 +1,172 @@
+"""What a planned change would leave on each node, and how long its rollout would take.
+
+Pure pieces of ``kubectl gpushare plan`` (``reconcile.forecast`` runs them against the
+operator's own state and planner):
+
+- ``target_of``: a node's standing under a decision, read off the very status the operator
+  would publish (``nodestates.render_status``), so that the plan's capacity is the number the
+  GPUNodeState will show, by construction;
+- ``settled_body``: the node as NVIDIA's agents leave it once a config is in force (config
+  manager, device plugin and GPU Feature Discovery done: labels and allocatable agree), which
+  is what lets the operator's rollout bookkeeping be replayed batch after batch;
+- ``pool_of``: which pool a node is in, for grouping;
+- ``RolloutPace``: the seconds a batch takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gpushare_operator.core import devconfigs, nodestates
+from gpushare_operator.core.models import NodePhase
+from gpushare_operator.core.nodes import (
+    CONFIG_LABEL,
+    GPU_PRODUCT,
+    GPU_REPLICAS,
+    GPU_RESOURCE,
+    GPU_SHARING,
+    POLICY_LABEL,
+    SHARED_RESOURCE,
+    NodeRecord,
+)
+from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.rewrites import base_product
+
+GOVERNED: Final = "Governed"
+UNSUPPORTED: Final = "Unsupported"
+UNMANAGED: Final = "Unmanaged"
+
+# Where clusters say which pool a node belongs to: this project's examples, then GKE, EKS,
+# AKS and Karpenter.  A node with none of them is grouped by its GPU product.
+POOL_LABELS: Final = (
+    "pool",
+    "cloud.google.com/gke-nodepool",
+    "eks.amazonaws.com/nodegroup",
+    "kubernetes.azure.com/agentpool",
+    "karpenter.sh/nodepool",
+)
+NO_POOL: Final = "-"
+
+# Per node of a rollout the operator writes its labels once and its GPUNodeState twice
+# (Applied, then Verified): the writes a batch spends at the write rate.
+WRITES_PER_NODE: Final = 3
+DEFAULT_VERIFY_SECONDS: Final = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTarget:
+    """What a node's GPUNodeState says about its configuration (not its progress)."""
+
+    policy: str | None
+    config_key: str | None
+    standing: str  # GOVERNED, UNSUPPORTED or UNMANAGED
+    capacity: int  # slots advertised: GPUs x replicas; 0 when not governed
+    gpus: int
+    resource: str  # the extended resource its pods request
+    why: str | None = None  # why the policy cannot work there, when Unsupported
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {
+            "policy": self.policy,
+            "configKey": self.config_key,
+            "standing": self.standing,
+            "capacity": self.capacity,
+            "gpus": self.gpus,
+            "resource": self.resource,
+            "why": self.why,
+        }
+        return {key: value for key, value in out.items() if value is not None}
+
+
+def target_of(record: NodeRecord, decision: nodestates.NodeDecision) -> NodeTarget:
+    """The node's standing, from the status the operator would render for ``decision``."""
+    status = nodestates.render_status(record=record, decision=decision, previous=None, now="")
+    policy = decision.policy
+    unsupported = decision.phase is NodePhase.UNSUPPORTED
+    resource = GPU_RESOURCE
+    if policy is not None and policy.sharing is not None and not unsupported:
+        resource = devconfigs.advertised_resource(policy.sharing)
+    if unsupported:
+        standing = UNSUPPORTED
+    elif status.get("policy") is None:
+        standing = UNMANAGED
+    else:
+        standing = GOVERNED
+    return NodeTarget(
+        policy=status.get("policy"),
+        config_key=status.get("configKey"),
+        standing=standing,
+        capacity=int(status["slots"]["capacity"]),
+        gpus=int(status["gpus"]),
+        resource=resource,
+        why=decision.message if unsupported else None,
+    )
+
+
+def pool_of(labels: Mapping[str, str], keys: Sequence[str] = POOL_LABELS) -> str:
+    """The first of ``keys`` the node carries, else its GPU product, else ``-``."""
+    for key in keys:
+        value = labels.get(key)
+        if value:
+            return value
+    return base_product(labels.get(GPU_PRODUCT)) or NO_POOL
+
+
+def _bumped(version: str) -> str:
+    """A resourceVersion after ``version``: the cache ignores a body older than what it holds."""
+    return str(int(version) + 1) if version.isdigit() else version
+
+
+def settled_body(record: NodeRecord, policy: CompiledPolicy | None) -> dict[str, Any]:
+    """The Node as the NVIDIA agents leave it once ``policy``'s config (None: no sharing) is in
+    force: our labels as the operator writes them, GFD's replicas and sharing-strategy labels,
+    and kubelet advertising GPUs x replicas of the policy's resource."""
+    labels = dict(record.labels)
+    if policy is None or policy.sharing is None or policy.config_key is None:
+        labels.pop(CONFIG_LABEL, None)
+        labels.pop(POLICY_LABEL, None)
+        replicas, strategy, resource = 1, "none", GPU_RESOURCE
+    else:
+        labels[CONFIG_LABEL] = policy.config_key
+        labels[POLICY_LABEL] = policy.name
+        replicas = policy.replicas or 1
+        strategy = devconfigs.sharing_strategy_label(policy.sharing)
+        resource = devconfigs.advertised_resource(policy.sharing)
+    labels[GPU_REPLICAS] = str(replicas)
+    labels[GPU_SHARING] = strategy
+    gpus = record.gpus or 0
+    resources = dict(record.allocatable)
+    for advertised in (GPU_RESOURCE, SHARED_RESOURCE):
+        resources.pop(advertised, None)
+    resources[resource] = str(gpus * replicas)
+    return {
+        "metadata": {
+            "name": record.name,
+            "uid": record.uid,
+            "resourceVersion": _bumped(record.resource_version),
+            "labels": labels,
+        },
+        "spec": {"taints": [dict(taint) for taint in record.taints]},
+        "status": {"capacity": dict(resources), "allocatable": resources},
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutPace:
+    """How long the steps of a rollout take.
+
+    ``propagation_delay``: the operator's ``--config-propagation-delay``, waited once before a
+    new config key may be put on nodes; ``write_qps``: its ``--write-qps``;
+    ``verify_seconds``: from a node's label change until it is Verified (the device plugin's
+    restart, then GPU Feature Discovery relabelling the node).
+    """
+
+    propagation_delay: float = 75.0
+    write_qps: float = 100.0
+    verify_seconds: float = DEFAULT_VERIFY_SECONDS
+
+    def batch_seconds(self, nodes: int) -> float:
+        """One batch: its writes at the write rate, then the wait until its nodes are Verified."""
+        return nodes * WRITES_PER_NODE / self.write_qps + self.verify_seconds

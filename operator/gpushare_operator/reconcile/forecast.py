@@ -1,0 +1,328 @@
+"""The effect of planned policy edits, worked out by the operator's own state, planner and book.
+
+``kubectl gpushare plan`` fills ``Forecaster.state`` through the same sinks the operator's
+informers feed, then ``run`` upserts the planned policies into that same state and asks:
+
+- each node's standing before and after, from ``Planner.decide`` and the status it would
+  render (``core.forecasts.target_of``): who governs it, with which key and capacity;
+- whose pods would hold more slots than the new config advertises (``core.rollouts.misfit``);
+- the rollout, by replaying the operator's own ``RolloutBook``: its gate and its admissions
+  (fresh nodes at once, canary first and alone, ``maxUnavailable``, the cluster-wide budget,
+  order by fewest allocated slots then name, WaitForPods), with every admitted node settled
+  as NVIDIA's agents would settle it before the next batch is admitted.
+
+Nothing here is a second implementation of matching, resolution, rendering, slot accounting or
+rollout admission: where the operator decides, this calls the code that decides.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.core import devconfigs, rollouts
+from gpushare_operator.core.forecasts import (
+    GOVERNED,
+    POOL_LABELS,
+    UNSUPPORTED,
+    NodeTarget,
+    RolloutPace,
+    pool_of,
+    settled_body,
+    target_of,
+)
+from gpushare_operator.core.nodes import GPU_RESOURCE
+from gpushare_operator.core.pods import PodRecord
+from gpushare_operator.core.policies import compile_policy
+from gpushare_operator.reconcile.planner import Planner, Timings
+from gpushare_operator.reconcile.rollouts import CLUSTER, Step
+
+# The operator's defaults for what the plan does not depend on.
+KEY_GRACE_PERIOD = 300.0
+MISMATCH_TIMEOUT = 300.0
+_HELD_STEPS = (Step.WAITING, Step.BLOCKED, Step.PREPARING)
+
+
+class ManualClock:
+    """The state's monotonic clock, moved by the replay from one batch to the next."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChange:
+    name: str
+    pool: str
+    before: NodeTarget
+    after: NodeTarget
+
+
+@dataclass(frozen=True, slots=True)
+class Misfit:
+    """A node whose pods would hold more slots than its new config advertises."""
+
+    node: str
+    pool: str
+    why: str
+    pods: tuple[PodRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A node that wants to change but that the rollout does not let go (and why)."""
+
+    node: str
+    policy: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    index: int
+    nodes: tuple[tuple[str, str], ...]  # (node, the policy whose budget it is charged to)
+    ends_at: float  # seconds from the edit, estimated
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    max_unavailable: int
+    canary: int
+    total: int
+
+
+@dataclass
+class Forecast:
+    planned: list[str]
+    before: dict[str, NodeTarget]  # every GPU node, under the policies as they are
+    after: dict[str, NodeTarget]  # every GPU node, with the planned policies in force
+    pools: dict[str, str]  # node -> pool
+    changes: list[NodeChange]
+    misfits: list[Misfit]
+    unsupported: list[NodeChange]  # nodes the planned policies concern that end Unsupported
+    keys_written: dict[str, str]
+    keys_unused: list[str]
+    start_delay: float  # the propagation wait before the first new key may be used
+    batches: list[Batch] = field(default_factory=list)
+    held: list[Held] = field(default_factory=list)
+    budgets: dict[str, Budget] = field(default_factory=dict)
+
+    @property
+    def blocking(self) -> bool:
+        """Whether a pipeline should stop here: an overcommitted or Unsupported node."""
+        return bool(self.misfits or self.unsupported)
+
+    def policies(self) -> list[str]:
+        """Policies the plan concerns: the planned ones and those that gain or lose nodes."""
+        names = set(self.planned)
+        for change in self.changes:
+            names.update(p for p in (change.before.policy, change.after.policy) if p)
+        return sorted(names)
+
+
+class Forecaster:
+    """Owns a ``ClusterState`` for the caller to fill, then forecasts planned edits on it."""
+
+    def __init__(
+        self,
+        *,
+        max_unavailable: int | str = "10%",
+        pace: RolloutPace | None = None,
+        pool_labels: Sequence[str] = POOL_LABELS,
+    ) -> None:
+        self.clock = ManualClock()
+        self.state = ClusterState(clock=self.clock)
+        self.pace = pace or RolloutPace()
+        self.pool_labels = tuple(pool_labels)
+        self.planner = Planner(
+            self.state,
+            timings=Timings(
+                propagation_delay=self.pace.propagation_delay,
+                key_grace_period=KEY_GRACE_PERIOD,
+                mismatch_timeout=MISMATCH_TIMEOUT,
+            ),
+            max_unavailable=max_unavailable,
+        )
+
+    def track_resources_of(self, bodies: Iterable[Mapping[str, Any]]) -> None:
+        """Keep pods asking for what the planned policies advertise too; call before the pods
+        are listed (the cache keeps only pods asking for a tracked resource)."""
+        for body in bodies:
+            metadata = body.get("metadata") or {}
+            compiled = compile_policy(
+                name=str(metadata.get("name")), uid="", generation=0, spec=body.get("spec")
+            )
+            if compiled.sharing is not None:
+                resource = devconfigs.advertised_resource(compiled.sharing)
+                self.state.tracked_resources.add(resource)
+
+    def targets(self) -> dict[str, NodeTarget]:
+        planner = self.planner
+        return {name: target_of(r, planner.decide(r)) for name, r in self.state.nodes.items()}
+
+    def pool(self, node: str) -> str:
+        record = self.state.nodes.get(node)
+        return pool_of(record.labels, self.pool_labels) if record is not None else "-"
+
+    # -- the forecast ------------------------------------------------------------------------
+
+    def run(self, planned: Sequence[Mapping[str, Any]]) -> Forecast:
+        """Upsert ``planned`` (dry-run answers: new, edited or being deleted) and forecast."""
+        state = self.state
+        names = [str((body.get("metadata") or {}).get("name")) for body in planned]
+        before = self.targets()
+        concerned = self._matched(names)
+        keys_before = {p.config_key for p in state.policies.values() if p.config_key}
+        for body in planned:
+            state.upsert_policy(body)
+        concerned |= self._matched(names)
+        keys_written = self._write_keys()
+        after = self.targets()
+        changes = [
+            NodeChange(name, self.pool(name), before[name], after[name])
+            for name in sorted(after)
+            if before.get(name) != after[name]
+        ]
+        concerned.update(change.name for change in changes)
+        live = {p.config_key for p in state.policies.values() if p.config_key}
+        live -= {state.policies[n].config_key for n in state.deleting if n in state.policies}
+        forecast = Forecast(
+            planned=names,
+            before=before,
+            after=after,
+            pools={name: self.pool(name) for name in after},
+            changes=changes,
+            misfits=self._misfits(changes),
+            unsupported=[
+                NodeChange(n, self.pool(n), before[n], after[n])
+                for n in sorted(concerned)
+                if n in after and after[n].standing == UNSUPPORTED
+            ],
+            keys_written=keys_written,
+            keys_unused=sorted(k for k in keys_before if k not in live),
+            start_delay=self.pace.propagation_delay if keys_written else 0.0,
+        )
+        self._replay(forecast)
+        return forecast
+
+    def _matched(self, policies: Iterable[str]) -> set[str]:
+        index = self.state.index
+        return {node for policy in policies for node in index.nodes_of(policy)}
+
+    def _write_keys(self) -> dict[str, str]:
+        """The keys the operator would add to the ConfigMap, taken as propagated from here on
+        (the plan's clock starts once the propagation delay is over)."""
+        state = self.state
+        current = dict(state.config_data or {})
+        wanted = self.planner.desired_config()
+        written = {key: text for key, text in wanted.items() if key not in current}
+        state.set_config_data({**current, **written}, initial=True)
+        return written
+
+    def _misfits(self, changes: Sequence[NodeChange]) -> list[Misfit]:
+        usage = self.state.usage
+        found: dict[str, tuple[str, str]] = {}
+        for change in changes:
+            after = change.after
+            held = usage.node_slots(change.name)
+            if not held or after.standing == UNSUPPORTED:
+                continue  # an Unsupported node is left as it is
+            if after.standing == GOVERNED:
+                why = rollouts.misfit(held, resource=after.resource, capacity=after.capacity)
+            else:  # released: the default config advertises one nvidia.com/gpu per GPU
+                why = rollouts.misfit(held, resource=GPU_RESOURCE, capacity=after.gpus)
+            if why is not None:
+                found[change.name] = (change.pool, why)
+        pods: defaultdict[str, list[PodRecord]] = defaultdict(list)
+        if found:
+            for record in usage:
+                if record.node in found and record.holds_slots:
+                    pods[record.node].append(record)
+        return [
+            Misfit(node, pool, why, tuple(sorted(pods[node], key=lambda p: (p.namespace, p.name))))
+            for node, (pool, why) in sorted(found.items())
+        ]
+
+    # -- replaying the rollout ---------------------------------------------------------------
+
+    def _replay(self, forecast: Forecast) -> None:
+        """Admit, batch after batch, as the operator's rollout book would, settling each
+        batch before the next; a node admitted twice would mean a node that never settles."""
+        book = self.planner.rollouts
+        self._drain()
+        carried = self._gate(sorted(self.state.nodes))  # fresh nodes go at once
+        forecast.budgets = self._budgets()
+        ends_at, settled = forecast.start_delay, set[str]()
+        for index in range(1, len(self.state.nodes) + 2):
+            self._drain()
+            self.clock.now += 1.0
+            book.advance()
+            admitted = carried + self._gate(self._dirty_nodes())
+            carried = []
+            if not admitted or settled.intersection(admitted):
+                break
+            nodes = tuple((name, book.admitted[name][1]) for name in admitted)
+            for name in admitted:
+                self._settle(name)
+            settled.update(admitted)
+            ends_at += self.pace.batch_seconds(len(admitted))
+            forecast.batches.append(Batch(index, nodes, ends_at))
+        forecast.held = self._held()
+
+    def _drain(self) -> None:
+        dirty = self.state.dirty
+        while dirty.pop_node() or dirty.pop_policy() or dirty.pop_config():
+            pass
+
+    def _dirty_nodes(self) -> list[str]:
+        names = []
+        while (name := self.state.dirty.pop_node()) is not None:
+            names.append(name)
+        return sorted(names)
+
+    def _gate(self, names: Iterable[str]) -> list[str]:
+        """Place each node in the book; those it lets change now."""
+        state, planner, book = self.state, self.planner, self.planner.rollouts
+        admitted = []
+        for name in names:
+            record = state.nodes.get(name)
+            if record is not None and book.gate(record, planner.decide(record)).labels is not None:
+                admitted.append(name)
+        return admitted
+
+    def _settle(self, name: str) -> None:
+        state, planner = self.state, self.planner
+        record = state.nodes[name]
+        state.upsert_node(settled_body(record, planner.decide(record).policy))
+        settled = state.nodes[name]
+        planner.rollouts.gate(settled, planner.decide(settled))
+
+    def _budgets(self) -> dict[str, Budget]:
+        book, budgets = self.planner.rollouts, {}
+        for name, policy in self.state.policies.items():
+            counts = book.counts(name)
+            if policy.spec is None or not counts.total:
+                continue
+            spec = policy.spec.rollout
+            budget = rollouts.max_unavailable(spec.maxUnavailable, total=counts.total)
+            canary = 0 if name in self.state.deleting else spec.canary
+            budgets[name] = Budget(budget, canary, counts.total)
+        return budgets
+
+    def _held(self) -> list[Held]:
+        state, planner, book = self.state, self.planner, self.planner.rollouts
+        held = []
+        for policy in sorted({*state.policies, CLUSTER}):
+            for step in _HELD_STEPS:
+                for node in book.nodes_at(policy, step):
+                    record = state.nodes[node]
+                    decision = book.gate(record, planner.decide(record))
+                    held.append(Held(node, policy, decision.reason, decision.message))
+        return sorted(held, key=lambda h: (h.policy, h.node))

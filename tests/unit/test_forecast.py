@@ -1,0 +1,276 @@
+"""The plan's forecast: standings before/after and the rollout replayed by the operator's book."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.core import nodestates, rollouts
+from gpushare_operator.core.forecasts import (
+    GOVERNED,
+    UNMANAGED,
+    UNSUPPORTED,
+    RolloutPace,
+    pool_of,
+    settled_body,
+    target_of,
+)
+from gpushare_operator.core.models import NodePhase
+from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.reconcile.forecast import Forecaster
+from gpushare_operator.reconcile.planner import Planner, Timings
+from tests.unit.test_planner import node, policy
+
+PACE = RolloutPace(propagation_delay=75, write_qps=100, verify_seconds=60)
+TS = {"nvidia.com/gpu.sharing-strategy": "time-slicing"}
+
+
+def on(key: str, name: str, replicas: int) -> dict[str, str]:
+    """Labels of a node Verified on ``name``'s config ``key``."""
+    return {CONFIG_LABEL: key, POLICY_LABEL: name, "nvidia.com/gpu.replicas": str(replicas), **TS}
+
+
+def pod(uid: str, node_name: str, slots: int, resource: str = "nvidia.com/gpu") -> dict[str, Any]:
+    return {
+        "metadata": {"uid": uid, "namespace": "ns", "name": uid},
+        "spec": {
+            "nodeName": node_name,
+            "containers": [{"resources": {"requests": {resource: str(slots)}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+def converged(forecaster: Forecaster, nodes: int, **spec: Any) -> str:
+    """``nodes`` nodes in pool a, Verified on policy p (replicas 2); returns p's key."""
+    state = forecaster.state
+    state.upsert_policy(policy("p", replicas=2, **spec))
+    key = str(state.policies["p"].config_key)
+    state.set_config_data({key: "x", "default": "d"}, initial=True)
+    for i in range(nodes):
+        state.upsert_node(node(f"n{i}", **on(key, "p", 2)))
+    return key
+
+
+# -- the pure pieces -----------------------------------------------------------------------------
+
+
+def test_a_settled_node_is_verified_on_its_policy_and_a_released_one_is_back_unshared() -> None:
+    state = ClusterState()
+    state.upsert_policy(policy("p", replicas=4, strategy="MPS", renameByDefault=True))
+    compiled = state.policies["p"]
+    state.upsert_node(node("n"))
+    settled = settled_body(state.nodes["n"], compiled)
+    state.upsert_node(settled)
+    decision = nodestates.decide(
+        record=state.nodes["n"],
+        policy=compiled,
+        key=nodestates.KeyState(present=True),
+        applied_since=None,
+        now=0,
+        mismatch_timeout=60,
+    )
+    assert decision.phase is NodePhase.VERIFIED, decision.message
+    state.upsert_node(settled_body(state.nodes["n"], None))
+    released = state.nodes["n"]
+    assert released.policy_label is None and rollouts.release_settled(released)
+
+
+def test_the_target_is_what_the_published_status_says() -> None:
+    state = ClusterState()
+    state.upsert_policy(policy("p", replicas=3))
+    state.upsert_node(node("n", count="2"))
+    planner = Planner(state, timings=Timings(75, 300, 300))
+    decision = planner.decide(state.nodes["n"])
+    target = target_of(state.nodes["n"], decision)
+    status = nodestates.render_status(
+        record=state.nodes["n"], decision=decision, previous=None, now="t"
+    )
+    assert (target.policy, target.config_key, target.capacity) == (
+        status["policy"],
+        status["configKey"],
+        status["slots"]["capacity"],
+    )
+    assert (target.standing, target.capacity) == (GOVERNED, 6)
+
+
+def test_pools_come_from_the_first_pool_label_else_the_gpu_product() -> None:
+    assert pool_of({"pool": "a", "karpenter.sh/nodepool": "k"}) == "a"
+    assert pool_of({"karpenter.sh/nodepool": "k"}) == "k"
+    assert pool_of({"nvidia.com/gpu.product": "NVIDIA-A10G-SHARED"}) == "NVIDIA-A10G"
+    assert pool_of({}) == "-"
+    assert pool_of({"rack": "r1"}, ["rack"]) == "r1"
+
+
+def test_a_batch_takes_its_writes_at_the_write_rate_then_the_verify_wait() -> None:
+    assert PACE.batch_seconds(100) == 100 * 3 / 100 + 60
+
+
+# -- the forecast --------------------------------------------------------------------------------
+
+
+def test_a_replicas_edit_goes_canary_first_then_by_budget_in_order_of_fewest_slots() -> None:
+    forecaster = Forecaster(max_unavailable="100%", pace=PACE)
+    rollout = {"maxUnavailable": 2, "canary": 1}
+    old_key = converged(forecaster, 6, rollout=rollout)
+    forecaster.state.upsert_pod(pod("busy", "n0", 5))
+    forecast = forecaster.run([policy("p", replicas=4, generation=2, rollout=rollout)])
+    assert [c.name for c in forecast.changes] == [f"n{i}" for i in range(6)]
+    assert {(c.before.capacity, c.after.capacity) for c in forecast.changes} == {(8, 16)}
+    assert [[n for n, _ in b.nodes] for b in forecast.batches] == [
+        ["n1"],  # the canary: no slots, first by name
+        ["n2", "n3"],
+        ["n4", "n5"],
+        ["n0"],  # the most allocated, last
+    ]
+    assert [b.ends_at for b in forecast.batches] == [135.03, 195.09, 255.15, 315.18]
+    assert forecast.keys_unused == [old_key] and len(forecast.keys_written) == 1
+    assert forecast.budgets["p"].max_unavailable == 2 and not forecast.blocking
+
+
+def test_a_fresh_node_goes_at_once_and_the_cluster_budget_caps_every_policy() -> None:
+    forecaster = Forecaster(max_unavailable=1, pace=PACE)
+    converged(forecaster, 2, rollout={"maxUnavailable": "100%", "canary": 0})
+    forecaster.state.upsert_node(node("fresh"))
+    forecast = forecaster.run(
+        [policy("p", replicas=4, generation=2, rollout={"maxUnavailable": "100%", "canary": 0})]
+    )
+    batches = [[n for n, _ in b.nodes] for b in forecast.batches]
+    # The fresh node is configured at once and takes the only cluster-wide slot while it is
+    # unavailable; then one node at a time.
+    assert batches == [["fresh"], ["n0"], ["n1"]]
+
+
+def test_pods_that_would_not_fit_hold_their_node_and_block_the_plan() -> None:
+    forecaster = Forecaster(max_unavailable="100%", pace=PACE)
+    converged(forecaster, 2, rollout={"maxUnavailable": "100%", "canary": 0})
+    forecaster.state.upsert_pod(pod("big", "n0", 7))
+    forecast = forecaster.run([policy("p", replicas=1, generation=2, strategy="Exclusive")])
+    [misfit] = forecast.misfits
+    assert (misfit.node, [p.name for p in misfit.pods]) == ("n0", ["big"])
+    assert misfit.why == "pods hold 7 nvidia.com/gpu; the new config has 4"
+    assert [(h.node, h.reason) for h in forecast.held] == [("n0", "WaitingForPods")]
+    assert "n0" not in {n for b in forecast.batches for n, _ in b.nodes}
+    assert forecast.blocking
+
+
+def test_with_proceed_the_overcommitted_node_changes_anyway() -> None:
+    forecaster = Forecaster(max_unavailable="100%", pace=PACE)
+    converged(forecaster, 1)
+    forecaster.state.upsert_pod(pod("big", "n0", 7))
+    spec = {"rollout": {"podPolicy": "Proceed", "canary": 0}, "strategy": "Exclusive"}
+    forecast = forecaster.run([policy("p", replicas=1, generation=2, **spec)])
+    assert forecast.misfits and not forecast.held
+    assert [[n for n, _ in b.nodes] for b in forecast.batches] == [["n0"]]
+
+
+def test_an_overlapping_policy_wins_nodes_and_rolls_them_under_its_own_budget() -> None:
+    forecaster = Forecaster(max_unavailable="100%", pace=PACE)
+    converged(forecaster, 4)
+    for i in range(2):
+        forecaster.state.upsert_node(
+            node(f"n{i}", rack="r0", **forecaster.state.nodes[f"n{i}"].labels)
+        )
+    greedy = policy("greedy", replicas=8, priority=100, rollout={"maxUnavailable": 1, "canary": 0})
+    greedy["spec"]["nodeSelector"] = {"matchLabels": {"rack": "r0"}}
+    forecast = forecaster.run([greedy])
+    assert {(c.name, c.before.policy, c.after.policy) for c in forecast.changes} == {
+        ("n0", "p", "greedy"),
+        ("n1", "p", "greedy"),
+    }
+    assert [b.nodes for b in forecast.batches] == [(("n0", "greedy"),), (("n1", "greedy"),)]
+
+
+def test_a_deletion_releases_the_nodes_under_the_policys_budget_without_a_canary() -> None:
+    forecaster = Forecaster(max_unavailable="100%", pace=PACE)
+    key = converged(forecaster, 3, rollout={"maxUnavailable": 2, "canary": 1})
+    gone = policy("p", replicas=2, rollout={"maxUnavailable": 2, "canary": 1})
+    gone["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    forecast = forecaster.run([gone])
+    assert {c.after.standing for c in forecast.changes} == {UNMANAGED}
+    assert [len(b.nodes) for b in forecast.batches] == [2, 1]
+    assert {charged for b in forecast.batches for _, charged in b.nodes} == {"p"}
+    assert forecast.keys_unused == [key] and forecast.keys_written == {}
+    assert forecast.start_delay == 0  # a release needs no new key
+
+
+def test_a_policy_that_cannot_work_on_a_node_leaves_it_unsupported() -> None:
+    forecaster = Forecaster(max_unavailable="100%", pace=PACE)
+    converged(forecaster, 2)
+    labels = dict(forecaster.state.nodes["n1"].labels)
+    forecaster.state.upsert_node(node("n1", **{**labels, "nvidia.com/mig.strategy": "mixed"}))
+    forecast = forecaster.run([policy("p", replicas=2, generation=2, strategy="MPS")])
+    assert [(c.name, c.after.standing) for c in forecast.unsupported] == [("n1", UNSUPPORTED)]
+    assert (
+        forecast.unsupported[0].after.why is not None
+        and "mixed" in forecast.unsupported[0].after.why
+    )
+    assert forecast.blocking
+
+
+# -- every node that has to change is accounted for -----------------------------------------------
+
+edits = st.fixed_dictionaries(
+    {
+        "replicas": st.sampled_from([2, 3, 4]),
+        "priority": st.integers(0, 3),
+        "pool": st.sampled_from(["a", "b"]),
+        "maxUnavailable": st.sampled_from([1, 2, "50%", "100%"]),
+        "canary": st.integers(0, 2),
+    }
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    nodes=st.lists(
+        st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 6)), min_size=1, max_size=8
+    ),
+    edit=edits,
+    cluster=st.sampled_from([1, 3, "100%"]),
+)
+def test_every_node_to_change_is_in_exactly_one_batch_or_held(
+    nodes: list[tuple[str, int]], edit: dict[str, Any], cluster: int | str
+) -> None:
+    forecaster = Forecaster(max_unavailable=cluster, pace=PACE)
+    state = forecaster.state
+    for name, pool in (("p", "a"), ("q", "b")):
+        state.upsert_policy(policy(name, pool=pool, replicas=2))
+    keys = {n: str(p.config_key) for n, p in state.policies.items()}
+    state.set_config_data({**dict.fromkeys(keys.values(), "x"), "default": "d"}, initial=True)
+    for i, (pool, slots) in enumerate(nodes):
+        owner = "p" if pool == "a" else "q"
+        state.upsert_node(node(f"n{i}", pool=pool, **on(keys[owner], owner, 2)))
+        if slots:
+            state.upsert_pod(pod(f"pod{i}", f"n{i}", slots))
+    rollout = {"maxUnavailable": edit["maxUnavailable"], "canary": edit["canary"]}
+    planned = policy(
+        "p",
+        pool=edit["pool"],
+        replicas=edit["replicas"],
+        priority=edit["priority"],
+        generation=2,
+        rollout=rollout,
+    )
+    forecast = forecaster.run([planned])
+    relabelled = {c.name for c in forecast.changes if c.before.config_key != c.after.config_key}
+    batched = [n for b in forecast.batches for n, _ in b.nodes]
+    held = [h.node for h in forecast.held]
+    assert len(batched) == len(set(batched)) and not set(batched) & set(held)
+    assert set(batched) | set(held) == relabelled
+    for batch in forecast.batches:  # never more at once than the budgets allow
+        for charged in {c for _, c in batch.nodes}:
+            budget = forecast.budgets[charged].max_unavailable
+            assert sum(c == charged for _, c in batch.nodes) <= budget
+    # Each node ends where a fresh state with the planned policy in force would put it.
+    fresh = ClusterState()
+    fresh.upsert_policy(planned)
+    fresh.upsert_policy(policy("q", pool="b", replicas=2))
+    for i, (pool, _) in enumerate(nodes):
+        fresh.upsert_node(node(f"n{i}", pool=pool))
+    for name, target in forecast.after.items():
+        governing = fresh.governing(name)
+        assert target.policy == (governing.name if governing else None)

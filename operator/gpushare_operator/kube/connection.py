@@ -22,6 +22,48 @@ async def load_configuration(*, kubeconfig: str | None = None) -> client.Configu
     return configuration
 
 
+DEFAULT_KUBECONFIG = os.path.join("~", ".kube", "config")
+
+
+class KubeconfigError(ValueError):
+    """No usable kubeconfig (or context), and not inside a cluster either."""
+
+
+def _default_kubeconfig() -> str:
+    """``~/.kube/config`` when it exists (one stat, before any connection is open)."""
+    path = os.path.expanduser(DEFAULT_KUBECONFIG)
+    return path if os.path.exists(path) else ""
+
+
+async def load_kubectl_configuration(
+    *, kubeconfig: str | None = None, context: str | None = None, env: dict[str, str] | None = None
+) -> client.Configuration:
+    """The cluster as kubectl finds it: ``--kubeconfig``, else ``$KUBECONFIG`` (a list of files,
+    merged as kubectl merges them), else ``~/.kube/config``; in-cluster credentials only when
+    none of these exists, as kubectl falls back to them.  ``context`` picks a context other
+    than the current one.  A kubeconfig is never written back (no refreshed token is saved).
+    """
+    environ = os.environ if env is None else env
+    configuration = client.Configuration()
+    paths = kubeconfig or environ.get("KUBECONFIG") or _default_kubeconfig()
+    try:
+        if paths:
+            await config.load_kube_config(
+                config_file=paths,
+                context=context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+        elif context:
+            raise KubeconfigError(f"context {context!r} given, but no kubeconfig was found")
+        else:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except config.ConfigException as exc:
+        where = paths or "in-cluster service account (no kubeconfig found)"
+        raise KubeconfigError(f"{where}: {exc}") from exc
+    return configuration
+
+
 def api_client(configuration: client.Configuration) -> client.ApiClient:
     return client.ApiClient(configuration=configuration)
 

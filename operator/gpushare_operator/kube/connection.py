@@ -45,6 +45,8 @@ async def load_kubectl_configuration(
     """
     environ = os.environ if env is None else env
     configuration = client.Configuration()
+    if kubeconfig and not os.path.isfile(kubeconfig):  # noqa: ASYNC240 - one stat, no I/O wait
+        raise KubeconfigError(f"kubeconfig {kubeconfig}: no such file")
     paths = kubeconfig or environ.get("KUBECONFIG") or _default_kubeconfig()
     try:
         if paths:

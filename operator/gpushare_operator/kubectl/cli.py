@@ -1,0 +1,257 @@
+"""kubectl gpushare: plan policy changes before applying them, and see what gpushare does.
+
+Installed with the package as the console script ``kubectl-gpushare``: with it on PATH,
+``kubectl gpushare ...`` runs it.  It reads the cluster as kubectl does (--kubeconfig, else
+$KUBECONFIG, else ~/.kube/config; --context) and works everything out with the operator's own
+code.  Exit status: 0 done (for plan: a clean plan), 2 a plan that would overcommit a node or
+leave one Unsupported, 1 any error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from gpushare_operator import __version__
+from gpushare_operator.core.forecasts import DEFAULT_VERIFY_SECONDS, POOL_LABELS, RolloutPace
+from gpushare_operator.core.models import RolloutSpec
+from gpushare_operator.kube import connection, reading
+from gpushare_operator.kubectl import cluster, explain, manifests, output, planview, status
+from gpushare_operator.kubectl.plan import EXIT_ERROR, PlanError, PlanOptions, make_plan
+
+PROG = "kubectl gpushare"
+EPILOG = """\
+examples:
+  kubectl gpushare plan -f policies.yaml          what applying the file would change
+  kubectl gpushare plan --delete batch -o json    what deleting a policy would release
+  kubectl gpushare status                         every policy, counted now
+  kubectl gpushare status --policy inference      and the nodes of one
+  kubectl gpushare explain node gpu-a-0           why a node is configured as it is
+
+exit status: 0 done (plan: clean), 2 the plan would overcommit a node or leave one
+Unsupported, 1 an error (an object the API server refused, an unreadable file, no cluster)."""
+
+
+def _max_unavailable(text: str) -> int | str:
+    """A count or a percentage, checked by the same model as rollout.maxUnavailable."""
+    value: int | str = int(text) if text.isdigit() else text
+    try:
+        return RolloutSpec.model_validate({"maxUnavailable": value}).maxUnavailable
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a node count (>= 1) nor a percentage"
+        ) from None
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _connection_options(*, suppress: bool) -> argparse.ArgumentParser:
+    """--kubeconfig, --context and -o, taken before or after the command."""
+    parent = argparse.ArgumentParser(add_help=False)
+    default: Callable[[Any], Any] = (lambda _: argparse.SUPPRESS) if suppress else (lambda v: v)
+    group = parent.add_argument_group("cluster and output")
+    group.add_argument(
+        "--kubeconfig",
+        default=default(None),
+        help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)",
+    )
+    group.add_argument("--context", default=default(None), help="kubeconfig context to use")
+    group.add_argument(
+        "-o",
+        "--output",
+        choices=output.FORMATS,
+        default=default("text"),
+        help="text (default; plain when not on a terminal), json or yaml",
+    )
+    group.add_argument(
+        "--device-plugin-namespace",
+        default=default("gpu-operator"),
+        help="namespace of the operator's device-plugin ConfigMap (default gpu-operator)",
+    )
+    group.add_argument(
+        "--device-plugin-configmap",
+        default=default("gpushare-device-plugin-configs"),
+        help="its name (default gpushare-device-plugin-configs)",
+    )
+    return parent
+
+
+def _add_plan(commands: Any, common: argparse.ArgumentParser) -> None:
+    plan = commands.add_parser(
+        "plan",
+        parents=[common],
+        help="what applying or deleting policies would do (dry run; nothing is changed)",
+        description="Validate each policy with a server-side dry run, then print what the"
+        " operator would do: per policy and pool the nodes gained, lost and changed, slot"
+        " capacity before -> after, pods that would no longer fit, the config keys written,"
+        " and the rollout batches with an estimated duration.",
+    )
+    plan.add_argument(
+        "-f",
+        "--filename",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="YAML or JSON with GPUSharingPolicies, new or edited ('-': stdin); repeatable",
+    )
+    plan.add_argument(
+        "--delete", action="append", default=[], metavar="NAME", help="plan deleting a policy"
+    )
+    plan.add_argument(
+        "--max-unavailable",
+        type=_max_unavailable,
+        default="10%",
+        help="the operator's --max-unavailable: GPU nodes changing at once over all policies"
+        " (default 10%%)",
+    )
+    plan.add_argument(
+        "--config-propagation-delay",
+        type=_seconds,
+        default=75.0,
+        metavar="SECONDS",
+        help="the operator's --config-propagation-delay: the wait before a new config key is"
+        " used (default 75)",
+    )
+    plan.add_argument(
+        "--write-qps",
+        type=_rate,
+        default=100.0,
+        help="the operator's --write-qps (default 100)",
+    )
+    plan.add_argument(
+        "--verify-seconds",
+        type=_seconds,
+        default=DEFAULT_VERIFY_SECONDS,
+        metavar="SECONDS",
+        help="from a node's label change until it is Verified: the device plugin's restart and"
+        f" GPU Feature Discovery's relabelling (default {DEFAULT_VERIFY_SECONDS:g})",
+    )
+    plan.add_argument(
+        "--pool-label",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="node label that names a node's pool; repeatable (default: the first of "
+        + ", ".join(POOL_LABELS)
+        + "; else the GPU product)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[_connection_options(suppress=False)],
+    )
+    common = _connection_options(suppress=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_plan(commands, common)
+    show = commands.add_parser(
+        "status", parents=[common], help="every policy's standing; --policy NAME for its nodes"
+    )
+    show.add_argument("--policy", metavar="NAME", help="also list the nodes this policy selects")
+    why = commands.add_parser(
+        "explain", parents=[common], help="explain node NAME: why a node is configured as it is"
+    )
+    why.add_argument("kind", choices=["node"], help="what to explain (node)")
+    why.add_argument("name", help="the node's name")
+    commands.add_parser("version", help="print the plugin's version")
+    return parser
+
+
+def _target(args: argparse.Namespace) -> cluster.Target:
+    return cluster.Target(
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        device_plugin_namespace=args.device_plugin_namespace,
+        device_plugin_configmap=args.device_plugin_configmap,
+    )
+
+
+async def _run(args: argparse.Namespace) -> tuple[Mapping[str, Any], str, int]:
+    """The report, its text, and the exit status."""
+    style = output.Style.for_stream(sys.stdout)
+    if args.command == "plan":
+        options = PlanOptions(
+            files=args.filename,
+            deletions=args.delete,
+            target=_target(args),
+            max_unavailable=args.max_unavailable,
+            pace=RolloutPace(
+                propagation_delay=args.config_propagation_delay,
+                write_qps=args.write_qps,
+                verify_seconds=args.verify_seconds,
+            ),
+            pool_labels=tuple(args.pool_label) or POOL_LABELS,
+        )
+        report = await make_plan(options)
+        return report, planview.render(report, style), int(report["exitCode"])
+    if args.command == "status":
+        report = await status.make_status(_target(args), policy=args.policy)
+        return report, status.render(report, style), 0
+    report = await explain.explain_node(_target(args), args.name)
+    return report, explain.render(report, style), 0
+
+
+def _failure(exc: BaseException) -> str | None:
+    """What to tell the user about an error we expect; None for a bug (let it raise)."""
+    if isinstance(exc, reading.ApiError):
+        body = exc.body if isinstance(exc.body, Mapping) else {}
+        reason = body.get("reason") or exc.reason
+        return f"Error from server ({reason}): {body.get('message') or exc.body}"
+    if isinstance(exc, (aiohttp.ClientError, TimeoutError)):
+        return f"error: cannot reach the API server: {exc or type(exc).__name__}"
+    known = (
+        PlanError,
+        manifests.ManifestError,
+        connection.KubeconfigError,
+        status.UnknownPolicy,
+        explain.UnknownNode,
+        OSError,
+    )
+    if isinstance(exc, known):
+        return f"error: {exc}"
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    if args.command == "version":
+        print(__version__)
+        return 0
+    # The client library logs what it then raises (a missing kubeconfig): say it once.
+    logging.getLogger("kubernetes_asyncio").setLevel(logging.ERROR)
+    try:
+        report, text, code = asyncio.run(_run(args))
+    except Exception as exc:
+        message = _failure(exc)
+        if message is None:
+            raise
+        print(message, file=sys.stderr)
+        return EXIT_ERROR
+    output.emit(report, fmt=args.output, text=text)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""Reading the cluster into the operator's own ``ClusterState``, through the operator's sinks.
+
+Policies come first, as in the operator: they say which resources pods are kept for.  Nodes,
+GPUNodeStates and pods are then read at once, each as a streaming list, and every object goes
+through the same sink the operator's informers feed, so it is kept as the same slim record
+(non-GPU nodes and pods asking for no shared GPU resource are dropped as they arrive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
+from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.core import models
+from gpushare_operator.kube import connection, reading
+
+API = f"/apis/{models.GROUP}/{models.VERSION}"
+POLICIES = f"{API}/{models.POLICY_PLURAL}"
+NODE_STATES = f"{API}/{models.NODE_STATE_PLURAL}"
+NODES = "/api/v1/nodes"
+# As the operator's pod informer: finished pods hold no slots and are never read.
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where the cluster is, and the operator's device-plugin ConfigMap in it."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    device_plugin_namespace: str = "gpu-operator"
+    device_plugin_configmap: str = "gpushare-device-plugin-configs"
+
+    @property
+    def configmap_path(self) -> str:
+        namespace, name = self.device_plugin_namespace, self.device_plugin_configmap
+        return f"/api/v1/namespaces/{namespace}/configmaps/{name}"
+
+
+@contextlib.asynccontextmanager
+async def connected(target: Target) -> AsyncIterator[reading.Api]:
+    configuration = await connection.load_kubectl_configuration(
+        kubeconfig=target.kubeconfig, context=target.context
+    )
+    async with connection.api_client(configuration) as api:
+        yield api
+
+
+async def load_policies(api: reading.Api, state: ClusterState) -> list[dict[str, Any]]:
+    items = await reading.list_items(api, POLICIES)
+    for item in items:
+        state.upsert_policy(item)
+    return items
+
+
+async def load_configmap(api: reading.Api, state: ClusterState, target: Target) -> None:
+    """The device-plugin ConfigMap as the operator's informer would deliver its first list
+    (keys present then count as propagated); absent, or not readable, is no keys at all."""
+    sink = ConfigMapSink(state)
+    try:
+        found = await reading.get(api, target.configmap_path, keep_managed_fields=True)
+    except reading.ApiError as exc:
+        if exc.status != 403:
+            raise
+        found = None
+    sink.begin_relist()
+    if found is not None:
+        sink.relist_item(found)
+    sink.end_relist()
+
+
+async def load_fleet(
+    api: reading.Api, state: ClusterState, *, pods: bool = True, node_states: bool = True
+) -> None:
+    """Every GPU node, and (by default) every GPUNodeState and every live pod, in parallel."""
+    reads = [reading.list_into(api, reading.Collection(NODES, page_size=100), NodeSink(state))]
+    if node_states:
+        reads.append(reading.list_into(api, reading.Collection(NODE_STATES), NodeStateSink(state)))
+    if pods:
+        pod_list = reading.Collection("/api/v1/pods", field_selector=LIVE_PODS)
+        reads.append(reading.list_into(api, pod_list, PodSink(state)))
+    await asyncio.gather(*reads)
+
+
+async def load_node(api: reading.Api, state: ClusterState, name: str) -> dict[str, Any] | None:
+    """One node, its GPUNodeState and its live pods: what ``explain node`` needs."""
+    body = await reading.get(api, f"{NODES}/{name}")
+    if body is None:
+        return None
+    state.upsert_node(body)
+    node_state = await reading.get(api, f"{NODE_STATES}/{name}")
+    if node_state is not None:
+        state.upsert_node_state(node_state)
+    selector = f"spec.nodeName={name},{LIVE_PODS}"
+    pod_list = reading.Collection("/api/v1/pods", field_selector=selector)
+    await reading.list_into(api, pod_list, PodSink(state))
+    return body

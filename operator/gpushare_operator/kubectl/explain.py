@@ -1,0 +1,272 @@
+"""``kubectl gpushare explain node NAME``: why a node is configured the way it is.
+
+Which policies select it, ranked as the operator ranks them (``core.resolution``), which one
+governs it and why (``nodestates.choose``: the first usable by rank that can work there); its
+phase and conditions as the operator published them, and recent Events about it; the config
+key it carries and that key's content in the device-plugin ConfigMap; and which pods hold its
+slots, from the same usage ledger the operator keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.core import nodestates, resolution
+from gpushare_operator.core.forecasts import POOL_LABELS, pool_of, target_of
+from gpushare_operator.core.nodes import NodeRecord
+from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.kube import reading
+from gpushare_operator.kubectl import cluster
+from gpushare_operator.kubectl.output import Style, slots, table
+from gpushare_operator.kubectl.status import new_planner
+
+EVENTS_SHOWN = 10
+
+
+class UnknownNode(LookupError):
+    """No such node, or not a GPU node."""
+
+
+async def explain_node(target: cluster.Target, name: str) -> dict[str, Any]:
+    state = ClusterState()
+    planner = new_planner(state)
+    async with cluster.connected(target) as api:
+        await cluster.load_policies(api, state)
+        await cluster.load_configmap(api, state, target)
+        if await cluster.load_node(api, state, name) is None:
+            raise UnknownNode(f'node "{name}" not found')
+        events = await reading.list_items(
+            api, "/api/v1/events", field_selector=f"involvedObject.name={name}"
+        )
+    record = state.nodes.get(name)
+    if record is None:
+        raise UnknownNode(f'node "{name}" is not a GPU node: gpushare leaves it alone')
+    decision = planner.decide(record)
+    target_now = target_of(record, decision)
+    published = state.node_states.get(name) or {}
+    return {
+        "node": name,
+        "pool": pool_of(record.labels, POOL_LABELS),
+        "gpus": record.gpus,
+        "product": record.product,
+        "policies": _ranking(state, record, decision.policy),
+        "governedBy": decision.policy.name if decision.policy else None,
+        "phase": {
+            "published": published.get("phase"),
+            "conditions": published.get("conditions") or [],
+            "now": {"phase": str(decision.phase), "reason": decision.reason},
+        },
+        "events": _events(events),
+        "config": _config(state, record, decision.policy),
+        "slots": _slots(state, name, target_now.resource, target_now.capacity),
+    }
+
+
+def _ranking(
+    state: ClusterState, record: NodeRecord, winner: CompiledPolicy | None
+) -> list[dict[str, Any]]:
+    matched = [state.policies[p] for p in state.index.policies_of(record.name)]
+    candidates = state.candidates(record.name)
+    return [
+        {
+            "name": policy.name,
+            "priority": policy.priority,
+            **_outcome(state, record, policy, winner=winner, candidates=candidates),
+        }
+        for policy in resolution.ranked(matched)
+    ]
+
+
+def _outcome(
+    state: ClusterState,
+    record: NodeRecord,
+    policy: CompiledPolicy,
+    *,
+    winner: CompiledPolicy | None,
+    candidates: Sequence[CompiledPolicy],
+) -> dict[str, str]:
+    if policy.name in state.deleting:
+        return {"outcome": "deleting", "why": "being deleted: it governs no node any more"}
+    if not policy.usable:
+        return {"outcome": "invalid", "why": policy.error or "its spec is invalid"}
+    problem = nodestates.unsupported(record, policy)
+    if winner is not None and policy.name == winner.name:
+        return {"outcome": "governs", "why": _why_winner(record, policy, candidates)}
+    if winner is None:  # cannot be: a usable match always governs
+        return {"outcome": "outranked", "why": "no policy governs this node"}
+    if problem is not None and resolution.rank_key(policy) < resolution.rank_key(winner):
+        return {"outcome": "skipped", "why": f"it cannot work here: {problem[1]}"}
+    if policy.priority < winner.priority:
+        why = f"lower priority than {winner.name} ({policy.priority} < {winner.priority})"
+    else:
+        why = f"same priority as {winner.name} ({policy.priority}), whose name sorts first"
+    return {"outcome": "outranked", "why": why}
+
+
+def _why_winner(
+    record: NodeRecord, policy: CompiledPolicy, candidates: Sequence[CompiledPolicy]
+) -> str:
+    problem = nodestates.unsupported(record, policy)
+    if problem is not None:
+        return f"no selecting policy can work here, so the first by rank reports it: {problem[1]}"
+    ahead = [p.name for p in candidates if resolution.rank_key(p) < resolution.rank_key(policy)]
+    if ahead:  # they outrank it, and choose() passed them over: they cannot work here
+        return f"the first by rank that can work here ({', '.join(ahead)} cannot)"
+    others = [p for p in candidates if resolution.rank_key(p) > resolution.rank_key(policy)]
+    if not others:
+        return "the only usable policy that selects this node"
+    runner_up = others[0]
+    if policy.priority > runner_up.priority:
+        return (
+            f"highest priority ({policy.priority}; next: {runner_up.name} at {runner_up.priority})"
+        )
+    return f"same priority as {runner_up.name} ({policy.priority}); its name sorts first"
+
+
+def _events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    def when(event: Mapping[str, Any]) -> str:
+        return str(
+            event.get("lastTimestamp")
+            or event.get("eventTime")
+            or event.get("firstTimestamp")
+            or (event.get("metadata") or {}).get("creationTimestamp")
+            or ""
+        )
+
+    about = [e for e in events if (e.get("involvedObject") or {}).get("kind")]
+    recent = sorted(about, key=when)[-EVENTS_SHOWN:]
+    return [
+        {
+            "time": when(e),
+            "type": e.get("type"),
+            "reason": e.get("reason"),
+            "object": f"{e['involvedObject']['kind']}/{e['involvedObject'].get('name')}",
+            "count": e.get("count") or 1,
+            "message": e.get("message"),
+        }
+        for e in recent
+    ]
+
+
+def _config(
+    state: ClusterState, record: NodeRecord, policy: CompiledPolicy | None
+) -> dict[str, Any]:
+    data = state.config_data or {}
+    carried = record.config_label
+    wanted = policy.config_key if policy is not None else None
+    out: dict[str, Any] = {
+        "carried": carried,
+        "wanted": wanted,
+        "ours": record.policy_label is not None,
+        "content": data.get(carried) if carried else None,
+        "inConfigMap": carried in data if carried else None,
+    }
+    if wanted and wanted != carried:
+        out["wantedContent"] = data.get(wanted) or (policy.config_text if policy else None)
+    return out
+
+
+def _slots(state: ClusterState, node: str, resource: str, capacity: int) -> dict[str, Any]:
+    allocated, _ = state.usage.node_usage(node, resource)
+    pods = sorted(
+        (p for p in state.usage if p.node == node and p.holds_slots),
+        key=lambda p: (p.namespace, p.name),
+    )
+    return {
+        "resource": resource,
+        "allocated": allocated,
+        "capacity": capacity,
+        "pods": [
+            {
+                "namespace": p.namespace,
+                "name": p.name,
+                "phase": p.phase,
+                "requests": dict(p.requests),
+            }
+            for p in pods
+        ],
+    }
+
+
+def render(report: Mapping[str, Any], style: Style) -> str:
+    parts = [_render_head(report, style), _render_policies(report, style)]
+    parts.append(_render_phase(report, style))
+    parts.append(_render_config(report["config"], style))
+    parts.append(_render_slots(report["slots"], style))
+    return "\n\n".join(parts) + "\n"
+
+
+def _render_head(report: Mapping[str, Any], style: Style) -> str:
+    gpus = report["gpus"] if report["gpus"] is not None else "?"
+    product = report["product"] or "unknown GPU"
+    governed = report["governedBy"] or "no policy (default config: no sharing)"
+    return (
+        style.heading(f"Node {report['node']}")
+        + f"\n  pool {report['pool']}, {gpus} x {product}\n  governed by: {governed}"
+    )
+
+
+def _render_policies(report: Mapping[str, Any], style: Style) -> str:
+    heading = style.heading("Policies that select it (winner first):")
+    if not report["policies"]:
+        return heading + "\n  none: no GPUSharingPolicy selects this node"
+    rows = [(p["name"], p["priority"], p["outcome"], p["why"]) for p in report["policies"]]
+    return heading + "\n" + table(("POLICY", "PRIORITY", "OUTCOME", "WHY"), rows, indent="  ")
+
+
+def _render_phase(report: Mapping[str, Any], style: Style) -> str:
+    phase = report["phase"]
+    shown = phase["published"] or "no GPUNodeState published"
+    lines = [style.heading(f"Phase: {shown}")]
+    conditions = [
+        (c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
+        for c in phase["conditions"]
+    ]
+    if conditions:
+        lines.append(table(("CONDITION", "STATUS", "REASON", "MESSAGE"), conditions, indent="  "))
+    now = phase["now"]
+    if now["phase"] != phase["published"]:
+        lines.append(f"  from the cluster as it is now: {now['phase']} ({now['reason']})")
+    events = [
+        (e["time"], e["type"], e["reason"], e["object"], e["message"]) for e in report["events"]
+    ]
+    lines.append(style.heading("Recent events:"))
+    if events:
+        lines.append(table(("TIME", "TYPE", "REASON", "OBJECT", "MESSAGE"), events, indent="  "))
+    else:
+        lines.append("  none")
+    return "\n".join(lines)
+
+
+def _render_config(config: Mapping[str, Any], style: Style) -> str:
+    carried = config["carried"]
+    lines = [style.heading(f"Config key: {carried or 'none (the default config applies)'}")]
+    if carried and not config["ours"]:
+        lines.append("  set by someone else (no gpushare.dev/policy label): gpushare leaves it")
+    if carried and config["content"] is None:
+        lines.append("  not in the device-plugin ConfigMap")
+    elif carried:
+        lines.extend("  | " + line for line in str(config["content"]).rstrip().splitlines())
+    if config.get("wantedContent") is not None or (
+        config["wanted"] != carried and config["wanted"]
+    ):
+        lines.append(f"  to become: {config['wanted']}")
+        lines.extend("  | " + line for line in str(config.get("wantedContent") or "").splitlines())
+    return "\n".join(lines)
+
+
+def _render_slots(usage: Mapping[str, Any], style: Style) -> str:
+    used = slots(usage["allocated"], usage["capacity"], style)
+    lines = [style.heading(f"Slots ({usage['resource']}): {used}")]
+    rows = [
+        (
+            f"{p['namespace']}/{p['name']}",
+            p["phase"],
+            ", ".join(f"{n} {r}" for r, n in p["requests"].items()),
+        )
+        for p in usage["pods"]
+    ]
+    lines.append(table(("POD", "PHASE", "REQUESTS"), rows, indent="  ") if rows else "  no pods")
+    return "\n".join(lines)

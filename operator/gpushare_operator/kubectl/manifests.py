@@ -1,0 +1,160 @@
+"""Planned policies: read from files, then validated by the API server in a dry run.
+
+The API server's answer to a dry run is the object as it would be stored: CRD defaults filled
+in, every admission rule applied, the generation moved on when the spec changes.  That answer,
+not the file, is what the plan feeds the operator's state, so a plan never disagrees with
+admission about what a manifest means.  An existing policy is planned as the file says, the spec
+replaced whole (as ``kubectl apply`` and ``kubectl replace`` leave it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpushare_operator.core import models
+from gpushare_operator.kube import http, reading
+from gpushare_operator.kubectl.cluster import POLICIES
+
+
+class ManifestError(ValueError):
+    """A file that is not readable YAML, or a policy without a name."""
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """One policy as the plan would leave it."""
+
+    name: str
+    action: str  # "create", "update" or "delete"
+    current: dict[str, Any] | None  # as it is now (None: new)
+    answer: dict[str, Any]  # the dry run's answer: what the operator would see
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An object the API server refused in the dry run, in its own words."""
+
+    name: str
+    status: int
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"Error from server ({self.reason}): {self.message}"
+
+
+def _documents(text: str, *, source: str) -> Iterator[Mapping[str, Any]]:
+    try:
+        loaded = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{source}: not valid YAML: {exc}") from exc
+    for document in loaded:
+        if document is None:
+            continue
+        if not isinstance(document, Mapping):
+            raise ManifestError(f"{source}: a document is not an object")
+        if document.get("kind") == "List" or str(document.get("kind", "")).endswith("List"):
+            yield from (item for item in document.get("items") or () if isinstance(item, Mapping))
+        else:
+            yield document
+
+
+def read_policies(
+    paths: Sequence[str], *, stdin: Iterable[str] = sys.stdin
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The GPUSharingPolicies in ``paths`` (``-``: standard input), and what else was there."""
+    policies: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    for path in paths:
+        try:
+            text = "".join(stdin) if path == "-" else Path(path).read_text()
+        except OSError as exc:
+            raise ManifestError(f"{path}: {exc.strerror or exc}") from exc
+        for document in _documents(text, source=path):
+            kind = document.get("kind")
+            group = str(document.get("apiVersion", "")).split("/")[0]
+            name = (document.get("metadata") or {}).get("name")
+            if kind != models.POLICY_KIND or group != models.GROUP:
+                skipped.append(f"{kind or '?'} {name or '?'} ({path})")
+                continue
+            if not isinstance(name, str) or not name:
+                raise ManifestError(f"{path}: a {models.POLICY_KIND} without metadata.name")
+            policies.append(dict(document))
+    return policies, skipped
+
+
+def _refusal(name: str, exc: http.ApiError) -> Refusal:
+    body = exc.body if isinstance(exc.body, Mapping) else {}
+    message = str(body.get("message") or exc.body or exc)
+    return Refusal(name, exc.status, str(body.get("reason") or exc.reason), message)
+
+
+def _replacement(document: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """The file's object as an update of ``current``: its resourceVersion (a precondition),
+    and the finalizers the file does not mention kept (the operator's among them)."""
+    metadata = dict(document.get("metadata") or {})
+    known = current.get("metadata") or {}
+    metadata["resourceVersion"] = known.get("resourceVersion")
+    metadata.setdefault("finalizers", known.get("finalizers") or [])
+    return {**document, "metadata": metadata}
+
+
+async def _dry_run_apply(api: reading.Api, document: Mapping[str, Any]) -> Planned:
+    name = str(document["metadata"]["name"])
+    path = f"{POLICIES}/{name}"
+    current = await reading.get(api, path)
+    if current is None:
+        return Planned(name, "create", None, await reading.dry_run_create(api, POLICIES, document))
+    answer = await reading.dry_run_replace(api, path, _replacement(document, current))
+    return Planned(name, "update", current, answer)
+
+
+async def _dry_run_delete(api: reading.Api, name: str) -> Planned:
+    path = f"{POLICIES}/{name}"
+    current = await reading.get(api, path)
+    if current is None:
+        body = {"reason": "NotFound", "message": f'{models.POLICY_KIND} "{name}" not found'}
+        raise http.ApiError(status=404, reason="Not Found", body=body)
+    answer = await reading.dry_run_delete(api, path)
+    if not (answer.get("metadata") or {}).get("deletionTimestamp"):
+        # No finalizer holds it (the operator never ran): the operator meets the deletion all
+        # the same, and releases what the policy governed.
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        answer = {**current, "metadata": {**current["metadata"], "deletionTimestamp": now}}
+    return Planned(name, "delete", current, answer)
+
+
+async def dry_run(
+    api: reading.Api, documents: Sequence[Mapping[str, Any]], deletions: Sequence[str]
+) -> tuple[list[Planned], list[Refusal]]:
+    """Every planned object through the API server, one by one; all refusals are collected,
+    so that one run reports every problem of a change set."""
+    planned: list[Planned] = []
+    refusals: list[Refusal] = []
+    jobs: list[tuple[str, Mapping[str, Any] | None, str | None]]
+    jobs = [(str(d["metadata"]["name"]), d, None) for d in documents]
+    jobs += [(name, None, name) for name in deletions]
+    for name, document, deletion in jobs:
+        try:
+            if document is not None:
+                planned.append(await _dry_run_apply(api, document))
+            elif deletion is not None:
+                planned.append(await _dry_run_delete(api, deletion))
+        except http.ApiError as exc:
+            refusals.append(_refusal(name, exc))
+    return planned, refusals
+
+
+def for_state(planned: Planned) -> dict[str, Any]:
+    """The dry run's answer as the operator's state takes it: without a resourceVersion (a
+    dry run's is no newer than what was listed, and the state ignores anything older)."""
+    metadata = dict(planned.answer.get("metadata") or {})
+    metadata.pop("resourceVersion", None)
+    return {**planned.answer, "metadata": metadata}

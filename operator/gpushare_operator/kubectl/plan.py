@@ -1,0 +1,266 @@
+"""``kubectl gpushare plan``: what applying (or deleting) policies would do, before doing it.
+
+Steps: read the manifests; dry-run each through the API server (any refusal: exit 1, in the
+API server's words); read the cluster into the operator's state; forecast with the operator's
+planner and rollout book (``reconcile.forecast``); report.  Exit 2 when the plan would leave a
+node overcommitted or Unsupported, so that a pipeline can stop there; 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from gpushare_operator.core.forecasts import POOL_LABELS, UNMANAGED, RolloutPace
+from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.kubectl import cluster, manifests
+from gpushare_operator.reconcile.forecast import Forecast, Forecaster
+
+EXIT_CLEAN, EXIT_ERROR, EXIT_BLOCKED = 0, 1, 2
+_SPEC_FIELDS = ("strategy", "replicas", "priority", "nodeSelector", "resourceName", "paused")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    files: Sequence[str] = ()
+    deletions: Sequence[str] = ()
+    target: cluster.Target = field(default_factory=cluster.Target)
+    max_unavailable: int | str = "10%"
+    pace: RolloutPace = field(default_factory=RolloutPace)
+    pool_labels: Sequence[str] = POOL_LABELS
+
+
+class PlanError(Exception):
+    """The plan cannot be made (the message says why; exit 1)."""
+
+
+async def make_plan(options: PlanOptions, *, errors: TextIO = sys.stderr) -> dict[str, Any]:
+    """The plan's report; raises PlanError (after printing refusals) when it cannot be made."""
+    documents, skipped = manifests.read_policies(options.files)
+    for what in skipped:
+        errors.write(f"note: {what} is not a GPUSharingPolicy: left out of the plan\n")
+    names = [str(d["metadata"]["name"]) for d in documents] + list(options.deletions)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise PlanError(f"planned more than once: {', '.join(twice)}")
+    if not names:
+        raise PlanError("nothing to plan: give -f FILE with policies, or --delete NAME")
+    forecaster = Forecaster(
+        max_unavailable=options.max_unavailable,
+        pace=options.pace,
+        pool_labels=options.pool_labels,
+    )
+    async with cluster.connected(options.target) as api:
+        planned, refusals = await manifests.dry_run(api, documents, options.deletions)
+        for refusal in refusals:
+            errors.write(f"{refusal}\n")
+        if refusals:
+            raise PlanError(f"the API server refused {len(refusals)} of {len(names)} object(s)")
+        await cluster.load_policies(api, forecaster.state)
+        current = dict(forecaster.state.policies)
+        bodies = [manifests.for_state(p) for p in planned]
+        forecaster.track_resources_of(bodies)
+        await cluster.load_configmap(api, forecaster.state, options.target)
+        await cluster.load_fleet(api, forecaster.state)
+    forecast = forecaster.run(bodies)
+    return report(
+        forecast=forecast,
+        planned=planned,
+        current=current,
+        after=dict(forecaster.state.policies),
+        options=options,
+    )
+
+
+# -- the report --------------------------------------------------------------------------------
+
+
+def report(
+    *,
+    forecast: Forecast,
+    planned: Sequence[manifests.Planned],
+    current: Mapping[str, CompiledPolicy],
+    after: Mapping[str, CompiledPolicy],
+    options: PlanOptions,
+) -> dict[str, Any]:
+    by_name = {p.name: p for p in planned}
+    problems = _problems(forecast)
+    last = forecast.batches[-1].ends_at if forecast.batches else 0.0
+    return {
+        "apiVersion": "gpushare.dev/v1alpha1",
+        "kind": "Plan",
+        "policies": [
+            _policy(name, forecast, by_name.get(name), current.get(name), after.get(name))
+            for name in forecast.policies()
+        ],
+        "nodes": [
+            {
+                "name": c.name,
+                "pool": c.pool,
+                "before": c.before.as_dict(),
+                "after": c.after.as_dict(),
+            }
+            for c in forecast.changes
+        ],
+        "overcommitted": _misfits(forecast),
+        "unsupported": [
+            {"node": c.name, "pool": c.pool, "policy": c.after.policy, "why": c.after.why}
+            for c in forecast.unsupported
+        ],
+        "configKeys": {"written": forecast.keys_written, "unused": forecast.keys_unused},
+        "rollout": {
+            "propagationDelaySeconds": forecast.start_delay,
+            "writeQPS": options.pace.write_qps,
+            "verifySeconds": options.pace.verify_seconds,
+            "clusterMaxUnavailable": options.max_unavailable,
+            "batches": len(forecast.batches),
+            "nodes": sum(len(b.nodes) for b in forecast.batches),
+            "estimatedSeconds": round(last, 1),
+        },
+        "problems": problems,
+        "exitCode": EXIT_BLOCKED if problems else EXIT_CLEAN,
+    }
+
+
+def _problems(forecast: Forecast) -> list[str]:
+    problems = []
+    for misfit in forecast.misfits:
+        problems.append(f"node {misfit.node} would be overcommitted: {misfit.why}")
+    for change in forecast.unsupported:
+        problems.append(f"node {change.name} would be Unsupported: {change.after.why}")
+    return problems
+
+
+def _misfits(forecast: Forecast) -> list[dict[str, Any]]:
+    waiting = {h.node for h in forecast.held if h.reason == "WaitingForPods"}
+    return [
+        {
+            "node": m.node,
+            "pool": m.pool,
+            "why": m.why,
+            "waitsForPods": m.node in waiting,
+            "pods": [
+                {
+                    "namespace": p.namespace,
+                    "name": p.name,
+                    "phase": p.phase,
+                    **_requests(p.requests),
+                }
+                for p in m.pods
+            ],
+        }
+        for m in forecast.misfits
+    ]
+
+
+def _requests(requests: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    return {"requests": dict(requests)}
+
+
+def _action(planned: manifests.Planned | None) -> str:
+    """create, update, delete; unchanged for a file's policy that the dry run left as it is;
+    affected for a policy that only gains or loses nodes."""
+    if planned is None:
+        return "affected"
+    if planned.action == "update" and planned.current is not None:
+        generation = (planned.current.get("metadata") or {}).get("generation")
+        if (planned.answer.get("metadata") or {}).get("generation") == generation:
+            return "unchanged"
+    return planned.action
+
+
+def _spec_changes(planned: manifests.Planned | None) -> dict[str, Any]:
+    if planned is None or planned.action != "update" or planned.current is None:
+        return {}
+    old, new = planned.current.get("spec") or {}, planned.answer.get("spec") or {}
+    fields = [*_SPEC_FIELDS, *sorted(k for k in {*old, *new} if k not in _SPEC_FIELDS)]
+    return {
+        f: {"before": old.get(f), "after": new.get(f)} for f in fields if old.get(f) != new.get(f)
+    }
+
+
+def _policy(
+    name: str,
+    forecast: Forecast,
+    planned: manifests.Planned | None,
+    before: CompiledPolicy | None,
+    after: CompiledPolicy | None,
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": name, "action": _action(planned)}
+    if planned is not None and planned.action != "delete":
+        entry["generation"] = {
+            "before": before.generation if before else None,
+            "after": (planned.answer.get("metadata") or {}).get("generation"),
+        }
+        entry["spec"] = _spec_changes(planned)
+    entry["configKey"] = {
+        "before": before.config_key if before else None,
+        "after": None if planned and planned.action == "delete" else after and after.config_key,
+    }
+    entry["pools"] = _pools(name, forecast)
+    entry["capacity"] = {
+        "before": sum(p["capacity"]["before"] for p in entry["pools"]),
+        "after": sum(p["capacity"]["after"] for p in entry["pools"]),
+    }
+    entry["rollout"] = _rollout(name, forecast)
+    return entry
+
+
+def _pools(name: str, forecast: Forecast) -> list[dict[str, Any]]:
+    pools: defaultdict[str, dict[str, Any]] = defaultdict(
+        lambda: {
+            "nodes": {"before": 0, "after": 0},
+            "capacity": {"before": 0, "after": 0},
+            "gained": [],
+            "lost": [],
+            "changed": [],
+        }
+    )
+    for node, target in forecast.before.items():
+        if target.policy == name:
+            entry = pools[forecast.pools[node]]
+            entry["nodes"]["before"] += 1
+            entry["capacity"]["before"] += target.capacity
+    for node, target in forecast.after.items():
+        if target.policy == name:
+            entry = pools[forecast.pools[node]]
+            entry["nodes"]["after"] += 1
+            entry["capacity"]["after"] += target.capacity
+    for change in forecast.changes:
+        was, now = change.before.policy, change.after.policy
+        if now == name and was != name:
+            pools[change.pool]["gained"].append({"node": change.name, "from": was})
+        elif was == name and now != name:
+            to = None if change.after.standing == UNMANAGED else now
+            pools[change.pool]["lost"].append({"node": change.name, "to": to})
+        elif was == name:
+            pools[change.pool]["changed"].append(change.name)
+    return [{"pool": pool, **pools[pool]} for pool in sorted(pools)]
+
+
+def _rollout(name: str, forecast: Forecast) -> dict[str, Any]:
+    budget = forecast.budgets.get(name)
+    batches: list[dict[str, Any]] = []
+    for batch in forecast.batches:
+        nodes = [node for node, charged in batch.nodes if charged == name]
+        if nodes:
+            batches.append({"batch": batch.index, "nodes": nodes, "endsAt": round(batch.ends_at)})
+    canary = budget.canary if budget else 0
+    if batches and canary and len(batches[0]["nodes"]) <= canary and len(batches) > 1:
+        batches[0]["canary"] = True
+    held = [
+        {"node": h.node, "reason": h.reason, "message": h.message}
+        for h in forecast.held
+        if h.policy == name
+    ]
+    return {
+        "maxUnavailable": budget.max_unavailable if budget else None,
+        "canary": canary,
+        "nodes": sum(len(b["nodes"]) for b in batches),
+        "batches": batches,
+        "held": held,
+        "estimatedSeconds": batches[-1]["endsAt"] if batches else 0,
+    }

@@ -1,0 +1,189 @@
+"""The plan's report as text: per policy and pool, then the problems and the verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpushare_operator.kubectl.output import Style, duration, names, plural, table
+
+_ACTIONS = {
+    "create": "created",
+    "update": "updated",
+    "delete": "deleted",
+    "unchanged": "unchanged",
+    "affected": "affected by the change",
+}
+
+
+def render(report: Mapping[str, Any], style: Style) -> str:
+    parts = [_summary(report)]
+    quiet = [p["name"] for p in report["policies"] if _quiet(p)]
+    if quiet:
+        parts.append(f"Unchanged, and no node moves: {', '.join(quiet)}")
+    for policy in report["policies"]:
+        if not _quiet(policy):
+            parts.append(_policy(policy, style))
+    if report["overcommitted"]:
+        parts.append(_overcommitted(report["overcommitted"], style))
+    if report["unsupported"]:
+        rows = [(u["node"], u["pool"], u["policy"], u["why"]) for u in report["unsupported"]]
+        heading = style.heading("Nodes left Unsupported (no selecting policy can work there):")
+        parts.append(heading + "\n" + table(("NODE", "POOL", "POLICY", "WHY"), rows, indent="  "))
+    parts.append(_keys(report["configKeys"], style))
+    parts.append(_verdict(report))
+    return "\n\n".join(parts) + "\n"
+
+
+def _quiet(policy: Mapping[str, Any]) -> bool:
+    """A policy of the files that the plan leaves as it is, on the same nodes."""
+    moved = any(p["gained"] or p["lost"] or p["changed"] for p in policy["pools"])
+    return policy["action"] == "unchanged" and not moved
+
+
+def _summary(report: Mapping[str, Any]) -> str:
+    rollout = report["rollout"]
+    changed = len(report["nodes"])
+    line = f"Plan: {plural(changed, 'node')} change"
+    if changed == 1:
+        line += "s"
+    if rollout["nodes"]:
+        line += (
+            f"; {plural(rollout['nodes'], 'label change')} in"
+            f" {plural(rollout['batches'], 'batch')}, about {duration(rollout['estimatedSeconds'])}"
+        )
+    wait = rollout["propagationDelaySeconds"]
+    extra = f" (a new config key waits {duration(wait)} to propagate first)" if wait else ""
+    assumptions = (
+        f"Estimates: {rollout['writeQPS']:g} writes/s, {duration(rollout['verifySeconds'])}"
+        f" from a label change to Verified, cluster-wide maxUnavailable"
+        f" {rollout['clusterMaxUnavailable']}."
+    )
+    return line.replace("batchs", "batches") + extra + ".\n" + assumptions
+
+
+def _spec_line(policy: Mapping[str, Any]) -> list[str]:
+    lines = []
+    for name, change in (policy.get("spec") or {}).items():
+        lines.append(f"  spec.{name}: {_value(change['before'])} -> {_value(change['after'])}")
+    key = policy["configKey"]
+    if key["before"] != key["after"]:
+        lines.append(f"  config key: {key['before'] or '(none)'} -> {key['after'] or '(none)'}")
+    return lines
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return "(unset)" if value is None else str(value)
+
+
+def _policy(policy: Mapping[str, Any], style: Style) -> str:
+    generation = policy.get("generation")
+    title = f"GPUSharingPolicy {policy['name']}: {_ACTIONS[policy['action']]}"
+    if generation and generation.get("before") and generation["after"] != generation["before"]:
+        title += f" (generation {generation['before']} -> {generation['after']})"
+    lines = [style.heading(title), *_spec_line(policy)]
+    rows = [
+        (
+            p["pool"],
+            f"{p['nodes']['before']} -> {p['nodes']['after']}",
+            len(p["gained"]),
+            len(p["lost"]),
+            len(p["changed"]),
+            f"{p['capacity']['before']} -> {p['capacity']['after']}",
+        )
+        for p in policy["pools"]
+    ]
+    headers = ("POOL", "NODES", "GAINED", "LOST", "CHANGED", "SLOTS")
+    lines.append(table(headers, rows, indent="  "))
+    for pool in policy["pools"]:
+        lines.extend(_movements(pool))
+    loses = any(p["lost"] and any(x["to"] for x in p["lost"]) for p in policy["pools"])
+    lines.extend(_rollout(policy["rollout"], loses=loses))
+    return "\n".join(lines)
+
+
+def _movements(pool: Mapping[str, Any]) -> list[str]:
+    lines = []
+    where = pool["pool"]
+    by_source: dict[str, list[str]] = {}
+    for gained in pool["gained"]:
+        by_source.setdefault(gained["from"] or "", []).append(gained["node"])
+    for source, nodes in sorted(by_source.items()):
+        origin = f"from {source}" if source else "unmanaged until now"
+        lines.append(f"  {where}: gains {names(nodes)} ({origin})")
+    by_winner: dict[str, list[str]] = {}
+    for lost in pool["lost"]:
+        by_winner.setdefault(lost["to"] or "", []).append(lost["node"])
+    for winner, nodes in sorted(by_winner.items()):
+        fate = f"won by {winner}" if winner else "released: no policy selects them"
+        lines.append(f"  {where}: loses {names(nodes)} ({fate})")
+    if pool["changed"]:
+        lines.append(f"  {where}: changes {names(pool['changed'])} (new config)")
+    return lines
+
+
+def _rollout(rollout: Mapping[str, Any], *, loses: bool) -> list[str]:
+    if not rollout["batches"] and not rollout["held"]:
+        if loses:
+            return ["  rollout: the nodes it loses change in the rollout of the policy taking them"]
+        return ["  rollout: no node changes its config"]
+    budget = f"maxUnavailable {rollout['maxUnavailable']}, canary {rollout['canary']}"
+    lines = [f"  rollout: {plural(rollout['nodes'], 'node')} ({budget})"]
+    for batch in rollout["batches"]:
+        label = " (canary)" if batch.get("canary") else ""
+        lines.append(
+            f"    batch {batch['batch']}{label}: {names(batch['nodes'], limit=3)}"
+            f"  [done by ~{duration(batch['endsAt'])}]"
+        )
+    if rollout["batches"]:
+        lines.append(f"    estimated: {duration(rollout['estimatedSeconds'])}")
+    held: dict[str, list[str]] = {}
+    for node in rollout["held"]:
+        held.setdefault(node["reason"], []).append(node["node"])
+    for reason, nodes in sorted(held.items()):
+        lines.append(f"    held ({reason}): {names(nodes)}")
+    return lines
+
+
+def _overcommitted(items: Sequence[Mapping[str, Any]], style: Style) -> str:
+    lines = [style.heading("Pods that would hold more slots than their node's new config has:")]
+    for item in items:
+        wait = " (WaitForPods: the node keeps its config until they fit)"
+        lines.append(
+            f"  {item['node']} ({item['pool']}): {item['why']}{wait * item['waitsForPods']}"
+        )
+        rows = [
+            (
+                f"{p['namespace']}/{p['name']}",
+                p["phase"],
+                ", ".join(f"{n} {r}" for r, n in p["requests"].items()),
+            )
+            for p in item["pods"]
+        ]
+        lines.append(table(("POD", "PHASE", "HOLDS"), rows, indent="    "))
+    return "\n".join(lines)
+
+
+def _keys(keys: Mapping[str, Any], style: Style) -> str:
+    lines = [style.heading("Device-plugin ConfigMap:")]
+    written = sorted(keys["written"])
+    lines.append("  keys written: " + (", ".join(written) if written else "none"))
+    unused = keys["unused"]
+    if unused:
+        lines.append(
+            "  keys no longer named by any policy (deleted after --config-key-grace-period): "
+            + ", ".join(unused)
+        )
+    return "\n".join(lines)
+
+
+def _verdict(report: Mapping[str, Any]) -> str:
+    if not report["problems"]:
+        return "Result: clean (exit 0)."
+    lines = [f"Result: blocked (exit {report['exitCode']}):"]
+    lines.extend(f"  - {problem}" for problem in report["problems"])
+    return "\n".join(lines)

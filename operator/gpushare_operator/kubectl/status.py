@@ -1,0 +1,173 @@
+"""``kubectl gpushare status``: every policy's standing, and with ``--policy`` its nodes.
+
+The counts are worked out now, from the cluster as it is, by the operator's own code
+(``Planner.tally`` over the same slim records, the same usage ledger); the rollout's progress is
+what the operator published (``status.rollout``), since only the operator knows which of its
+nodes it has admitted.  A policy whose status has not caught up with its spec says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.core.forecasts import POOL_LABELS, pool_of, target_of
+from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.kubectl import cluster
+from gpushare_operator.kubectl.output import Style, slots, table
+from gpushare_operator.reconcile.forecast import KEY_GRACE_PERIOD, MISMATCH_TIMEOUT
+from gpushare_operator.reconcile.planner import Planner, Timings
+
+
+class UnknownPolicy(LookupError):
+    """``--policy NAME`` names no policy."""
+
+
+def new_planner(state: ClusterState) -> Planner:
+    timings = Timings(
+        propagation_delay=0.0, key_grace_period=KEY_GRACE_PERIOD, mismatch_timeout=MISMATCH_TIMEOUT
+    )
+    return Planner(state, timings=timings)
+
+
+async def make_status(target: cluster.Target, *, policy: str | None = None) -> dict[str, Any]:
+    state = ClusterState()
+    planner = new_planner(state)
+    async with cluster.connected(target) as api:
+        items = await cluster.load_policies(api, state)
+        if policy is not None and policy not in state.policies:
+            raise UnknownPolicy(f'GPUSharingPolicy "{policy}" not found')
+        await cluster.load_configmap(api, state, target)
+        await cluster.load_fleet(api, state)
+    published = {str(i["metadata"]["name"]): i.get("status") or {} for i in items}
+    report: dict[str, Any] = {
+        "policies": [
+            _policy(planner, p, published.get(name, {}), deleting=name in state.deleting)
+            for name, p in sorted(state.policies.items())
+        ]
+    }
+    if policy is not None:
+        report["nodes"] = _nodes(planner, policy)
+    return report
+
+
+def _policy(
+    planner: Planner, policy: CompiledPolicy, published: Mapping[str, Any], *, deleting: bool
+) -> dict[str, Any]:
+    tally = planner.tally(policy)
+    rollout = published.get("rollout") or {}
+    ready: Mapping[str, Any] = next(
+        (c for c in published.get("conditions") or () if c.get("type") == "Ready"), {}
+    )
+    return {
+        "name": policy.name,
+        "strategy": str(policy.strategy) if policy.strategy else None,
+        "replicas": policy.replicas,
+        "priority": policy.priority,
+        "generation": policy.generation,
+        "observedGeneration": published.get("observedGeneration"),
+        "configKey": policy.config_key,
+        "matched": tally.matched,
+        "governed": tally.governed,
+        "applied": tally.applied,
+        "verified": tally.verified,
+        "pending": tally.pending,
+        "mismatched": tally.mismatched,
+        "conflicting": len(tally.conflicts),
+        "unsupported": tally.unsupported,
+        "gpus": tally.gpus,
+        "slots": {"allocated": tally.allocated, "capacity": tally.capacity},
+        "rollout": {k: rollout[k] for k in ("generation", "state", "progress") if k in rollout},
+        "ready": {k: ready[k] for k in ("status", "reason", "message") if k in ready},
+        "paused": policy.paused,
+        "deleting": deleting,
+        "error": policy.error,
+    }
+
+
+def _nodes(planner: Planner, name: str) -> list[dict[str, Any]]:
+    state = planner.state
+    rows = []
+    for node in sorted(state.index.nodes_of(name)):
+        record = state.nodes[node]
+        decision = planner.decide(record)
+        target = target_of(record, decision)
+        published = state.node_states.get(node) or {}
+        ready = next(
+            (c for c in published.get("conditions") or () if c.get("type") == "Ready"), None
+        )
+        allocated, pods = state.usage.node_usage(node, target.resource)
+        rows.append(
+            {
+                "name": node,
+                "pool": pool_of(record.labels, POOL_LABELS),
+                "policy": target.policy,
+                "phase": published.get("phase") or str(decision.phase),
+                "reason": (ready or {}).get("reason") or decision.reason,
+                "published": bool(published),
+                "configKey": record.config_label,
+                "gpus": target.gpus,
+                "slots": {"allocated": allocated, "capacity": target.capacity},
+                "pods": pods,
+            }
+        )
+    return rows
+
+
+def render(report: Mapping[str, Any], style: Style) -> str:
+    rows = []
+    for p in report["policies"]:
+        rollout = p["rollout"]
+        progress = " ".join(str(rollout[k]) for k in ("state", "progress") if k in rollout)
+        if p["observedGeneration"] != p["generation"]:
+            progress = f"generation {p['generation']} not yet observed"
+        name = p["name"] + (" (deleting)" if p["deleting"] else "")
+        rows.append(
+            (
+                name,
+                p["strategy"] or "-",
+                p["replicas"] or "-",
+                p["priority"],
+                p["matched"],
+                p["applied"],
+                p["verified"],
+                progress or "-",
+                slots(p["slots"]["allocated"], p["slots"]["capacity"], style),
+            )
+        )
+    headers = (
+        "POLICY",
+        "STRATEGY",
+        "REPLICAS",
+        "PRIORITY",
+        "MATCHED",
+        "APPLIED",
+        "VERIFIED",
+        "ROLLOUT",
+        "SLOTS",
+    )
+    text = table(headers, rows) if rows else "No GPUSharingPolicies."
+    if "nodes" in report:
+        text += "\n\n" + _render_nodes(report["nodes"], style)
+    return text + "\n"
+
+
+def _render_nodes(nodes: list[Mapping[str, Any]], style: Style) -> str:
+    if not nodes:
+        return "The policy selects no GPU node."
+    rows = [
+        (
+            n["name"],
+            n["pool"],
+            n["policy"] or "-",
+            n["phase"] if n["published"] else f"{n['phase']} (no GPUNodeState yet)",
+            n["reason"],
+            slots(n["slots"]["allocated"], n["slots"]["capacity"], style),
+            n["pods"],
+            n["configKey"] or "-",
+        )
+        for n in nodes
+    ]
+    headers = ("NODE", "POOL", "GOVERNED BY", "PHASE", "REASON", "SLOTS", "PODS", "CONFIG KEY")
+    return table(headers, rows)

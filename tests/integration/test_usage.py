@@ -332,9 +332,14 @@ async def test_relabelled_node_takes_its_allocation_to_the_other_policy(
     [moving] = await sim.create_gpu_nodes(pool=pool_a, count=1, gpus=2)
     [staying] = await sim.create_gpu_nodes(pool=pool_b, count=1, gpus=2)
     plain, shared = h.unique("plain"), h.unique("shared")
-    await h.add_policy(sim, policies, h.policy(plain, pool=pool_a, replicas=4))
+    # The moving node's pods hold slots the other config does not advertise, which would hold
+    # the move back (podPolicy WaitForPods): this test is about where its slots are counted.
+    proceed = {**h.UNPACED, "podPolicy": "Proceed"}
+    await h.add_policy(sim, policies, h.policy(plain, pool=pool_a, replicas=4, rollout=proceed))
     await h.add_policy(
-        sim, policies, h.policy(shared, pool=pool_b, replicas=2, renameByDefault=True)
+        sim,
+        policies,
+        h.policy(shared, pool=pool_b, replicas=2, renameByDefault=True, rollout=proceed),
     )
     await start_operator("--device-plugin-namespace", namespace)
     await wait_verified(sim, moving, staying)

@@ -185,6 +185,8 @@ def labelled(state: ClusterState, planner: Planner, clock: Clock) -> list[str]:
 def test_a_canary_first_then_batches_in_order_of_fewest_slots(clock: Clock) -> None:
     state, planner = cluster(clock, nodes=6, rollout={"maxUnavailable": 2, "canary": 1})
     assert labelled(state, planner, clock) == ["n00"]  # by name: no pods anywhere
+    key = str(state.policies["p"].config_key)
+    state.upsert_node(node("n00", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))  # written
     assert labelled(state, planner, clock) == []  # the canary is not Verified yet
     counts = planner.rollouts.counts("p")
     assert (counts.admitted + counts.changing, counts.waiting) == (1, 5)
@@ -277,3 +279,20 @@ def test_a_node_still_changing_when_the_spec_moves_on_is_not_stuck_behind_itself
     # of one is its own, and changing it again leaves no more nodes unavailable.
     assert labelled(state, planner, clock) == ["n00"]
     assert planner.rollouts.counts("p").unavailable == 1
+
+
+def test_a_wait_is_published_only_if_it_outlasts_the_quiet_time(clock: Clock) -> None:
+    state, planner = cluster(clock, nodes=3, rollout={"maxUnavailable": 1, "canary": 0})
+    first = {}
+    while (name := state.dirty.pop_node()) is not None:
+        first[name] = planner.plan_node(name)
+    # Nobody is admitted yet and nobody says so: most waits end sooner than that.
+    assert all(plan is None or plan.status is None for plan in first.values())
+    clock.now += planner.rollouts.quiet + 1
+    planner.due()  # admits one; the others' quiet timers are due
+    said = {}
+    while (name := state.dirty.pop_node()) is not None:
+        plan = planner.plan_node(name)
+        if plan is not None and plan.status is not None:
+            said[name] = plan.status["conditions"][0]["reason"]
+    assert sorted(said.values()) == ["LabelPending", "RolloutWaiting", "RolloutWaiting"]

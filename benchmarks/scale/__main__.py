@@ -21,7 +21,11 @@ deleted a few seconds later: 200 pod changes/s at steady state), measuring the l
 answer to the change until the GPUNodeState shows it.  Both variants run with
 ``--config-propagation-delay 1`` (default 75 s: the kubelet's ConfigMap refresh; here nothing
 reads the volume) and a huge ``--mismatch-timeout`` (GFD is not simulated, so nodes stay
-Applied rather than turning Mismatch mid-run).
+Applied rather than turning Mismatch mid-run).  They also run *unpaced*: the bench's policies
+carry ``rollout: {maxUnavailable: "100%", canary: 0}`` and both variants (and the primer) get
+``--max-unavailable 100%``, so these rows keep measuring how fast a change is written, as before
+rollouts were paced; the kopf-native variant runs the same planner, unpaced too.  Paced, with
+no node ever Verified, a rollout would stop after its first batch.
 
 Two extra phases (``--skip relist,delayed`` leaves them out).  After priming, a *re-list* of
 every pod through the operator's real pod ``Informer``, once as a paged quorum list (before the

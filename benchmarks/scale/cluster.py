@@ -37,6 +37,13 @@ OPERATOR_NAMESPACE = "gpushare-system"
 CONFIGMAP = "gpushare-device-plugin-configs"
 ROLLOUT_POLICY = "rollout"
 SHARED_EVERY = 5  # every 5th pod asks for a shared GPU slot: 20 %
+# The rows that compare the writer with the kopf-native variant measure how fast a change is
+# written, not how it is paced: the bench's policies roll out unpaced (every node at once, no
+# canary), and both variants run with --max-unavailable 100%.  The nodes are never Verified here
+# (no GPU Feature Discovery), so a paced rollout would stop after its first batch.  The paced
+# rollout has its own phase, with a GFD responder (paced.py).
+UNPACED: dict[str, Any] = {"maxUnavailable": "100%", "canary": 0}
+UNPACED_CLUSTER = "100%"  # --max-unavailable of the variants and the primer
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 POLICIES_PATH = f"/apis/{models.GROUP}/{models.VERSION}/{models.POLICY_PLURAL}"
 NODE_STATES_PATH = f"/apis/{models.GROUP}/{models.VERSION}/{models.NODE_STATE_PLURAL}"
@@ -108,6 +115,7 @@ def policy(
             "strategy": strategy,
             "replicas": replicas,
             "renameByDefault": True,  # pods ask for nvidia.com/gpu.shared, as bodies make them
+            "rollout": dict(UNPACED),
         },
     }
 

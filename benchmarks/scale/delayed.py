@@ -1,5 +1,9 @@
 """The rollout at the operator's default propagation delay, with policy edits during the wait.
 
+Unpaced, as the other comparison rows (``cluster.UNPACED``: the rollout policy has
+``maxUnavailable: 100%`` and no canary, the operator ``--max-unavailable 100%``): what is
+measured is the propagation wait's writes, not the pacing, which ``paced.py`` measures.
+
 The main rollout row runs with ``--config-propagation-delay 1``; in production nodes wait the
 kubelet's ConfigMap refresh (75 s) before their label may name the new key, and policies keep
 being edited meanwhile.  A node's status publishes that wait once, as ``status.configReadyAt``,

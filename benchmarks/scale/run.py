@@ -121,8 +121,16 @@ def ours(
     identity: str,
     python: str = sys.executable,
     propagation_delay: float = 1,
+    max_unavailable: str | None = cluster.UNPACED_CLUSTER,
+    mismatch_timeout: float | None = 100000,
     extra: Sequence[str] = (),
 ) -> Variant:
+    """Our operator; ``None`` for ``max_unavailable`` or ``mismatch_timeout``: its default.
+
+    The comparison rows run unpaced (``--max-unavailable 100%``, see ``cluster.UNPACED``) and
+    with a huge mismatch timeout: GFD is not simulated there, so nodes stay Applied rather than
+    turning Mismatch mid-run.
+    """
     metrics_port = free_port()
     command = [
         python,
@@ -139,8 +147,8 @@ def ours(
         str(burst),
         "--config-propagation-delay",
         f"{propagation_delay:g}",
-        "--mismatch-timeout",
-        "100000",  # GFD is not simulated: nodes stay Applied, never turn Mismatch mid-run
+        *(() if mismatch_timeout is None else ("--mismatch-timeout", f"{mismatch_timeout:g}")),
+        *(() if max_unavailable is None else ("--max-unavailable", max_unavailable)),
         "--http-port",
         str(port),
         "--metrics-port",
@@ -174,6 +182,8 @@ def kopf_native(*, user: str, port: int, qps: float, burst: int) -> Variant:
         "1",
         "--mismatch-timeout",
         "100000",
+        "--max-unavailable",  # unpaced, as ours in these rows: the planner is the same
+        cluster.UNPACED_CLUSTER,
         "--http-port",
         str(port),
     ]

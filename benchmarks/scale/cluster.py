@@ -333,6 +333,9 @@ class Published:
     # the key tells the delayed rollout's nodes that moved from those that did not yet.
     keys: dict[str, str | None] = field(default_factory=dict)
     events: int = 0
+    # Every status seen, by "phase/Ready reason": what the writes said (the audit log says only
+    # that a status was written), for the paced rollout's split of its status writes.
+    said: dict[str, int] = field(default_factory=dict)
 
     def observe(self, obj: Mapping[str, Any], *, deleted: bool = False) -> None:
         name = str(obj.get("metadata", {}).get("name"))
@@ -344,6 +347,9 @@ class Published:
             return
         status = obj.get("status") or {}
         self.phase[name] = (status.get("policy"), status.get("phase"))
+        ready = [c for c in status.get("conditions") or () if c.get("type") == "Ready"]
+        said = f"{status.get('phase')}/{ready[0].get('reason') if ready else None}"
+        self.said[said] = self.said.get(said, 0) + 1
         self.keys[name] = status.get("configKey")
         pods = int(status.get("pods") or 0)
         if self.pods.get(name) != pods:
@@ -358,11 +364,15 @@ class Published:
                 return False
         return True
 
-    def missing(self, expected: Mapping[str, str]) -> int:
+    def verified(self, expected: Mapping[str, str]) -> bool:
+        """Every node shows its expected policy, Verified (with GFD simulated: ``gfd.py``)."""
+        return self.missing(expected, phase="Verified") == 0
+
+    def missing(self, expected: Mapping[str, str], *, phase: str = "Applied") -> int:
         return sum(
             1
             for name, policy in expected.items()
-            if (self.phase.get(name) or (None, None)) != (policy, "Applied")
+            if (self.phase.get(name) or (None, None)) != (policy, phase)
         )
 
 

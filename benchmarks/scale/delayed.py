@@ -54,7 +54,7 @@ def variant(*, user: str, port: int, qps: float, burst: int, delay: float) -> ru
     )
 
 
-async def _patch_policy(bench: run.Bench, name: str, spec: dict[str, Any]) -> None:
+async def patch_policy(bench: run.Bench, name: str, spec: dict[str, Any]) -> None:
     path = f"{cluster.POLICIES_PATH}/{name}"
     status, body = await bench.admin.patch(path, {"spec": spec})
     if status != 200:
@@ -78,11 +78,11 @@ async def measure(
         replicas = int(edited["spec"]["replicas"])
         epoch0 = time.time()
         started = time.monotonic()
-        await _patch_policy(bench, cluster.ROLLOUT_POLICY, {"replicas": ROLLOUT_REPLICAS})
+        await patch_policy(bench, cluster.ROLLOUT_POLICY, {"replicas": ROLLOUT_REPLICAS})
         # Spread over the first half of the wait: every edit lands while nodes are Pending.
         for i in range(EDITS):
             await asyncio.sleep(delay / (2 * EDITS))
-            await _patch_policy(bench, EDITED_POLICY, {"replicas": replicas + 1 + i})
+            await patch_policy(bench, EDITED_POLICY, {"replicas": replicas + 1 + i})
 
         def moved() -> bool:
             return all(
@@ -140,8 +140,14 @@ def policy_status_writes(path: Path, user: str, start: float, end: float) -> dic
 
     Only the current file is read: the phase lasts minutes, and the log rotates at ~100 MB.
     """
+    return {name: len(times) for name, times in policy_status_times(path, user, start, end).items()}
+
+
+def policy_status_times(path: Path, user: str, start: float, end: float) -> dict[str, list[float]]:
+    """When each policy's status was written by ``user`` in [start, end], in seconds after
+    ``start``, from the audit log (the current file only, as ``policy_status_writes``)."""
     needle, resource = f'"username":"{user}"'.encode(), b'"gpusharingpolicies"'
-    counts: dict[str, int] = {}
+    times: dict[str, list[float]] = {}
     with path.open("rb") as handle:
         for line in handle:
             if needle not in line or resource not in line:
@@ -150,7 +156,7 @@ def policy_status_writes(path: Path, user: str, start: float, end: float) -> dic
             ref = event.get("objectRef") or {}
             if event.get("stage") != "ResponseComplete" or ref.get("subresource") != "status":
                 continue
-            if start <= cluster.epoch(str(event.get("stageTimestamp", ""))) <= end:
-                name = str(ref.get("name"))
-                counts[name] = counts.get(name, 0) + 1
-    return dict(sorted(counts.items()))
+            at = cluster.epoch(str(event.get("stageTimestamp", "")))
+            if start <= at <= end:
+                times.setdefault(str(ref.get("name")), []).append(round(at - start, 1))
+    return {name: sorted(times[name]) for name in sorted(times)}

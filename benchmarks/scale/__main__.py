@@ -324,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"delayed rollout, writes issued/minimum by kind: {split}")
         print(f"delayed rollout, policy status writes by policy: {late['policy_status_writes']}")
+        print(f"delayed rollout, node statuses said (GNS watch): {late['statuses_said']}")
         print()
     paced_result = result["paced_rollout"]
     if paced_result:
@@ -343,6 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"setup: {result['setup']}")
     for name, variant in result["variants"].items():
         print(f"{name}: API server/etcd CPU share over its run: {run.summary_cpu(variant)}")
+        said = (variant.get("rollout") or {}).get("statuses_said")
+        print(f"{name}: rollout, node statuses said (GNS watch): {said}")
     print(f"results: {args.out}, {png}")
     return 0
 

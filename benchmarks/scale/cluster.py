@@ -364,6 +364,12 @@ class Published:
                 return False
         return True
 
+    def said_since(self, before: Mapping[str, int]) -> dict[str, int]:
+        """Statuses seen since ``before`` (a copy of ``said``), by "phase/Ready reason"."""
+        return {
+            k: v - before.get(k, 0) for k, v in sorted(self.said.items()) if v > before.get(k, 0)
+        }
+
     def verified(self, expected: Mapping[str, str]) -> bool:
         """Every node shows its expected policy, Verified (with GFD simulated: ``gfd.py``)."""
         return self.missing(expected, phase="Verified") == 0

@@ -76,6 +76,7 @@ async def measure(
         before = await cluster.policy_statuses(bench.admin)
         _, edited = await bench.admin.get(f"{cluster.POLICIES_PATH}/{EDITED_POLICY}")
         replicas = int(edited["spec"]["replicas"])
+        said0 = dict(bench.published.said)
         epoch0 = time.time()
         started = time.monotonic()
         await patch_policy(bench, cluster.ROLLOUT_POLICY, {"replicas": ROLLOUT_REPLICAS})
@@ -131,6 +132,7 @@ async def measure(
             policy_status_writes, bench.audit.path, ours.user, epoch0, done
         ),
         "policies_changed": changed,
+        "statuses_said": bench.published.said_since(said0),
         "cold_start": cold,
     }
 

@@ -216,11 +216,7 @@ async def measure(
     policy_times = await asyncio.to_thread(
         delayed.policy_status_times, bench.audit.path, ours.user, epoch0, done
     )
-    said = {
-        k: v - said0.get(k, 0)
-        for k, v in sorted(bench.published.said.items())
-        if v - said0.get(k, 0) > 0
-    }
+    said = bench.published.said_since(said0)
     return {
         "nodes": len(targets),
         "total_nodes": bench.nodes,

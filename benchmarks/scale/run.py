@@ -398,6 +398,7 @@ async def rollout(
 ) -> dict[str, Any]:
     sampler.mark("rollout")
     before = await cluster.policy_statuses(bench.admin)
+    said0 = dict(bench.published.said)
     epoch0 = time.time()
     started = time.monotonic()
     await cluster.create_policies(bench.admin, [cluster.rollout_policy()])
@@ -419,7 +420,9 @@ async def rollout(
     after = await cluster.policy_statuses(bench.admin)
     changed = sorted(name for name in after if before.get(name) != after[name])
     writes = bench.output_writes(variant.user, epoch0, done)
-    minimum = 1 + 2 * nodes + len(changed)  # ConfigMap, label + status per node, statuses
+    # The ConfigMap; our finalizer on the new policy (on every policy, so that deleting one
+    # releases its nodes first); per node a label and a status write; each changed status.
+    minimum = 1 + 1 + 2 * nodes + len(changed)
     return {
         "nodes": nodes,
         "seconds": None if applied_at is None else round(applied_at - started, 1),
@@ -427,6 +430,8 @@ async def rollout(
         "writes_by_kind": cluster.summarize_writes(writes),
         "minimum_writes": minimum,
         "policies_changed": len(changed),
+        # What the node status writes said (GNS watch): where writes above the minimum went.
+        "statuses_said": bench.published.said_since(said0),
     }
 
 

@@ -31,7 +31,7 @@ from tests.integration.test_failover import (  # noqa: F401
     leader_gauge,
     replicas_factory,
 )
-from tests.integration.test_usage import create_pod, delete_pod, pods_ns  # noqa: F401
+from tests.integration.test_usage import create_pod, delete_pod
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
@@ -186,7 +186,7 @@ async def test_wait_for_pods_keeps_a_node_whose_pods_would_not_fit(
     control_plane: ControlPlane,
     sim: GpuClusterSimulator,
     namespace: str,
-    pods_ns: str,  # noqa: F811
+    pods_ns: str,
     policies: list[str],
     start_operator: OperatorFactory,
 ) -> None:
@@ -230,7 +230,7 @@ async def test_cordon_taints_each_node_during_its_change_and_keeps_other_taints_
     control_plane: ControlPlane,
     sim: GpuClusterSimulator,
     namespace: str,
-    pods_ns: str,  # noqa: F811
+    pods_ns: str,
     policies: list[str],
     start_operator: OperatorFactory,
 ) -> None:

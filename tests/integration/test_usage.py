@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -32,19 +31,6 @@ SHARED = "nvidia.com/gpu.shared"
 # and no policy in the cluster advertises it until the test creates one.
 MIG = "nvidia.com/mig-1g.10gb"
 _PROBES = ("livenessProbe", "readinessProbe", "startupProbe", "lifecycle")
-
-
-@pytest.fixture
-async def pods_ns(sim: GpuClusterSimulator, namespace: str) -> AsyncIterator[str]:
-    """The namespace for the test's pods (the device-plugin one); its pods are force-deleted
-    afterwards, since without a kubelet a graceful deletion would never finish."""
-    try:
-        yield namespace
-    finally:
-        status, body = await sim.client.delete(
-            f"/api/v1/namespaces/{namespace}/pods", params={"gracePeriodSeconds": "0"}
-        )
-        assert status == 200, body
 
 
 # -- pods as the scheduler and kubelet would leave them --------------------------------------

@@ -15,14 +15,16 @@ import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare_operator.testing.controlplane import ControlPlane
 from gpushare_operator.testing.simulator import GpuClusterSimulator
 from tests.integration import helpers as h
 from tests.integration import rollout_audit as audit
 from tests.integration import test_scheduling as scheduling
-from tests.integration.conftest import OperatorFactory
+from tests.integration.conftest import OperatorFactory, RunningOperator
 from tests.integration.test_bad_input import _create_until_accepted, relaxed_crd  # noqa: F401
 from tests.integration.test_failover import (  # noqa: F401
     USERS,
@@ -95,6 +97,21 @@ async def rollout_state(
     )
 
 
+async def rollout_metrics(operator: RunningOperator, policy: str) -> dict[str, float]:
+    """``gpushare_rollout_nodes`` of one policy from the operator's /metrics, by state."""
+    url = f"http://127.0.0.1:{operator.metrics_port}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        assert response.status == 200
+        text = await response.text()
+    return {
+        sample.labels["state"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "gpushare_rollout_nodes"
+        for sample in family.samples
+        if sample.labels.get("policy") == policy
+    }
+
+
 async def reasons(sim: GpuClusterSimulator, name: str) -> list[tuple[str, str]]:
     return [(e["type"], e["reason"]) for e in await h.events_about(sim.client, name)]
 
@@ -150,7 +167,7 @@ async def test_a_failed_canary_halts_the_rollout_until_the_node_recovers(
     canary = sorted(nodes)[0]
     name = h.unique("canary")
     await h.add_policy(sim, policies, paced(name, pool=pool, maxUnavailable=2, canary=1))
-    await start_operator(
+    operator = await start_operator(
         "--device-plugin-namespace",
         namespace,
         "--mismatch-timeout",
@@ -171,6 +188,8 @@ async def test_a_failed_canary_halts_the_rollout_until_the_node_recovers(
     changed = audit.label_writes(control_plane, nodes, since=since)
     assert [node for _, node, _ in changed] == [canary], "exactly the canary changed"
     assert ("Warning", "RolloutHalted") in await reasons(sim, name)
+    steps = await rollout_metrics(operator, name)
+    assert (steps["failed"], steps["updated"], steps["waiting"]) == (1, 0, len(nodes) - 1)
     others = [await h.node_state(sim.client, n) for n in sorted(nodes)[1:]]
     assert {h.condition(s["status"], "Ready")["reason"] for s in others if s} == {"RolloutHalted"}
 

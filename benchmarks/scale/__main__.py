@@ -21,15 +21,24 @@ deleted a few seconds later: 200 pod changes/s at steady state), measuring the l
 answer to the change until the GPUNodeState shows it.  Both variants run with
 ``--config-propagation-delay 1`` (default 75 s: the kubelet's ConfigMap refresh; here nothing
 reads the volume) and a huge ``--mismatch-timeout`` (GFD is not simulated, so nodes stay
-Applied rather than turning Mismatch mid-run).
+Applied rather than turning Mismatch mid-run).  They also run *unpaced*: the bench's policies
+carry ``rollout: {maxUnavailable: "100%", canary: 0}`` and both variants (and the primer) get
+``--max-unavailable 100%``, so these rows keep measuring how fast a change is written, as before
+rollouts were paced; the kopf-native variant runs the same planner, unpaced too.  Paced, with
+no node ever Verified, a rollout would stop after its first batch.
 
-Two extra phases (``--skip relist,delayed`` leaves them out).  After priming, a *re-list* of
+Three extra phases (``--skip relist,delayed,paced`` leaves them out).  After priming, a *re-list* of
 every pod through the operator's real pod ``Informer``, once as a paged quorum list (before the
 watch-cache change) and once as a streaming list (after), each in a fresh process
 (``relist.py``).  After the variants, a *delayed rollout*, gpushare only: the operator at its
 default propagation delay (``--delay``, 75 s), a replicas change on the rollout policy (half the
 nodes), and 3 edits of another policy during the wait; its writes against the minimum
-(``delayed.py``).
+(``delayed.py``).  Last, a *paced rollout*, gpushare only, at the operator's defaults
+(propagation delay 75 s, ``--max-unavailable`` 10%): a replicas change of the rollout policy
+with ``rollout: {maxUnavailable: 10%, canary: 1}``, with a GFD responder that plays NVIDIA's
+agents so that nodes become Verified; its time, the largest number of unavailable nodes seen
+from the API side against the budget, its writes against the minimum, the leader's CPU
+(``paced.py``, ``gfd.py``).
 
 Results: ``.bench/scale.json`` (everything, with RSS/CPU series), ``.bench/scale.png`` and a
 Markdown table on stdout.  Exits 0 when the run completed, whatever the budgets said.
@@ -51,7 +60,7 @@ from typing import Any
 
 import orjson
 
-from benchmarks.scale import cluster, delayed, plot, relist, run, stats
+from benchmarks.scale import cluster, delayed, paced, plot, relist, run, stats
 from gpushare_operator.app import settings
 from gpushare_operator.testing.controlplane import ControlPlane
 from gpushare_operator.testing.rawclient import RawClient
@@ -115,7 +124,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="propagation delay of the delayed-rollout row (the operator's default)",
     )
     parser.add_argument(
-        "--skip", default="", help="comma-separated extra phases to skip: relist,delayed"
+        "--skip", default="", help="comma-separated extra phases to skip: relist,delayed,paced"
     )
     parser.add_argument("--out", type=Path, default=Path(".bench") / "scale.json")
     args = parser.parse_args(argv)
@@ -202,7 +211,7 @@ async def main_async(plane: ControlPlane, args: argparse.Namespace) -> dict[str,
                 relisted = await relist.run_both(
                     kubeconfig=kubeconfigs[USERS["primer"]], system_pids=system_pids, log=log
                 )
-            for index, name in enumerate(args.variants.split(",")):
+            for index, name in enumerate(n for n in args.variants.split(",") if n):
                 if index:
                     log("reset: rollout policy deleted, primer re-converges")
                     timings[f"reset_before_{name}_s"] = round(await run.reset(bench, primer), 1)
@@ -222,7 +231,26 @@ async def main_async(plane: ControlPlane, args: argparse.Namespace) -> dict[str,
                 )
                 late = await delayed.measure(bench, primer, ours, delay=args.delay)
                 log(f"  [delayed] {late}")
-    return {"setup": timings, "variants": results, "relist": relisted, "delayed_rollout": late}
+            paced_rollout: dict[str, Any] | None = None
+            if "paced" not in skip:
+                log("== gpushare: paced rollout at the operator's defaults, GFD responder")
+                ours = paced.variant(
+                    user=USERS["gpushare"], port=18094, qps=args.write_qps, burst=args.write_burst
+                )
+                paced_rollout = await paced.measure(bench, primer, ours, qps=args.write_qps)
+                log(f"  [paced] {_brief(paced_rollout)}")
+    return {
+        "setup": timings,
+        "variants": results,
+        "relist": relisted,
+        "delayed_rollout": late,
+        "paced_rollout": paced_rollout,
+    }
+
+
+def _brief(result: dict[str, Any]) -> dict[str, Any]:
+    """The result without its series, for the log line."""
+    return {k: v for k, v in result.items() if k != "unavailable_series"}
 
 
 def report(args: argparse.Namespace, outcome: dict[str, Any]) -> dict[str, Any]:
@@ -232,6 +260,7 @@ def report(args: argparse.Namespace, outcome: dict[str, Any]) -> dict[str, Any]:
         variants.get("kopf-native"),
         qps=args.write_qps,
         delayed=outcome.get("delayed_rollout"),
+        paced=outcome.get("paced_rollout"),
     )
     table = stats.render_table(rows)
     relist_table = stats.render_relist(outcome.get("relist"))
@@ -254,6 +283,7 @@ def report(args: argparse.Namespace, outcome: dict[str, Any]) -> dict[str, Any]:
         "variants": variants,
         "relist": outcome.get("relist"),
         "delayed_rollout": outcome.get("delayed_rollout"),
+        "paced_rollout": outcome.get("paced_rollout"),
         "table": table,
         "relist_table": relist_table,
         "budgets": {row.label: stats.verdict(row.ok) for row in rows if row.ok is not None},
@@ -298,10 +328,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"delayed rollout, writes issued/minimum by kind: {split}")
         print(f"delayed rollout, policy status writes by policy: {late['policy_status_writes']}")
+        print(f"delayed rollout, node statuses said (GNS watch): {late['statuses_said']}")
+        print()
+    paced_result = result["paced_rollout"]
+    if paced_result:
+        kinds = sorted(set(paced_result["writes_by_kind"]) | set(paced_result["minimum_by_kind"]))
+        split = ", ".join(
+            f"{k} {paced_result['writes_by_kind'].get(k, 0)}"
+            f"/{paced_result['minimum_by_kind'].get(k, 0)}"
+            for k in kinds
+        )
+        print(f"paced rollout, writes issued/minimum by kind: {split}")
+        print(f"paced rollout, node statuses said (GNS watch): {paced_result['statuses_said']}")
+        print(
+            "paced rollout, policy status writes, s after the edit:"
+            f" {paced_result['policy_status_times_s']}"
+        )
         print()
     print(f"setup: {result['setup']}")
     for name, variant in result["variants"].items():
         print(f"{name}: API server/etcd CPU share over its run: {run.summary_cpu(variant)}")
+        said = (variant.get("rollout") or {}).get("statuses_said")
+        print(f"{name}: rollout, node statuses said (GNS watch): {said}")
     print(f"results: {args.out}, {png}")
     return 0
 

@@ -37,6 +37,13 @@ OPERATOR_NAMESPACE = "gpushare-system"
 CONFIGMAP = "gpushare-device-plugin-configs"
 ROLLOUT_POLICY = "rollout"
 SHARED_EVERY = 5  # every 5th pod asks for a shared GPU slot: 20 %
+# The rows that compare the writer with the kopf-native variant measure how fast a change is
+# written, not how it is paced: the bench's policies roll out unpaced (every node at once, no
+# canary), and both variants run with --max-unavailable 100%.  The nodes are never Verified here
+# (no GPU Feature Discovery), so a paced rollout would stop after its first batch.  The paced
+# rollout has its own phase, with a GFD responder (paced.py).
+UNPACED: dict[str, Any] = {"maxUnavailable": "100%", "canary": 0}
+UNPACED_CLUSTER = "100%"  # --max-unavailable of the variants and the primer
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 POLICIES_PATH = f"/apis/{models.GROUP}/{models.VERSION}/{models.POLICY_PLURAL}"
 NODE_STATES_PATH = f"/apis/{models.GROUP}/{models.VERSION}/{models.NODE_STATE_PLURAL}"
@@ -108,6 +115,7 @@ def policy(
             "strategy": strategy,
             "replicas": replicas,
             "renameByDefault": True,  # pods ask for nvidia.com/gpu.shared, as bodies make them
+            "rollout": dict(UNPACED),
         },
     }
 
@@ -325,6 +333,9 @@ class Published:
     # the key tells the delayed rollout's nodes that moved from those that did not yet.
     keys: dict[str, str | None] = field(default_factory=dict)
     events: int = 0
+    # Every status seen, by "phase/Ready reason": what the writes said (the audit log says only
+    # that a status was written), for the paced rollout's split of its status writes.
+    said: dict[str, int] = field(default_factory=dict)
 
     def observe(self, obj: Mapping[str, Any], *, deleted: bool = False) -> None:
         name = str(obj.get("metadata", {}).get("name"))
@@ -336,6 +347,9 @@ class Published:
             return
         status = obj.get("status") or {}
         self.phase[name] = (status.get("policy"), status.get("phase"))
+        ready = [c for c in status.get("conditions") or () if c.get("type") == "Ready"]
+        said = f"{status.get('phase')}/{ready[0].get('reason') if ready else None}"
+        self.said[said] = self.said.get(said, 0) + 1
         self.keys[name] = status.get("configKey")
         pods = int(status.get("pods") or 0)
         if self.pods.get(name) != pods:
@@ -350,11 +364,21 @@ class Published:
                 return False
         return True
 
-    def missing(self, expected: Mapping[str, str]) -> int:
+    def said_since(self, before: Mapping[str, int]) -> dict[str, int]:
+        """Statuses seen since ``before`` (a copy of ``said``), by "phase/Ready reason"."""
+        return {
+            k: v - before.get(k, 0) for k, v in sorted(self.said.items()) if v > before.get(k, 0)
+        }
+
+    def verified(self, expected: Mapping[str, str]) -> bool:
+        """Every node shows its expected policy, Verified (with GFD simulated: ``gfd.py``)."""
+        return self.missing(expected, phase="Verified") == 0
+
+    def missing(self, expected: Mapping[str, str], *, phase: str = "Applied") -> int:
         return sum(
             1
             for name, policy in expected.items()
-            if (self.phase.get(name) or (None, None)) != (policy, "Applied")
+            if (self.phase.get(name) or (None, None)) != (policy, phase)
         )
 
 

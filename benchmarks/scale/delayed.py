@@ -1,5 +1,9 @@
 """The rollout at the operator's default propagation delay, with policy edits during the wait.
 
+Unpaced, as the other comparison rows (``cluster.UNPACED``: the rollout policy has
+``maxUnavailable: 100%`` and no canary, the operator ``--max-unavailable 100%``): what is
+measured is the propagation wait's writes, not the pacing, which ``paced.py`` measures.
+
 The main rollout row runs with ``--config-propagation-delay 1``; in production nodes wait the
 kubelet's ConfigMap refresh (75 s) before their label may name the new key, and policies keep
 being edited meanwhile.  A node's status publishes that wait once, as ``status.configReadyAt``,
@@ -50,7 +54,7 @@ def variant(*, user: str, port: int, qps: float, burst: int, delay: float) -> ru
     )
 
 
-async def _patch_policy(bench: run.Bench, name: str, spec: dict[str, Any]) -> None:
+async def patch_policy(bench: run.Bench, name: str, spec: dict[str, Any]) -> None:
     path = f"{cluster.POLICIES_PATH}/{name}"
     status, body = await bench.admin.patch(path, {"spec": spec})
     if status != 200:
@@ -72,13 +76,14 @@ async def measure(
         before = await cluster.policy_statuses(bench.admin)
         _, edited = await bench.admin.get(f"{cluster.POLICIES_PATH}/{EDITED_POLICY}")
         replicas = int(edited["spec"]["replicas"])
+        said0 = dict(bench.published.said)
         epoch0 = time.time()
         started = time.monotonic()
-        await _patch_policy(bench, cluster.ROLLOUT_POLICY, {"replicas": ROLLOUT_REPLICAS})
+        await patch_policy(bench, cluster.ROLLOUT_POLICY, {"replicas": ROLLOUT_REPLICAS})
         # Spread over the first half of the wait: every edit lands while nodes are Pending.
         for i in range(EDITS):
             await asyncio.sleep(delay / (2 * EDITS))
-            await _patch_policy(bench, EDITED_POLICY, {"replicas": replicas + 1 + i})
+            await patch_policy(bench, EDITED_POLICY, {"replicas": replicas + 1 + i})
 
         def moved() -> bool:
             return all(
@@ -127,6 +132,7 @@ async def measure(
             policy_status_writes, bench.audit.path, ours.user, epoch0, done
         ),
         "policies_changed": changed,
+        "statuses_said": bench.published.said_since(said0),
         "cold_start": cold,
     }
 
@@ -136,8 +142,14 @@ def policy_status_writes(path: Path, user: str, start: float, end: float) -> dic
 
     Only the current file is read: the phase lasts minutes, and the log rotates at ~100 MB.
     """
+    return {name: len(times) for name, times in policy_status_times(path, user, start, end).items()}
+
+
+def policy_status_times(path: Path, user: str, start: float, end: float) -> dict[str, list[float]]:
+    """When each policy's status was written by ``user`` in [start, end], in seconds after
+    ``start``, from the audit log (the current file only, as ``policy_status_writes``)."""
     needle, resource = f'"username":"{user}"'.encode(), b'"gpusharingpolicies"'
-    counts: dict[str, int] = {}
+    times: dict[str, list[float]] = {}
     with path.open("rb") as handle:
         for line in handle:
             if needle not in line or resource not in line:
@@ -146,7 +158,7 @@ def policy_status_writes(path: Path, user: str, start: float, end: float) -> dic
             ref = event.get("objectRef") or {}
             if event.get("stage") != "ResponseComplete" or ref.get("subresource") != "status":
                 continue
-            if start <= cluster.epoch(str(event.get("stageTimestamp", ""))) <= end:
-                name = str(ref.get("name"))
-                counts[name] = counts.get(name, 0) + 1
-    return dict(sorted(counts.items()))
+            at = cluster.epoch(str(event.get("stageTimestamp", "")))
+            if start <= at <= end:
+                times.setdefault(str(ref.get("name")), []).append(round(at - start, 1))
+    return {name: sorted(times[name]) for name in sorted(times)}

@@ -65,6 +65,7 @@ class KopfNative:
                 key_grace_period=args.config_key_grace_period,
                 mismatch_timeout=args.mismatch_timeout,
             ),
+            max_unavailable=args.max_unavailable,
         )
         gate = AlwaysLeader()
         self.writer = Writer(
@@ -239,8 +240,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--config-propagation-delay", type=float, default=75.0)
     parser.add_argument("--config-key-grace-period", type=float, default=300.0)
     parser.add_argument("--mismatch-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--max-unavailable",
+        type=_int_or_percent,
+        default="10%",
+        help="the cluster-wide rollout budget, as ours (the bench runs both at 100%%: unpaced)",
+    )
     parser.add_argument("--http-port", type=int, default=8081)
     return parser.parse_args(argv)
+
+
+def _int_or_percent(text: str) -> int | str:
+    return text if text.endswith("%") else int(text)
 
 
 async def run(args: argparse.Namespace) -> None:

@@ -121,8 +121,16 @@ def ours(
     identity: str,
     python: str = sys.executable,
     propagation_delay: float = 1,
+    max_unavailable: str | None = cluster.UNPACED_CLUSTER,
+    mismatch_timeout: float | None = 100000,
     extra: Sequence[str] = (),
 ) -> Variant:
+    """Our operator; ``None`` for ``max_unavailable`` or ``mismatch_timeout``: its default.
+
+    The comparison rows run unpaced (``--max-unavailable 100%``, see ``cluster.UNPACED``) and
+    with a huge mismatch timeout: GFD is not simulated there, so nodes stay Applied rather than
+    turning Mismatch mid-run.
+    """
     metrics_port = free_port()
     command = [
         python,
@@ -139,8 +147,8 @@ def ours(
         str(burst),
         "--config-propagation-delay",
         f"{propagation_delay:g}",
-        "--mismatch-timeout",
-        "100000",  # GFD is not simulated: nodes stay Applied, never turn Mismatch mid-run
+        *(() if mismatch_timeout is None else ("--mismatch-timeout", f"{mismatch_timeout:g}")),
+        *(() if max_unavailable is None else ("--max-unavailable", max_unavailable)),
         "--http-port",
         str(port),
         "--metrics-port",
@@ -174,6 +182,8 @@ def kopf_native(*, user: str, port: int, qps: float, burst: int) -> Variant:
         "1",
         "--mismatch-timeout",
         "100000",
+        "--max-unavailable",  # unpaced, as ours in these rows: the planner is the same
+        cluster.UNPACED_CLUSTER,
         "--http-port",
         str(port),
     ]
@@ -388,6 +398,7 @@ async def rollout(
 ) -> dict[str, Any]:
     sampler.mark("rollout")
     before = await cluster.policy_statuses(bench.admin)
+    said0 = dict(bench.published.said)
     epoch0 = time.time()
     started = time.monotonic()
     await cluster.create_policies(bench.admin, [cluster.rollout_policy()])
@@ -409,7 +420,9 @@ async def rollout(
     after = await cluster.policy_statuses(bench.admin)
     changed = sorted(name for name in after if before.get(name) != after[name])
     writes = bench.output_writes(variant.user, epoch0, done)
-    minimum = 1 + 2 * nodes + len(changed)  # ConfigMap, label + status per node, statuses
+    # The ConfigMap; our finalizer on the new policy (on every policy, so that deleting one
+    # releases its nodes first); per node a label and a status write; each changed status.
+    minimum = 1 + 1 + 2 * nodes + len(changed)
     return {
         "nodes": nodes,
         "seconds": None if applied_at is None else round(applied_at - started, 1),
@@ -417,6 +430,8 @@ async def rollout(
         "writes_by_kind": cluster.summarize_writes(writes),
         "minimum_writes": minimum,
         "policies_changed": len(changed),
+        # What the node status writes said (GNS watch): where writes above the minimum went.
+        "statuses_said": bench.published.said_since(said0),
     }
 
 

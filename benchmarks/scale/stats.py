@@ -151,6 +151,7 @@ def build_rows(
     *,
     qps: float,
     delayed: Mapping[str, Any] | None = None,
+    paced: Mapping[str, Any] | None = None,
 ) -> list[Row]:
     """The table's rows from both variants' result dicts, with ours checked against §5 budgets."""
 
@@ -204,6 +205,7 @@ def build_rows(
         Row("pod churn: status lag p50", "s", *lag50, "", None),
         Row("pod churn: status lag p99", "s", *lag99, "≤ 2", le(lag99[0], 2)),
         *delayed_rows(delayed, qps=qps),
+        *paced_rows(paced),
     ]
 
 
@@ -222,6 +224,58 @@ def delayed_rows(delayed: Mapping[str, Any] | None, *, qps: float) -> list[Row]:
         Row(label, "s", _get(delayed, "seconds"), None, "", None),
         Row(f"{label}: writes issued", "writes", writes, None, "= minimum", ok),
         Row(f"{label}: minimum writes", "writes", minimum, None, "", None),
+    ]
+
+
+def paced_rows(paced: Mapping[str, Any] | None) -> list[Row]:
+    """The paced rollout with the GFD responder (ours only; the kopf-native variant runs the
+    same planner, so its pacing would be the same)."""
+    if paced is None:
+        return []
+    rollout = paced.get("rollout") or {}
+    label = (
+        f"paced rollout of {fmt(_get(paced, 'nodes'))} nodes"
+        f" (maxUnavailable {rollout.get('maxUnavailable', '?')},"
+        f" canary {rollout.get('canary', '?')},"
+        f" {fmt(_get(paced, 'propagation_delay_s'))} s propagation delay, GFD responder)"
+    )
+    seconds, limit = _get(paced, "seconds"), _get(paced, "time_budget_s")
+    peak, allowed = _get(paced, "max_unavailable"), _get(paced, "max_unavailable_budget")
+    writes, minimum = _get(paced, "writes"), _get(paced, "minimum_writes")
+
+    def le(value: float | None, bound: float | None) -> bool | None:
+        if bound is None:
+            return None
+        return value is not None and not math.isnan(value) and value <= bound
+
+    return [
+        Row(
+            f"{label}: to all Verified (GNS)",
+            "s",
+            seconds,
+            None,
+            f"≤ {fmt(limit)}",
+            le(seconds, limit),
+        ),
+        Row(
+            f"{label}: to all confirmed (node labels)",
+            "s",
+            _get(paced, "seconds_node_labels"),
+            None,
+            "",
+            None,
+        ),
+        Row(
+            f"{label}: max unavailable (API side)",
+            "nodes",
+            peak,
+            None,
+            f"≤ {fmt(allowed)}",
+            le(peak, allowed),
+        ),
+        Row(f"{label}: writes issued", "writes", writes, None, "= minimum", le(writes, minimum)),
+        Row(f"{label}: minimum writes", "writes", minimum, None, "", None),
+        Row(f"{label}: leader CPU", "s", _get(paced, "leader_cpu_s"), None, "", None),
     ]
 
 

@@ -212,3 +212,16 @@ async def policies(sim: GpuClusterSimulator) -> AsyncIterator[list[str]]:
                 content_type="application/merge-patch+json",
             )
             assert status in (200, 404), body
+
+
+@pytest.fixture
+async def pods_ns(sim: GpuClusterSimulator, namespace: str) -> AsyncIterator[str]:
+    """The namespace for the test's pods (the device-plugin one); its pods are force-deleted
+    afterwards, since the simulated kubelet does not finish graceful deletions."""
+    try:
+        yield namespace
+    finally:
+        status, body = await sim.client.delete(
+            f"/api/v1/namespaces/{namespace}/pods", params={"gracePeriodSeconds": "0"}
+        )
+        assert status == 200, body

@@ -175,3 +175,20 @@ def finalizer_writes(plane: ControlPlane, policy: str, *, since: float) -> list[
         if ref.get("subresource") is None and removes:
             found.append(moment(event))
     return sorted(found)
+
+
+def bindings(
+    plane: ControlPlane, nodes: Collection[str], *, since: float
+) -> list[tuple[float, str]]:
+    """(when, node) of each pod kube-scheduler bound to one of ``nodes``."""
+    found = []
+    for event in plane.audit_events():
+        ref = event["objectRef"]
+        if ref.get("resource") != "pods" or ref.get("subresource") != "binding":
+            continue
+        if event["user"]["username"] != "system:kube-scheduler" or not _succeeded(event):
+            continue
+        target = ((event.get("requestObject") or {}).get("target") or {}).get("name")
+        if target in nodes and moment(event) >= since:
+            found.append((moment(event), str(target)))
+    return sorted(found)

@@ -8,18 +8,23 @@ claim about how many nodes changed at once is read from the API server's audit l
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import signal
 import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare_operator.testing.controlplane import ControlPlane
 from gpushare_operator.testing.simulator import GpuClusterSimulator
 from tests.integration import helpers as h
 from tests.integration import rollout_audit as audit
-from tests.integration.conftest import OperatorFactory
+from tests.integration import test_scheduling as scheduling
+from tests.integration.conftest import OperatorFactory, RunningOperator
 from tests.integration.test_bad_input import _create_until_accepted, relaxed_crd  # noqa: F401
 from tests.integration.test_failover import (  # noqa: F401
     USERS,
@@ -28,7 +33,7 @@ from tests.integration.test_failover import (  # noqa: F401
     leader_gauge,
     replicas_factory,
 )
-from tests.integration.test_usage import create_pod, delete_pod, pods_ns  # noqa: F401
+from tests.integration.test_usage import create_pod, delete_pod
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
@@ -92,6 +97,21 @@ async def rollout_state(
     )
 
 
+async def rollout_metrics(operator: RunningOperator, policy: str) -> dict[str, float]:
+    """``gpushare_rollout_nodes`` of one policy from the operator's /metrics, by state."""
+    url = f"http://127.0.0.1:{operator.metrics_port}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        assert response.status == 200
+        text = await response.text()
+    return {
+        sample.labels["state"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "gpushare_rollout_nodes"
+        for sample in family.samples
+        if sample.labels.get("policy") == policy
+    }
+
+
 async def reasons(sim: GpuClusterSimulator, name: str) -> list[tuple[str, str]]:
     return [(e["type"], e["reason"]) for e in await h.events_about(sim.client, name)]
 
@@ -147,7 +167,7 @@ async def test_a_failed_canary_halts_the_rollout_until_the_node_recovers(
     canary = sorted(nodes)[0]
     name = h.unique("canary")
     await h.add_policy(sim, policies, paced(name, pool=pool, maxUnavailable=2, canary=1))
-    await start_operator(
+    operator = await start_operator(
         "--device-plugin-namespace",
         namespace,
         "--mismatch-timeout",
@@ -168,6 +188,8 @@ async def test_a_failed_canary_halts_the_rollout_until_the_node_recovers(
     changed = audit.label_writes(control_plane, nodes, since=since)
     assert [node for _, node, _ in changed] == [canary], "exactly the canary changed"
     assert ("Warning", "RolloutHalted") in await reasons(sim, name)
+    steps = await rollout_metrics(operator, name)
+    assert (steps["failed"], steps["updated"], steps["waiting"]) == (1, 0, len(nodes) - 1)
     others = [await h.node_state(sim.client, n) for n in sorted(nodes)[1:]]
     assert {h.condition(s["status"], "Ready")["reason"] for s in others if s} == {"RolloutHalted"}
 
@@ -183,7 +205,7 @@ async def test_wait_for_pods_keeps_a_node_whose_pods_would_not_fit(
     control_plane: ControlPlane,
     sim: GpuClusterSimulator,
     namespace: str,
-    pods_ns: str,  # noqa: F811
+    pods_ns: str,
     policies: list[str],
     start_operator: OperatorFactory,
 ) -> None:
@@ -227,6 +249,7 @@ async def test_cordon_taints_each_node_during_its_change_and_keeps_other_taints_
     control_plane: ControlPlane,
     sim: GpuClusterSimulator,
     namespace: str,
+    pods_ns: str,
     policies: list[str],
     start_operator: OperatorFactory,
 ) -> None:
@@ -244,14 +267,23 @@ async def test_cordon_taints_each_node_during_its_change_and_keeps_other_taints_
             {"spec": {"taints": theirs}},
         )
     name = h.unique("cordon")
-    body = paced(name, pool=pool, maxUnavailable=1, canary=0, cordonDuringChange=True)
+    # Proceed: the pods the scheduler places meanwhile must not hold a node's change back.
+    body = paced(
+        name, pool=pool, maxUnavailable=1, canary=0, cordonDuringChange=True, podPolicy="Proceed"
+    )
     await h.add_policy(sim, policies, body)
     await start_operator("--device-plugin-namespace", namespace, "--max-unavailable", "100%")
     await all_verified(sim, nodes, name)
 
     since = time.time()
-    await h.patch_policy(sim.client, name, {"replicas": 2})
-    key = await all_verified(sim, nodes, name)
+    submitting = asyncio.create_task(submit_gpu_pods(sim, pods_ns, pool=pool, every=0.3))
+    try:
+        await h.patch_policy(sim.client, name, {"replicas": 2})
+        key = await all_verified(sim, nodes, name)
+    finally:
+        submitting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await submitting
     await eventually(
         lambda: asyncio.gather(*(h.node(sim.client, n) for n in nodes)),
         until=lambda bodies: all(b["spec"].get("taints") == theirs for b in bodies),
@@ -276,6 +308,30 @@ async def test_cordon_taints_each_node_during_its_change_and_keeps_other_taints_
         }
         assert add[0] == {"op": "test", "path": "/spec/taints", "value": theirs}
         assert [op["op"] for op in remove] == ["test", "remove"]
+    # kube-scheduler placed pods in the pool meanwhile, and none on a node while it was tainted
+    # (allowing its watch a moment to deliver the taint).
+    bindings = audit.bindings(control_plane, nodes, since=since)
+    assert bindings, "the scheduler placed pods during the rollout"
+    for when, node in bindings:
+        (on, _), (off, _) = [(t, p) for t, n, p in taints if n == node]
+        assert not on + SCHEDULER_LAG < when < off, (node, when - on, off - when)
+
+
+SCHEDULER_LAG = 0.5  # seconds for kube-scheduler's informer to see a new taint
+
+
+async def submit_gpu_pods(
+    sim: GpuClusterSimulator, namespace: str, *, pool: str, every: float
+) -> None:
+    """One pod a GPU slot every ``every`` seconds, for the pool's nodes (tolerating the other
+    manager's taint, not ours), until cancelled."""
+    for index in itertools.count():
+        body = scheduling.pod(f"during-{index}", gpus=1, selector={"pool": pool})
+        body["spec"]["tolerations"] = [
+            {"key": "example.com/dedicated", "operator": "Equal", "value": "ml"}
+        ]
+        await scheduling.create(sim, namespace, body)
+        await asyncio.sleep(every)
 
 
 async def test_deleting_a_policy_releases_its_nodes_under_budget_and_the_finalizer_goes_last(

@@ -7,10 +7,8 @@ No operator runs here: these are the cluster's own behaviours that the operator 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 import yaml
 
 from gpushare_operator.testing.controlplane import ControlPlane
@@ -21,19 +19,6 @@ from tests.waiting import eventually
 GPU = "nvidia.com/gpu"
 CONFIGMAP = "gpushare-device-plugin-configs"
 TAINT = {"key": "example.com/maintenance", "value": "true", "effect": "NoSchedule"}
-
-
-@pytest.fixture
-async def pods_ns(sim: GpuClusterSimulator, namespace: str) -> AsyncIterator[str]:
-    """The namespace for the test's pods; they are force-deleted afterwards, since the simulated
-    kubelet does not finish graceful deletions."""
-    try:
-        yield namespace
-    finally:
-        status, body = await sim.client.delete(
-            f"/api/v1/namespaces/{namespace}/pods", params={"gracePeriodSeconds": "0"}
-        )
-        assert status == 200, body
 
 
 def pod(

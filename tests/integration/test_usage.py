@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -32,19 +31,6 @@ SHARED = "nvidia.com/gpu.shared"
 # and no policy in the cluster advertises it until the test creates one.
 MIG = "nvidia.com/mig-1g.10gb"
 _PROBES = ("livenessProbe", "readinessProbe", "startupProbe", "lifecycle")
-
-
-@pytest.fixture
-async def pods_ns(sim: GpuClusterSimulator, namespace: str) -> AsyncIterator[str]:
-    """The namespace for the test's pods (the device-plugin one); its pods are force-deleted
-    afterwards, since without a kubelet a graceful deletion would never finish."""
-    try:
-        yield namespace
-    finally:
-        status, body = await sim.client.delete(
-            f"/api/v1/namespaces/{namespace}/pods", params={"gracePeriodSeconds": "0"}
-        )
-        assert status == 200, body
 
 
 # -- pods as the scheduler and kubelet would leave them --------------------------------------
@@ -332,9 +318,14 @@ async def test_relabelled_node_takes_its_allocation_to_the_other_policy(
     [moving] = await sim.create_gpu_nodes(pool=pool_a, count=1, gpus=2)
     [staying] = await sim.create_gpu_nodes(pool=pool_b, count=1, gpus=2)
     plain, shared = h.unique("plain"), h.unique("shared")
-    await h.add_policy(sim, policies, h.policy(plain, pool=pool_a, replicas=4))
+    # The moving node's pods hold slots the other config does not advertise, which would hold
+    # the move back (podPolicy WaitForPods): this test is about where its slots are counted.
+    proceed = {**h.UNPACED, "podPolicy": "Proceed"}
+    await h.add_policy(sim, policies, h.policy(plain, pool=pool_a, replicas=4, rollout=proceed))
     await h.add_policy(
-        sim, policies, h.policy(shared, pool=pool_b, replicas=2, renameByDefault=True)
+        sim,
+        policies,
+        h.policy(shared, pool=pool_b, replicas=2, renameByDefault=True, rollout=proceed),
     )
     await start_operator("--device-plugin-namespace", namespace)
     await wait_verified(sim, moving, staying)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
-from benchmarks.scale import cluster, delayed, stats
+from benchmarks.scale import cluster, delayed, gfd, paced, stats
 
 STAT = (
     "4242 (python -m gpushare (x)) S 1 4242 4242 0 -1 4194560 52312 0 0 0 "
@@ -204,3 +205,108 @@ def test_delayed_rollout_names_the_policies_whose_status_was_written(tmp_path: P
     start = cluster.epoch("2026-11-29T18:00:00.000000Z")
     counts = delayed.policy_status_writes(log, "bench-a", start, start + 60)
     assert counts == {"dev-wide": 2, "rollout": 1}
+
+
+def _node(
+    *, config: str | None, replicas: str, strategy: str, gpu: str, shared: str | None
+) -> dict[str, Any]:
+    labels = {
+        "nvidia.com/gpu.count": "8",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.replicas": replicas,
+        "nvidia.com/gpu.sharing-strategy": strategy,
+    }
+    if config is not None:
+        labels["nvidia.com/device-plugin.config"] = config
+    allocatable = {"cpu": "63080m", "nvidia.com/gpu": gpu}
+    if shared is not None:
+        allocatable["nvidia.com/gpu.shared"] = shared
+    return {"metadata": {"name": "n1", "labels": labels}, "status": {"allocatable": allocatable}}
+
+
+CONFIGS = {
+    "ts-4": "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n"
+    "    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n",
+    "ts-3-plain": "version: v1\nsharing:\n  timeSlicing:\n"
+    "    resources:\n    - name: nvidia.com/gpu\n      replicas: 3\n",
+}
+
+
+def test_gfd_responder_restarts_registers_and_relabels_as_the_agents_do() -> None:
+    before = gfd.view(_node(config="ts-4", replicas="1", strategy="none", gpu="8", shared=None))
+    sharing = gfd.sharing_of("ts-4", CONFIGS)
+    assert sharing is not None and sharing.replicas == 4
+    assert not gfd.confirmed(before, sharing)
+    assert gfd.restarted(before) == {"nvidia.com/gpu": "0"}  # the plugin is down: 0, kept
+    # Renamed: the shared resource appears, the old one stays registered at 0.
+    assert gfd.registered(before, sharing) == {"nvidia.com/gpu": "0", "nvidia.com/gpu.shared": "32"}
+    labels = gfd.relabelled(before, sharing, stamp="1")
+    assert labels["nvidia.com/gpu.replicas"] == "4"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert "nvidia.com/gpu.product" not in labels  # renamed: GFD adds no -SHARED suffix
+    after = gfd.view(
+        _node(config="ts-4", replicas="4", strategy="time-slicing", gpu="0", shared="32")
+    )
+    assert gfd.confirmed(after, sharing)
+    # The restart alone (labels right, allocatable 0) is not a confirmation.
+    down = gfd.view(
+        _node(config="ts-4", replicas="4", strategy="time-slicing", gpu="0", shared="0")
+    )
+    assert not gfd.confirmed(down, sharing)
+    # Not renamed: the product gets -SHARED, as GFD names a replicated resource.
+    plain = gfd.sharing_of("ts-3-plain", CONFIGS)
+    assert plain is not None
+    relabel = gfd.relabelled(before, plain, stamp="1")
+    assert relabel["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-SHARED"
+    # A label naming a key the ConfigMap lacks: the plugin does not run, never confirmed.
+    assert gfd.sharing_of("nope", CONFIGS) is None
+    assert not gfd.confirmed(after, None)
+
+
+def test_meter_counts_unavailable_nodes_and_keeps_the_peak() -> None:
+    meter = gfd.Meter()
+    meter.reset()
+    for name in ("a", "b", "c"):
+        meter.observe(name, "k2", False)
+    meter.observe("a", "k2", False)  # still down: no new point
+    meter.observe("a", "k2", True)
+    meter.observe("d", "k2", False)
+    meter.observe("b", "k2", True)
+    assert meter.peak == 3
+    assert sorted(meter.down) == ["c", "d"]
+    assert [count for _, count in meter.series] == [0, 1, 2, 3, 2, 3, 2]
+    assert meter.confirmed_at["a"][0] == "k2" and len(meter.durations) == 2
+
+
+def test_paced_rollout_minimum_budget_and_rows() -> None:
+    assert paced.budget(2500, total_nodes=5000) == 250
+    assert paced.budget(250, total_nodes=500) == 25
+    minimum = paced.minimum_writes(nodes=2500, canary=1, changing_s=130.0)
+    assert minimum == {
+        "patch configmaps": 1,
+        # Pending, RolloutWaiting (all but the canary), Applied, Verified
+        "patch gpunodestates/status": 9999,
+        "patch gpusharingpolicies/status": 4,  # generation, 2 progress reports, completion
+        "patch nodes": 2500,
+    }
+    # 75 s wait + 9,999 writes at 100 QPS + 11 batches (canary, then 10 of 250) x 5 s
+    assert paced.time_budget(nodes=2500, canary=1, allowed=250, delay=75, qps=100) == pytest.approx(
+        75 + 99.99 + 55
+    )
+    result = {
+        "nodes": 2500,
+        "rollout": {"maxUnavailable": "10%", "canary": 1},
+        "propagation_delay_s": 75.0,
+        "seconds": 200.0,
+        "time_budget_s": 230.0,
+        "max_unavailable": 251,
+        "max_unavailable_budget": 250,
+        "writes": 12505,
+        "minimum_writes": 12504,
+        "leader_cpu_s": 20.0,
+    }
+    rows = stats.build_rows({}, {}, qps=100, paced=result)
+    mine = [row for row in rows if row.label.startswith("paced rollout")]
+    assert "maxUnavailable 10%, canary 1, 75 s propagation delay" in mine[0].label
+    assert [row.ok for row in mine] == [True, None, False, False, None, None]
+    assert all(row.kopf is None for row in mine)

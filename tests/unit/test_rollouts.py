@@ -185,6 +185,8 @@ def labelled(state: ClusterState, planner: Planner, clock: Clock) -> list[str]:
 def test_a_canary_first_then_batches_in_order_of_fewest_slots(clock: Clock) -> None:
     state, planner = cluster(clock, nodes=6, rollout={"maxUnavailable": 2, "canary": 1})
     assert labelled(state, planner, clock) == ["n00"]  # by name: no pods anywhere
+    key = str(state.policies["p"].config_key)
+    state.upsert_node(node("n00", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))  # written
     assert labelled(state, planner, clock) == []  # the canary is not Verified yet
     counts = planner.rollouts.counts("p")
     assert (counts.admitted + counts.changing, counts.waiting) == (1, 5)
@@ -277,3 +279,63 @@ def test_a_node_still_changing_when_the_spec_moves_on_is_not_stuck_behind_itself
     # of one is its own, and changing it again leaves no more nodes unavailable.
     assert labelled(state, planner, clock) == ["n00"]
     assert planner.rollouts.counts("p").unavailable == 1
+
+
+def test_a_wait_is_published_only_if_it_outlasts_the_quiet_time(clock: Clock) -> None:
+    state, planner = cluster(clock, nodes=3, rollout={"maxUnavailable": 1, "canary": 0})
+    first = {}
+    while (name := state.dirty.pop_node()) is not None:
+        first[name] = planner.plan_node(name)
+    # Nobody is admitted yet and nobody says so: most waits end sooner than that.
+    assert all(plan is None or plan.status is None for plan in first.values())
+    clock.now += planner.rollouts.quiet + 1
+    planner.due()  # admits one; the others' quiet timers are due
+    said = {}
+    while (name := state.dirty.pop_node()) is not None:
+        plan = planner.plan_node(name)
+        if plan is not None and plan.status is not None:
+            said[name] = plan.status["conditions"][0]["reason"]
+    assert sorted(said.values()) == ["LabelPending", "RolloutWaiting", "RolloutWaiting"]
+
+
+def test_the_cluster_budget_caps_all_policies_together(clock: Clock) -> None:
+    state = ClusterState(clock=clock)
+    unpaced = {"maxUnavailable": "100%", "canary": 0}
+    for name, pool in (("p", "a"), ("q", "b")):
+        old = policy(name, pool=pool, replicas=2)
+        state.upsert_policy(old)
+    keys = {n: str(state.policies[n].config_key) for n in ("p", "q")}
+    for i in range(4):
+        state.upsert_node(node(f"a{i}", pool="a", **{CONFIG_LABEL: keys["p"], POLICY_LABEL: "p"}))
+        state.upsert_node(node(f"b{i}", pool="b", **{CONFIG_LABEL: keys["q"], POLICY_LABEL: "q"}))
+    for name, pool in (("p", "a"), ("q", "b")):
+        state.upsert_policy(policy(name, pool=pool, replicas=4, generation=2, rollout=unpaced))
+    data = {k: "x" for k in keys.values()} | {
+        str(state.policies[n].config_key): "y" for n in ("p", "q")
+    }
+    state.set_config_data(data | {"default": "z"}, initial=True)
+    state.settle_initial_keys()
+    clock.now += 100
+    timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
+    planner = Planner(state, timings=timings, max_unavailable=3)  # 3 of the 8 GPU nodes
+    assert len(labelled(state, planner, clock)) == 3  # each policy alone would take all 4
+
+
+def test_a_new_generation_lifts_a_halt(clock: Clock) -> None:
+    state, planner = cluster(clock, nodes=3, rollout={"maxUnavailable": 1, "canary": 1})
+    assert labelled(state, planner, clock) == ["n00"]
+    key = str(state.policies["p"].config_key)
+    state.upsert_node(node("n00", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
+    assert labelled(state, planner, clock) == []  # Applied: its clock starts
+    clock.now += 61  # past the mismatch timeout: the canary failed
+    assert labelled(state, planner, clock) == []
+    counts = planner.rollouts.counts("p")
+    assert counts.failed == 1 and rollouts.halted(counts, RolloutSpec())
+    fixed = policy("p", replicas=8, generation=3, rollout={"maxUnavailable": 1, "canary": 1})
+    state.upsert_policy(fixed)
+    newest = str(state.policies["p"].config_key)
+    state.set_config_data({key: "y", newest: "w", "default": "z"}, initial=False)
+    clock.now += 10
+    # The failed node is no failure of the new rollout: a canary goes again.
+    assert labelled(state, planner, clock) == ["n00"]
+    assert planner.rollouts.counts("p").failed == 0

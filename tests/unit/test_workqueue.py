@@ -146,3 +146,21 @@ def test_marking_wakes_the_writer(queue: WorkQueue) -> None:
     queue.node("a")
     queue.add_after((NODE, "b"), 1)
     assert len(woken) == 2
+
+
+def test_keys_put_first_come_out_before_those_marked_earlier(queue: WorkQueue) -> None:
+    queue.many_nodes(["a", "b", "c"])
+    queue.first(NODE, ["c", "d"])
+    assert [queue.pop_node() for _ in range(4)] == ["c", "d", "a", "b"]
+    assert queue.get(NODE) is None
+
+
+def test_a_key_marked_during_its_own_write_waits_anew_from_then(
+    queue: WorkQueue, clock: Clock
+) -> None:
+    queue.policy("p")
+    assert queue.get(POLICY) == "p"
+    clock.now += 60  # a long hold, then its write
+    queue.policy("p")  # marked again while being written
+    queue.done((POLICY, "p"))
+    assert queue.waiting_since((POLICY, "p")) == clock.now  # not the old mark: no rush

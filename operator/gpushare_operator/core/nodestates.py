@@ -181,10 +181,15 @@ def decide(
     return NodeDecision(policy, NodePhase.PENDING, "LabelPending", message, labels)
 
 
-def held_back(decision: NodeDecision, *, reason: str, message: str) -> NodeDecision:
+def held_back(
+    decision: NodeDecision, *, reason: str, message: str, quiet_until: float | None = None
+) -> NodeDecision:
     """The same decision without its label change: the rollout holds the node where it is.
-    Pending either way: a node to be released is not Unmanaged until our labels are gone."""
-    return NodeDecision(decision.policy, NodePhase.PENDING, reason, message, None)
+    Pending either way: a node to be released is not Unmanaged until our labels are gone.
+    ``quiet_until``: the wait is not published before then (it is looked at again then)."""
+    return NodeDecision(
+        decision.policy, NodePhase.PENDING, reason, message, None, recheck_at=quiet_until
+    )
 
 
 def shows(record: NodeRecord, policy: CompiledPolicy | None) -> bool:

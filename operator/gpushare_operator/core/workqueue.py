@@ -83,6 +83,24 @@ class WorkQueue:
         for name in names:
             self.add((NODE, name))
 
+    def first(self, kind: str, names: Collection[str]) -> None:
+        """Queue ``names`` ahead of everything else of ``kind`` (nodes a rollout has just
+        admitted go before status-only work).  One rebuild of the kind's queue per call."""
+        if not names:
+            return
+        now = self._clock()
+        ahead: dict[str, None] = {}
+        for name in names:
+            key = (kind, name)
+            self._since.setdefault(key, now)
+            if key in self._processing:
+                self._again.add(key)
+            else:
+                ahead[name] = None
+        rest = self._queued.get(kind, {})
+        self._queued[kind] = ahead | {name: None for name in rest if name not in ahead}
+        self._wake()
+
     def policy(self, name: str) -> None:
         self.add((POLICY, name))
 
@@ -154,11 +172,13 @@ class WorkQueue:
         return name
 
     def done(self, key: Key) -> None:
-        """Processing of ``key`` ended; queue it again if it was marked meanwhile."""
+        """Processing of ``key`` ended; queue it again if it was marked meanwhile (its wait
+        then starts now: what it waited for before was just written)."""
         self._processing.discard(key)
         if key in self._again:
             self._again.discard(key)
             self._queued.setdefault(key[0], {})[key[1]] = None
+            self._since[key] = self._clock()
             self._wake()
         elif not self.pending(key):
             self._since.pop(key, None)

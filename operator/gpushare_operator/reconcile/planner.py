@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import re
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -27,16 +26,16 @@ from gpushare_operator.core import (
     statusdiff,
 )
 from gpushare_operator.core.listpatches import JsonPatch
-from gpushare_operator.core.models import FIELD_MANAGER, NodePhase
+from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.reconcile.configplan import ConfigPlanner
 from gpushare_operator.reconcile.rollouts import RolloutBook, Step
 
+# Reasons of a node the rollout holds back (see RolloutBook.gate).
+HELD_BY_ROLLOUT = frozenset({"RolloutWaiting", "WaitingForPods", "RolloutHalted", "Paused"})
 # Keeps a deleted policy until its nodes are released (under its rollout budget).
 FINALIZER = "gpushare.dev/release-nodes"
-
-# Keys this operator renders: `default` and `<policy>-<ts|mps><replicas>-<6 hex>`.
-_OUR_KEY = re.compile(r"^(default|([a-z0-9.-]+-)?(ts\d+|mps\d+|excl)-[0-9a-f]{6})$")
 
 
 def rfc3339_now() -> str:
@@ -83,13 +82,15 @@ class Planner:
         self.state = state
         self.timings = timings
         self.rollouts = RolloutBook(state, max_unavailable=max_unavailable)
+        self.configs = ConfigPlanner(
+            state, grace_period=timings.key_grace_period, recheck=self.recheck
+        )
         self._wallclock = wallclock
         self._epoch = epoch
         self._applied_since: dict[str, tuple[str, float]] = {}
         # Nodes this process has decided on: for them the published status is history, not a
         # clock to resume (see _published_since).
         self._decided: set[str] = set()
-        self._unused_since: dict[str, float] = {}
         self.held: dict[str, float] = {}  # node -> when its held-back Pending status ends
         # Set by the writer while the ConfigMap cannot be written (e.g. namespace missing).
         self.config_error: str | None = None
@@ -98,9 +99,6 @@ class Planner:
         # Status fields the installed CRDs drop, per kind ("nodestate", "policy"): left out of
         # renders, so that an older schema costs a condition, not a rewrite loop.
         self.pruned: dict[str, frozenset[statusdiff.Path]] = {}
-        # ConfigMap keys shaped like ours that another field manager owns: key -> manager.
-        # Never fought over: left out of what we plan and of what we compare.
-        self.foreign_keys: dict[str, str] = {}
         # node -> why its labels cannot be written (a 403 after an RBAC change, a 422): shown
         # in its status until a label write succeeds.
         self.node_problems: dict[str, str] = {}
@@ -263,11 +261,13 @@ class Planner:
         """Whether to keep a soon-outdated Pending status to ourselves (see ``pending_hold``)."""
         until = decision.recheck_at
         now = self.state.clock()
+        # A rollout's wait carries its own quiet time (most nodes are admitted within it).
+        limit = float("inf") if decision.reason in HELD_BY_ROLLOUT else self.timings.pending_hold
         if (
             decision.phase is NodePhase.PENDING
             and decision.labels is None
             and until is not None
-            and until - now <= self.timings.pending_hold
+            and until - now <= limit
         ):
             self.held[name] = until
             return True
@@ -419,52 +419,17 @@ class Planner:
 
     # -- the device-plugin ConfigMap -------------------------------------------------------------
 
-    def desired_config(self) -> dict[str, str]:
-        state = self.state
-        wanted = {devconfigs.DEFAULT_KEY: devconfigs.render_default_text()}
-        for policy in state.policies.values():
-            if policy.config_key and policy.config_text:
-                wanted[policy.config_key] = policy.config_text
-        now = state.clock()
-        for key in set(self._unused_since) - set(state.config_data or {}):
-            del self._unused_since[key]  # gone from the ConfigMap: nothing left to time
-        for key, text in (state.config_data or {}).items():
-            if key in wanted or not _OUR_KEY.match(key) or key in self.foreign_keys:
-                self._unused_since.pop(key, None)
-                continue
-            if state.config_label_counts.get(key):
-                self._unused_since.pop(key, None)
-                wanted[key] = text  # a node still names it
-                continue
-            since = self._unused_since.setdefault(key, now)
-            expires = since + self.timings.key_grace_period
-            if now < expires:
-                wanted[key] = text
-                self.recheck(expires, "config", "")
-        return wanted
+    @property
+    def foreign_keys(self) -> dict[str, str]:
+        """ConfigMap keys shaped like ours that another field manager owns: key -> manager."""
+        return self.configs.foreign_keys
 
-    def _foreign(self, data: Mapping[str, str]) -> dict[str, str]:
-        """Keys shaped like ours that only other field managers own: key -> managers."""
-        owners = self.state.config_owners
-        return {
-            key: ", ".join(sorted(owners[key]))
-            for key in data
-            if key in owners and FIELD_MANAGER not in owners[key] and _OUR_KEY.match(key)
-        }
+    def desired_config(self) -> dict[str, str]:
+        return self.configs.desired()
 
     def plan_config(self) -> dict[str, str] | None:
         """The ConfigMap data to apply, or None when the cluster already shows it."""
-        if not self.state.config_synced:
-            return None
-        data = self.state.config_data or {}
-        self.foreign_keys = self._foreign(data)
-        wanted = {k: v for k, v in self.desired_config().items() if k not in self.foreign_keys}
-        actual = {k: v for k, v in data.items() if _OUR_KEY.match(k) and k not in self.foreign_keys}
-        if self.state.config_data is not None and wanted == actual:
-            return None
-        if self.state.in_flight.get(("configmap", "")) == wanted:
-            return None
-        return wanted
+        return self.configs.plan()
 
 
 def _rfc3339(epoch: float) -> str:

@@ -60,10 +60,15 @@ class RolloutBook:
         *,
         max_unavailable: int | str = "10%",
         interval: float = 0.05,
+        quiet: float = 5.0,
     ) -> None:
         self.state = state
         self.max_unavailable = max_unavailable
         self.interval = interval
+        # A node held back says so only after this long: most are admitted sooner, and
+        # would otherwise cost one more status write each (a rollout with room for all).
+        self.quiet = quiet
+        self._held_since: dict[str, float] = {}
         self._where: dict[str, Place] = {}
         self._steps: defaultdict[str, dict[Step, set[str]]] = defaultdict(
             lambda: {step: set() for step in Step}
@@ -138,11 +143,15 @@ class RolloutBook:
         misfit = None
         if spec.podPolicy is PodPolicy.WAIT_FOR_PODS:
             misfit = self._misfit(record, decision.policy)
+        step = Step.WAITING if misfit is None else Step.BLOCKED
+        self._place(record.name, charged, step, down=down)
+        quiet = self._held_since[record.name] + self.quiet
+        quiet_until = quiet if self.state.clock() < quiet else None
         if misfit is not None:
-            self._place(record.name, charged, Step.BLOCKED, down=down)
             message = f"{misfit}: the node keeps its config until they fit (podPolicy WaitForPods)"
-            return nodestates.held_back(decision, reason="WaitingForPods", message=message)
-        self._place(record.name, charged, Step.WAITING, down=down)
+            return nodestates.held_back(
+                decision, reason="WaitingForPods", message=message, quiet_until=quiet_until
+            )
         who = f"GPUSharingPolicy {charged}" if charged else "the cluster"
         if paused:
             reason, message = "Paused", f"{who} is paused: the node is left as it is"
@@ -152,7 +161,9 @@ class RolloutBook:
         else:
             reason = "RolloutWaiting"
             message = f"waiting for its turn in the rollout of {who}"
-        return nodestates.held_back(decision, reason=reason, message=message)
+        return nodestates.held_back(
+            decision, reason=reason, message=message, quiet_until=quiet_until
+        )
 
     def _charged(self, record: NodeRecord, decision: nodestates.NodeDecision) -> str:
         if decision.policy is not None:
@@ -229,6 +240,9 @@ class RolloutBook:
                 self._steps[policy][place.step].add(node)
         if place is None or place.step not in (Step.WAITING, Step.BLOCKED):
             self._wanted.pop(node, None)
+            self._held_since.pop(node, None)
+        else:
+            self._held_since.setdefault(node, self.state.clock())
         self._set_down(node, down)
 
     def _set_down(self, node: str, down: str | None) -> None:
@@ -366,6 +380,7 @@ class RolloutBook:
             key=lambda n: rollouts.order_key(allocated=sum(usage.node_slots(n).values()), name=n),
         )
         used = 0
+        admitted: list[str] = []
         for node in order:
             # A node still unavailable from its last change (its target moved on meanwhile)
             # costs nothing more: changing it again leaves as many nodes unavailable.
@@ -379,6 +394,7 @@ class RolloutBook:
                 canary -= 1
             self.admitted[node] = (target, policy)
             self._place(node, policy, Step.ADMITTED, down=was_down or policy)
-            self.state.dirty.node(node)
+            admitted.append(node)
             used += was_down is None
+        self.state.dirty.first(NODE, admitted)  # label writes before queued status writes
         return used

@@ -98,6 +98,9 @@ class ControlPlane:
     _procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     _owns_workdir: bool = False
     _ca: certs.CertificateAuthority | None = None
+    # The audit log read so far: tests poll it, and it grows all session long.
+    _audit: list[dict[str, Any]] = field(default_factory=list)
+    _audit_read: int = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -386,11 +389,20 @@ class ControlPlane:
             return int(err.code), bytes(err.read())
 
     def audit_events(self) -> list[dict[str, Any]]:
-        """Every audit event logged so far (writes only; see the policy above)."""
+        """Every audit event logged so far (writes only; see the audit policy).
+
+        Only what was appended since the last call is parsed: a test that polls the log would
+        otherwise parse the whole session's log (tens of MB with request bodies) each time.
+        """
         if not self.audit_log_path.exists():
             return []
-        lines = self.audit_log_path.read_text().splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
+        with self.audit_log_path.open("rb") as log:
+            log.seek(self._audit_read)
+            data = log.read()
+        whole = data.rfind(b"\n") + 1  # a line still being written waits for the next call
+        self._audit_read += whole
+        self._audit.extend(json.loads(line) for line in data[:whole].splitlines() if line.strip())
+        return list(self._audit)
 
 
 @contextlib.contextmanager

@@ -91,6 +91,13 @@ def _connection_options(*, suppress: bool) -> argparse.ArgumentParser:
         default=default("gpushare-device-plugin-configs"),
         help="its name (default gpushare-device-plugin-configs)",
     )
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default(False),
+        help="say on stderr when each step of the command ended",
+    )
     return parent
 
 
@@ -188,7 +195,7 @@ def _target(args: argparse.Namespace) -> cluster.Target:
     )
 
 
-async def _run(args: argparse.Namespace) -> tuple[Mapping[str, Any], str, int]:
+async def _run(args: argparse.Namespace, trace: output.Trace) -> tuple[Mapping[str, Any], str, int]:
     """The report, its text, and the exit status."""
     style = output.Style.for_stream(sys.stdout)
     if args.command == "plan":
@@ -203,6 +210,7 @@ async def _run(args: argparse.Namespace) -> tuple[Mapping[str, Any], str, int]:
                 verify_seconds=args.verify_seconds,
             ),
             pool_labels=tuple(args.pool_label) or POOL_LABELS,
+            trace=trace,
         )
         report = await make_plan(options)
         return report, planview.render(report, style), int(report["exitCode"])
@@ -241,8 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     # The client library logs what it then raises (a missing kubeconfig): say it once.
     logging.getLogger("kubernetes_asyncio").setLevel(logging.ERROR)
+    trace = output.Trace(enabled=args.verbose)
     try:
-        report, text, code = asyncio.run(_run(args))
+        report, text, code = asyncio.run(_run(args, trace))
     except Exception as exc:
         message = _failure(exc)
         if message is None:
@@ -250,6 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(message, file=sys.stderr)
         return EXIT_ERROR
     output.emit(report, fmt=args.output, text=text)
+    trace.mark("printed")
     return code
 
 

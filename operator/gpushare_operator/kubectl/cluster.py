@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,9 +82,18 @@ async def load_fleet(
     if node_states:
         reads.append(reading.list_into(api, reading.Collection(NODE_STATES), NodeStateSink(state)))
     if pods:
-        pod_list = reading.Collection("/api/v1/pods", field_selector=LIVE_PODS)
+        pod_list = reading.Collection(
+            "/api/v1/pods", field_selector=LIVE_PODS, worth_decoding=_asks_for(state)
+        )
         reads.append(reading.list_into(api, pod_list, PodSink(state)))
     await asyncio.gather(*reads)
+
+
+def _asks_for(state: ClusterState) -> Callable[[bytes], bool]:
+    """Whether a pod's JSON names a resource the state keeps pods for: one that does not
+    cannot request it, and the pod sink would drop it after decoding it whole."""
+    names = tuple(name.encode() for name in sorted(state.tracked_resources))
+    return lambda raw: any(name in raw for name in names)
 
 
 async def load_node(api: reading.Api, state: ClusterState, name: str) -> dict[str, Any] | None:

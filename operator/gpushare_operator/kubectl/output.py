@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import yaml
@@ -110,3 +111,16 @@ def names(items: Sequence[str], *, limit: int = _LISTED) -> str:
 
 def plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+@dataclass
+class Trace:
+    """``-v``: when each step ended, on stderr, so a slow plan says where its time went."""
+
+    enabled: bool = False
+    stream: TextIO = sys.stderr
+    started: float = field(default_factory=time.monotonic)
+
+    def mark(self, what: str) -> None:
+        if self.enabled:
+            self.stream.write(f"[{time.monotonic() - self.started:6.2f}s] {what}\n")

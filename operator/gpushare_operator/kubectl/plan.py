@@ -17,6 +17,7 @@ from typing import Any, TextIO
 from gpushare_operator.core.forecasts import POOL_LABELS, UNMANAGED, RolloutPace
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.kubectl import cluster, manifests
+from gpushare_operator.kubectl.output import Trace
 from gpushare_operator.reconcile.forecast import Forecast, Forecaster
 
 EXIT_CLEAN, EXIT_ERROR, EXIT_BLOCKED = 0, 1, 2
@@ -31,6 +32,7 @@ class PlanOptions:
     max_unavailable: int | str = "10%"
     pace: RolloutPace = field(default_factory=RolloutPace)
     pool_labels: Sequence[str] = POOL_LABELS
+    trace: Trace = field(default_factory=Trace)
 
 
 class PlanError(Exception):
@@ -53,19 +55,27 @@ async def make_plan(options: PlanOptions, *, errors: TextIO = sys.stderr) -> dic
         pace=options.pace,
         pool_labels=options.pool_labels,
     )
+    trace, state = options.trace, forecaster.state
     async with cluster.connected(options.target) as api:
         planned, refusals = await manifests.dry_run(api, documents, options.deletions)
         for refusal in refusals:
             errors.write(f"{refusal}\n")
         if refusals:
             raise PlanError(f"the API server refused {len(refusals)} of {len(names)} object(s)")
-        await cluster.load_policies(api, forecaster.state)
-        current = dict(forecaster.state.policies)
+        trace.mark(f"dry run: {len(planned)} object(s) accepted")
+        await cluster.load_policies(api, state)
+        current = dict(state.policies)
         bodies = [manifests.for_state(p) for p in planned]
         forecaster.track_resources_of(bodies)
-        await cluster.load_configmap(api, forecaster.state, options.target)
-        await cluster.load_fleet(api, forecaster.state)
+        await cluster.load_configmap(api, state, options.target)
+        trace.mark(f"read {len(current)} policies and the device-plugin ConfigMap")
+        await cluster.load_fleet(api, state)
+        trace.mark(
+            f"read {len(state.nodes)} GPU nodes, {len(state.node_states)} GPUNodeStates,"
+            f" {len(state.usage.pods)} pods asking for GPU slots"
+        )
     forecast = forecaster.run(bodies)
+    trace.mark(f"forecast: {len(forecast.changes)} node(s) change, {len(forecast.batches)} batches")
     return report(
         forecast=forecast,
         planned=planned,

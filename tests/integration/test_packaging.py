@@ -81,6 +81,17 @@ def test_wheel_installs_into_a_clean_venv_and_connects(
     )
     assert version.returncode == 0
     assert version.stdout.strip() == "0.1.0"
+    # The kubectl plugin: kubectl finds `kubectl-gpushare` on PATH and runs it as a subcommand.
+    on_path = {**os.environ, "PATH": f"{env_dir / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    kubectl = str(control_plane.bin_dir / "kubectl")
+    plugins = subprocess.run(
+        [kubectl, "plugin", "list"], capture_output=True, text=True, env=on_path
+    )
+    assert str(env_dir / "bin" / "kubectl-gpushare") in plugins.stdout, plugins
+    via_kubectl = subprocess.run(
+        [kubectl, "gpushare", "version"], capture_output=True, text=True, env=on_path
+    )
+    assert (via_kubectl.returncode, via_kubectl.stdout.strip()) == (0, "0.1.0"), via_kubectl
 
     kubeconfig = control_plane.kubeconfig_for_user("gpushare-wheel", groups=("system:masters",))
     log = tmp_path / "operator.log"

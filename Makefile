@@ -71,6 +71,12 @@ bench-scale: venv controlplane ## Scale benchmark on a local control plane: 5,00
 	$(VPY) -m pip install --quiet -e '.[bench]'
 	$(VPY) -m benchmarks.scale $(BENCH_SCALE_ARGS)
 
+BENCH_PLUGIN_ARGS ?=
+
+.PHONY: bench-plugin
+bench-plugin: venv controlplane ## `kubectl gpushare plan` on the scale cluster (5,000 nodes, 50,000 pods; ~10 min): wall time and peak RSS (JSON in .bench/). BENCH_PLUGIN_ARGS=--quick: 500 nodes.
+	$(VPY) -m benchmarks.plugin_plan $(BENCH_PLUGIN_ARGS)
+
 .PHONY: soak
 soak: venv controlplane ## Full-size soaks: Lease renewals under load (3,400 nodes, 50,000 pods), and 5,000 nodes and 200 policies created and deleted 3 times (memory back to baseline).
 	GPUSHARE_SOAK=1 $(VPY) -m pytest tests/integration/test_lease_load.py tests/unit/test_soak.py $(PYTEST_ARGS)

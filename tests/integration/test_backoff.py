@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("crds_installed")
 NODES = 500
 CAP = 60.0  # --write-backoff-cap for this test (300 s by default)
 WINDOW = 20.0  # seconds per window of counted writes
-WINDOWS = 4
+WINDOWS = 5  # the last window starts a full cap after the revocation
 RBAC = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{}/leases/gpushare-operator"
 

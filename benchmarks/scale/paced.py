@@ -26,9 +26,10 @@ Minimum writes, per rollout node (N of them, C canaries):
 - one label write (the config label, with the policy label, in one apply);
 - the status writes it must pass through, each a state that lasts and that the node's status
   must say: ``Pending`` with ``configReadyAt`` (the propagation wait, said once, as the time it
-  ends); ``Pending/RolloutWaiting`` once the wait is over and its turn has not come, which is
-  every node but the C canaries (the rest waits until they are Verified); ``Applied`` once its
-  label is written (the agents take seconds to confirm it); ``Verified``.  So 4N - C;
+  ends); ``Pending/RolloutWaiting`` once the wait is over and its turn has not come within
+  5 s (a shorter wait is not published), which is at most every node but the C canaries (the
+  rest waits until they are Verified); ``Applied`` once its label is written (the agents take
+  seconds to confirm it); ``Verified``.  So at most 4N - C, at least 3N;
 
 and per policy: one ConfigMap write (the new key), and for the rolled policy's status one write
 for the new generation (its rollout starts), one at completion (``Complete``, its counts), and

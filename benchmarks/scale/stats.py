@@ -273,8 +273,8 @@ def paced_rows(paced: Mapping[str, Any] | None) -> list[Row]:
             f"≤ {fmt(allowed)}",
             le(peak, allowed),
         ),
-        Row(f"{label}: writes issued", "writes", writes, None, "= minimum", le(writes, minimum)),
-        Row(f"{label}: minimum writes", "writes", minimum, None, "", None),
+        Row(f"{label}: writes issued", "writes", writes, None, "≤ at most", le(writes, minimum)),
+        Row(f"{label}: at most (a wait said by every node)", "writes", minimum, None, "", None),
         Row(f"{label}: leader CPU", "s", _get(paced, "leader_cpu_s"), None, "", None),
     ]
 

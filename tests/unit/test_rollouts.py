@@ -310,7 +310,7 @@ def test_the_cluster_budget_caps_all_policies_together(clock: Clock) -> None:
         state.upsert_node(node(f"b{i}", pool="b", **{CONFIG_LABEL: keys["q"], POLICY_LABEL: "q"}))
     for name, pool in (("p", "a"), ("q", "b")):
         state.upsert_policy(policy(name, pool=pool, replicas=4, generation=2, rollout=unpaced))
-    data = {k: "x" for k in keys.values()} | {
+    data = dict.fromkeys(keys.values(), "x") | {
         str(state.policies[n].config_key): "y" for n in ("p", "q")
     }
     state.set_config_data(data | {"default": "z"}, initial=True)

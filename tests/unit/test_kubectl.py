@@ -212,3 +212,21 @@ def test_a_missing_kubeconfig_is_an_error_not_a_traceback(
 ) -> None:
     assert cli.main(["status", "--kubeconfig", str(tmp_path / "none")]) == 1
     assert capsys.readouterr().err.startswith("error: kubeconfig ")
+
+
+def test_recent_events_come_last_and_name_their_object() -> None:
+    def event(reason: str, when: str, kind: str = "Node") -> dict[str, Any]:
+        return {
+            "reason": reason,
+            "type": "Warning",
+            "lastTimestamp": when,
+            "message": reason.lower(),
+            "involvedObject": {"kind": kind, "name": "n"},
+        }
+
+    events = [event(f"R{i:02d}", f"2026-12-01T00:00:{i:02d}Z") for i in range(12)]
+    events.append(event("Late", "2026-12-01T00:01:00Z", kind="GPUNodeState"))
+    shown = explain._events(events[::-1])
+    assert len(shown) == explain.EVENTS_SHOWN
+    assert [e["reason"] for e in shown][-2:] == ["R11", "Late"]
+    assert shown[-1]["object"] == "GPUNodeState/n"

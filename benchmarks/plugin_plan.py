@@ -42,7 +42,10 @@ BUDGET_SECONDS = 15.0
 BUDGET_RSS_MIB = 300.0
 USER = "bench-primer"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
-RUNS = 3
+RUNS = 5
+# Between the operator's last write and the first plan: the API server's own work after the
+# converging burst (its watch cache, etcd compaction) is over, as in a cluster at rest.
+SETTLE_SECONDS = 30.0
 # Nothing here reads the audit log: log nothing, so 55,000 creates do not wait on it.
 QUIET_AUDIT = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "rules": [{"level": "None"}]}
 
@@ -190,6 +193,7 @@ def run_plan(kubeconfig: Path, manifest: Path, *, fmt: str) -> dict[str, Any]:
         if proc.returncode not in (0, 2):
             raise RuntimeError(f"plan exited {proc.returncode}: {trace}")
     return {
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "wall_s": round(wall, 2),
         "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
@@ -236,6 +240,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=50000)
     parser.add_argument("--quick", action="store_true", help="500 nodes and 5,000 pods")
     parser.add_argument("--out", type=Path, default=Path(".bench") / "plugin_plan.json")
+    parser.add_argument(
+        "--hold",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep the cluster this long after the runs (its kubeconfig is printed), to profile",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.nodes, args.pods = 500, 5000
@@ -248,6 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plane.start()
     try:
         timings = asyncio.run(build(plane, args, args.out.parent))
+        time.sleep(SETTLE_SECONDS)
         kubeconfig = plane.kubeconfig_for_user("bench-plugin", groups=("system:masters",))
         with tempfile.TemporaryDirectory() as scratch:
             manifest = edit(Path(scratch))
@@ -255,6 +267,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run_plan(kubeconfig, manifest, fmt="json" if i == 0 else "text")
                 for i in range(RUNS)
             ]
+            if args.hold:
+                kept = args.out.parent / "plugin-plan-edit.yaml"
+                kept.write_bytes(manifest.read_bytes())
+                log(f"holding the cluster {args.hold:g} s: KUBECONFIG={kubeconfig}, edit {kept}")
+                time.sleep(args.hold)
     finally:
         plane.stop()
     summary = orjson.loads(runs[0]["stdout"])

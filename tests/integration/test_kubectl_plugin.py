@@ -558,3 +558,67 @@ async def test_the_cluster_is_found_as_kubectl_finds_it(
     assert flag.code == 0, flag.stderr
     unknown = await plugin(path, "status", "--context", "nope")
     assert unknown.code == 1 and unknown.stderr.startswith("error:")
+
+
+PLUGIN_ROLE = {
+    "apiVersion": "rbac.authorization.k8s.io/v1",
+    "kind": "ClusterRole",
+    "rules": [
+        # What plan reads: lists only (no watch: the plugin falls back to paged lists).
+        {"apiGroups": [""], "resources": ["nodes", "pods", "configmaps"], "verbs": ["get", "list"]},
+        {
+            "apiGroups": ["gpushare.dev"],
+            "resources": ["gpusharingpolicies", "gpunodestates"],
+            "verbs": ["get", "list"],
+        },
+        # A dry run needs the verb it tries.
+        {
+            "apiGroups": ["gpushare.dev"],
+            "resources": ["gpusharingpolicies"],
+            "verbs": ["create", "update", "delete"],
+        },
+    ],
+}
+
+
+async def test_a_user_who_may_list_but_not_watch_gets_the_same_plan(
+    control_plane: ControlPlane, sim: GpuClusterSimulator, policies: list[str], tmp_path: Path
+) -> None:
+    pool = h.unique("rbac")
+    await sim.create_gpu_nodes(pool=pool, count=2, gpus=2)
+    name = h.unique("rbac")
+    body = h.policy(name, pool=pool, replicas=2)
+    await h.add_policy(sim, policies, body)
+    role, user = h.unique("plugin-reader"), h.unique("reader")
+    await h.ok(
+        sim.client,
+        "POST",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        {**PLUGIN_ROLE, "metadata": {"name": role}},
+    )
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }
+    await h.ok(
+        sim.client, "POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding
+    )
+    try:
+        body["spec"]["replicas"] = 4
+        manifest = tmp_path / "edit.yaml"
+        manifest.write_text(yaml.safe_dump(body))
+        args = ("plan", "-f", str(manifest), "-o", "json", "-v")
+        reader = await plugin(control_plane.kubeconfig_for_user(user), *args)
+        admin = await plugin(user_kubeconfig(control_plane), *args)
+        assert reader.code == admin.code == 0, reader.stderr
+        assert reader.json() == admin.json()
+        assert len([n for n in reader.json()["nodes"] if n["pool"] == pool]) == 2
+        assert "GPU nodes" in reader.stderr  # -v: the steps on stderr
+        denied = await plugin(control_plane.kubeconfig_for_user(h.unique("nobody")), *args)
+        assert denied.code == 1 and "Error from server (Forbidden)" in denied.stderr
+    finally:
+        for kind in ("clusterrolebindings", "clusterroles"):
+            await sim.client.delete(f"/apis/rbac.authorization.k8s.io/v1/{kind}/{role}")

@@ -144,6 +144,38 @@ def test_a_fresh_node_goes_at_once_and_the_cluster_budget_caps_every_policy() ->
     assert batches == [["fresh"], ["n0"], ["n1"]]
 
 
+def test_nodes_whose_key_exists_go_while_a_new_key_propagates_and_take_the_budget_first() -> None:
+    """As in the operator: a new key is not named before the propagation delay is over, so a
+    node moving to a policy whose key is already there is admitted at once, and holds the
+    cluster-wide budget while the new key's nodes wait."""
+    forecaster = Forecaster(max_unavailable=1, pace=PACE)
+    state = forecaster.state
+    state.upsert_policy(policy("p", replicas=2, priority=100))
+    state.upsert_policy(policy("r", pool="b", priority=50))
+    wide = policy("q", replicas=3, priority=10)
+    wide["spec"]["nodeSelector"] = {
+        "matchExpressions": [{"key": "pool", "operator": "In", "values": ["b", "c"]}]
+    }
+    state.upsert_policy(wide)
+    keys = {n: str(p.config_key) for n, p in state.policies.items()}
+    state.set_config_data({**dict.fromkeys(keys.values(), "x"), "default": "d"}, initial=True)
+    for name, pool, owner, replicas in (
+        ("a0", "a", "p", 2),
+        ("a1", "a", "p", 2),
+        ("b0", "b", "r", 4),
+        ("c0", "c", "q", 3),
+    ):
+        state.upsert_node(node(name, pool=pool, **on(keys[owner], owner, replicas)))
+    forecast = forecaster.run(
+        [
+            policy("p", replicas=4, priority=100, generation=2),
+            policy("r", pool="b", priority=5, generation=2),
+        ]
+    )
+    assert [[n for n, _ in b.nodes] for b in forecast.batches] == [["b0"], ["a0"], ["a1"]]
+    assert [b.ends_at for b in forecast.batches] == [60.03, 135.03, 195.06]
+
+
 def test_pods_that_would_not_fit_hold_their_node_and_block_the_plan() -> None:
     forecaster = Forecaster(max_unavailable="100%", pace=PACE)
     converged(forecaster, 2, rollout={"maxUnavailable": "100%", "canary": 0})

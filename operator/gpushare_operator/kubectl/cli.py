@@ -117,7 +117,8 @@ def _add_plan(commands: Any, common: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="FILE",
-        help="YAML or JSON with GPUSharingPolicies, new or edited ('-': stdin); repeatable",
+        help="YAML or JSON with GPUSharingPolicies, new or edited: a file, a directory of them,"
+        " or '-' for stdin; repeatable",
     )
     plan.add_argument(
         "--delete", action="append", default=[], metavar="NAME", help="plan deleting a policy"

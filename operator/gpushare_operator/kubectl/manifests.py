@@ -66,13 +66,28 @@ def _documents(text: str, *, source: str) -> Iterator[Mapping[str, Any]]:
             yield document
 
 
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _files(paths: Sequence[str]) -> Iterator[str]:
+    """Each path, a directory standing for its manifests (not recursive, as ``kubectl -f``)."""
+    for path in paths:
+        folder = Path(path)
+        if path != "-" and folder.is_dir():
+            found = sorted(p for p in folder.iterdir() if p.suffix in MANIFEST_SUFFIXES)
+            yield from (str(p) for p in found if p.is_file())
+        else:
+            yield path
+
+
 def read_policies(
     paths: Sequence[str], *, stdin: Iterable[str] = sys.stdin
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """The GPUSharingPolicies in ``paths`` (``-``: standard input), and what else was there."""
+    """The GPUSharingPolicies in ``paths`` (files, directories of them, or ``-``: standard
+    input), and what else was there."""
     policies: list[dict[str, Any]] = []
     skipped: list[str] = []
-    for path in paths:
+    for path in _files(paths):
         try:
             text = "".join(stdin) if path == "-" else Path(path).read_text()
         except OSError as exc:

@@ -11,7 +11,7 @@ _ACTIONS = {
     "create": "created",
     "update": "updated",
     "delete": "deleted",
-    "unchanged": "unchanged",
+    "unchanged": "spec unchanged",
     "affected": "affected by the change",
 }
 

@@ -217,13 +217,14 @@ class Forecaster:
         return {node for policy in policies for node in index.nodes_of(policy)}
 
     def _write_keys(self) -> dict[str, str]:
-        """The keys the operator would add to the ConfigMap, taken as propagated from here on
-        (the plan's clock starts once the propagation delay is over)."""
+        """The keys the operator would add to the ConfigMap, written now: as in the operator,
+        no node may name one before the propagation delay is over, while nodes whose key is
+        already there may go at once (and take the budget first)."""
         state = self.state
         current = dict(state.config_data or {})
         wanted = self.planner.desired_config()
         written = {key: text for key, text in wanted.items() if key not in current}
-        state.set_config_data({**current, **written}, initial=True)
+        state.set_config_data({**current, **written}, initial=False)
         return written
 
     def _misfits(self, changes: Sequence[NodeChange]) -> list[Misfit]:
@@ -253,28 +254,58 @@ class Forecaster:
     # -- replaying the rollout ---------------------------------------------------------------
 
     def _replay(self, forecast: Forecast) -> None:
-        """Admit, batch after batch, as the operator's rollout book would, settling each
-        batch before the next; a node admitted twice would mean a node that never settles."""
-        book = self.planner.rollouts
+        """Admit, batch after batch, as the operator's rollout book would, on a clock that
+        moves by each batch's estimated time: a new key's nodes wait for its propagation, and
+        every batch settles before the next.  A node admitted twice would mean a node that
+        never settles: the replay stops there rather than loop."""
+        book, start = self.planner.rollouts, self.clock.now
         self._drain()
         carried = self._gate(sorted(self.state.nodes))  # fresh nodes go at once
         forecast.budgets = self._budgets()
-        ends_at, settled = forecast.start_delay, set[str]()
-        for index in range(1, len(self.state.nodes) + 2):
+        settled: set[str] = set()
+        ticks = 0.0  # clock moves that only let the book look again: not time that passes
+        for _ in range(2 * len(self.state.nodes) + 2):
             self._drain()
-            self.clock.now += 1.0
+            self.clock.now += 2 * book.interval  # the book admits at most once an interval
+            ticks += 2 * book.interval
             book.advance()
             admitted = carried + self._gate(self._dirty_nodes())
-            carried = []
-            if not admitted or settled.intersection(admitted):
+            if not admitted:
+                ready = self._next_key_ready()
+                if ready is None:
+                    break
+                self.clock.now, ticks = ready, 0.0  # nothing to do until a key propagated
+                carried = self._gate(self._preparing())
+                continue
+            if settled.intersection(admitted):
                 break
             nodes = tuple((name, book.admitted[name][1]) for name in admitted)
             for name in admitted:
                 self._settle(name)
             settled.update(admitted)
-            ends_at += self.pace.batch_seconds(len(admitted))
-            forecast.batches.append(Batch(index, nodes, ends_at))
+            self.clock.now += self.pace.batch_seconds(len(admitted))
+            index = len(forecast.batches) + 1
+            forecast.batches.append(Batch(index, nodes, round(self.clock.now - start - ticks, 2)))
+            carried = self._gate(self._preparing())  # a key may have propagated meanwhile
         forecast.held = self._held()
+
+    def _preparing(self) -> list[str]:
+        """Nodes waiting for their new key to propagate (or for their policy to resume)."""
+        book = self.planner.rollouts
+        return sorted(
+            node
+            for policy in {*self.state.policies, CLUSTER}
+            for node in book.nodes_at(policy, Step.PREPARING)
+        )
+
+    def _next_key_ready(self) -> float | None:
+        """When the next key some waiting node needs has propagated; None if none is due."""
+        if not self._preparing():
+            return None
+        state, now = self.state, self.clock.now
+        delay = self.pace.propagation_delay
+        due = [seen + delay for seen in state.key_seen_at.values() if seen + delay > now]
+        return min(due, default=None)
 
     def _drain(self) -> None:
         dirty = self.state.dirty

@@ -1,0 +1,232 @@
+"""The kubectl plugin without a cluster: manifests, the plan's report and text, output helpers."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.core.forecasts import RolloutPace
+from gpushare_operator.kubectl import cli, explain, manifests, output, planview
+from gpushare_operator.kubectl.plan import PlanOptions, report
+from gpushare_operator.reconcile.forecast import Forecaster
+from tests.unit.test_forecast import converged, pod
+from tests.unit.test_planner import node, policy
+
+# -- manifests -------------------------------------------------------------------------------
+
+
+def manifest(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "gpushare.dev/v1alpha1",
+        "kind": "GPUSharingPolicy",
+        "metadata": {"name": name},
+        "spec": {"strategy": "TimeSlicing", "replicas": 2, **spec},
+    }
+
+
+def test_policies_are_read_from_files_directories_lists_and_stdin(tmp_path: Path) -> None:
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(yaml.safe_dump_all([manifest("a"), manifest("b")]))
+    listed = {"apiVersion": "v1", "kind": "List", "items": [manifest("c")]}
+    (folder / "c.json").write_text(json.dumps(listed))
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}
+    (folder / "other.yml").write_text(yaml.safe_dump(other))
+    (folder / "notes.txt").write_text("not a manifest")
+    stdin = io.StringIO(yaml.safe_dump(manifest("d")))
+    found, skipped = manifests.read_policies([str(folder), "-"], stdin=stdin)
+    assert [p["metadata"]["name"] for p in found] == ["a", "b", "c", "d"]
+    assert skipped == [f"ConfigMap x ({folder / 'other.yml'})"]
+
+
+def test_unreadable_manifests_say_which_file(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("spec: [unclosed")
+    with pytest.raises(manifests.ManifestError, match=r"broken\.yaml: not valid YAML"):
+        manifests.read_policies([str(broken)])
+    with pytest.raises(manifests.ManifestError, match=r"missing\.yaml"):
+        manifests.read_policies([str(tmp_path / "missing.yaml")])
+    nameless = tmp_path / "nameless.yaml"
+    nameless.write_text(yaml.safe_dump({**manifest("x"), "metadata": {}}))
+    with pytest.raises(manifests.ManifestError, match=r"without metadata\.name"):
+        manifests.read_policies([str(nameless)])
+
+
+def test_a_replacement_keeps_the_current_version_and_the_operators_finalizer() -> None:
+    current = {
+        "metadata": {
+            "name": "a",
+            "resourceVersion": "42",
+            "finalizers": ["gpushare.dev/release-nodes"],
+        }
+    }
+    replaced = manifests._replacement(manifest("a"), current)
+    assert replaced["metadata"]["resourceVersion"] == "42"
+    assert replaced["metadata"]["finalizers"] == ["gpushare.dev/release-nodes"]
+    assert replaced["spec"] == manifest("a")["spec"]
+
+
+# -- the report and its text ---------------------------------------------------------------------
+
+
+def planned(body: dict[str, Any], action: str, current: dict[str, Any] | None) -> Any:
+    return manifests.Planned(body["metadata"]["name"], action, current, body)
+
+
+def test_the_report_counts_per_policy_and_pool_and_exits_2_on_an_overcommit() -> None:
+    forecaster = Forecaster(max_unavailable="100%", pace=RolloutPace())
+    converged(forecaster, 2, rollout={"maxUnavailable": 1, "canary": 1})
+    forecaster.state.upsert_pod(pod("big", "n0", 7))
+    current = dict(forecaster.state.policies)
+    old = policy("p", replicas=2, rollout={"maxUnavailable": 1, "canary": 1})
+    new = policy("p", replicas=1, generation=2, strategy="Exclusive")
+    forecast = forecaster.run([new])
+    plan = report(
+        forecast=forecast,
+        planned=[planned(new, "update", old)],
+        current=current,
+        after=dict(forecaster.state.policies),
+        options=PlanOptions(),
+    )
+    [entry] = plan["policies"]
+    assert entry["action"] == "update"
+    assert entry["spec"]["strategy"] == {"before": "TimeSlicing", "after": "Exclusive"}
+    [pool] = entry["pools"]
+    assert pool["changed"] == ["n0", "n1"]
+    assert pool["capacity"] == {"before": 16, "after": 8}
+    assert entry["rollout"]["held"][0]["reason"] == "WaitingForPods"
+    assert plan["exitCode"] == 2 and plan["overcommitted"][0]["node"] == "n0"
+    text = planview.render(plan, output.Style())
+    assert "Result: blocked (exit 2)" in text
+    assert "a: changes n0, n1 (new config)" in text
+    assert "ns/big" in text and "held (WaitingForPods): n0" in text
+    json.dumps(plan)  # -o json: plain data only
+
+
+def test_a_new_overlapping_policy_shows_who_loses_which_nodes_to_it() -> None:
+    forecaster = Forecaster(max_unavailable="100%", pace=RolloutPace(propagation_delay=5))
+    converged(forecaster, 2)
+    current = dict(forecaster.state.policies)
+    greedy = policy("greedy", priority=9, replicas=8, rollout={"canary": 0})
+    forecast = forecaster.run([greedy])
+    plan = report(
+        forecast=forecast,
+        planned=[planned(greedy, "create", None)],
+        current=current,
+        after=dict(forecaster.state.policies),
+        options=PlanOptions(),
+    )
+    by_name = {p["name"]: p for p in plan["policies"]}
+    assert by_name["p"]["action"] == "affected"
+    assert by_name["p"]["pools"][0]["lost"] == [
+        {"node": "n0", "to": "greedy"},
+        {"node": "n1", "to": "greedy"},
+    ]
+    assert by_name["greedy"]["capacity"] == {"before": 0, "after": 64}
+    assert plan["exitCode"] == 0 and plan["rollout"]["propagationDelaySeconds"] == 5
+    text = planview.render(plan, output.Style())
+    assert "a: loses n0, n1 (won by greedy)" in text
+    assert "Result: clean (exit 0)." in text
+
+
+# -- explain: who wins and why -------------------------------------------------------------------
+
+
+def test_the_ranking_says_why_each_policy_wins_loses_or_is_skipped() -> None:
+    state = ClusterState()
+    state.upsert_policy(policy("high", priority=9, strategy="MPS"))
+    state.upsert_policy(policy("mid", priority=5))
+    state.upsert_policy(policy("also-mid", priority=5))
+    state.upsert_node(node("n", **{"nvidia.com/mig.strategy": "mixed"}))
+    winner = state.governing("n")
+    assert winner is not None and winner.name == "also-mid"
+    ranking = explain._ranking(state, state.nodes["n"], winner)
+    assert [(r["name"], r["outcome"]) for r in ranking] == [
+        ("high", "skipped"),
+        ("also-mid", "governs"),
+        ("mid", "outranked"),
+    ]
+    assert "mixed" in ranking[0]["why"]
+    assert ranking[1]["why"] == "the first by rank that can work here (high cannot)"
+    assert ranking[2]["why"] == "same priority as also-mid (5), whose name sorts first"
+
+
+# -- output --------------------------------------------------------------------------------------
+
+
+def test_tables_align_and_bars_show_use_and_overcommit() -> None:
+    assert output.table(("A", "LONG"), [("xx", 1), ("y", None)]).splitlines() == [
+        "A   LONG",
+        "xx  1",
+        "y",
+    ]
+    assert output.bar(0, 10, width=4) == "░░░░"
+    assert output.bar(1, 100, width=4) == "█░░░"  # something in use is never an empty bar
+    assert output.bar(5, 4, width=4) == "!███"
+    assert output.slots(3, 8, output.Style(bars=True)).endswith(" 3/8")
+    assert output.slots(3, 8, output.Style()) == "3/8"
+
+
+def test_durations_and_long_lists_read_as_people_write_them() -> None:
+    assert [output.duration(s) for s in (45, 375, 3720)] == ["45s", "6m15s", "1h02m"]
+    assert output.names(["a", "b", "c"], limit=2) == "a, b and 1 more"
+
+
+def test_a_terminal_gets_bars_and_no_colour_is_honoured() -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert output.Style.for_stream(Tty(), env={}) == output.Style(bars=True, bold=True)
+    assert output.Style.for_stream(Tty(), env={"NO_COLOR": "1"}) == output.Style(bars=True)
+    assert output.Style.for_stream(io.StringIO(), env={}) == output.Style()
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def test_connection_flags_are_taken_before_or_after_the_command() -> None:
+    parser = cli.build_parser()
+    before = parser.parse_args(["--context", "c", "-o", "json", "status"])
+    after = parser.parse_args(["status", "--context", "c", "-o", "json"])
+    assert (before.context, before.output) == (after.context, after.output) == ("c", "json")
+    plan = parser.parse_args(["plan", "-f", "x.yaml", "--max-unavailable", "25%"])
+    assert (plan.filename, plan.max_unavailable, plan.context) == (["x.yaml"], "25%", None)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["plan", "--max-unavailable", "0"])
+
+
+def test_version_needs_no_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["version"]) == 0
+    assert capsys.readouterr().out.strip() == "0.1.0"
+
+
+def test_a_missing_kubeconfig_is_an_error_not_a_traceback(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert cli.main(["status", "--kubeconfig", str(tmp_path / "none")]) == 1
+    assert capsys.readouterr().err.startswith("error: kubeconfig ")
+
+
+def test_recent_events_come_last_and_name_their_object() -> None:
+    def event(reason: str, when: str, kind: str = "Node") -> dict[str, Any]:
+        return {
+            "reason": reason,
+            "type": "Warning",
+            "lastTimestamp": when,
+            "message": reason.lower(),
+            "involvedObject": {"kind": kind, "name": "n"},
+        }
+
+    events = [event(f"R{i:02d}", f"2026-12-01T00:00:{i:02d}Z") for i in range(12)]
+    events.append(event("Late", "2026-12-01T00:01:00Z", kind="GPUNodeState"))
+    shown = explain._events(events[::-1])
+    assert len(shown) == explain.EVENTS_SHOWN
+    assert [e["reason"] for e in shown][-2:] == ["R11", "Late"]
+    assert shown[-1]["object"] == "GPUNodeState/n"

@@ -263,6 +263,41 @@ async def test_an_unsupported_winner_falls_through(
     assert ts_status["slots"]["capacity"] >= 4  # the fallen-through node's slots count here
 
 
+async def test_deleting_the_policy_an_unsupported_node_fell_through_to_releases_it(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    """Once the TimeSlicing policy a mixed-MIG node fell through to is deleted, only the MPS
+    policy, which cannot work there, selects it: the node loses the gone policy's labels
+    and the policy's finalizer goes (it used to wait for that label for ever)."""
+    pool = h.unique("mig")
+    body = bodies.gpu_node(name=h.unique("mixed"), pool=pool, gpus=2, mig_strategy="mixed")
+    mixed = (await sim.create_node(body))["metadata"]["name"]
+    mps, ts = h.unique("mps"), h.unique("ts")
+    await h.add_policy(sim, policies, h.policy(mps, pool=pool, strategy="MPS", priority=100))
+    await h.add_policy(sim, policies, h.policy(ts, pool=pool, replicas=2, priority=1))
+    await start_operator("--device-plugin-namespace", namespace)
+    assert (await _phase_is(sim, mixed, "Verified", timeout=90))["status"]["policy"] == ts
+
+    before = _label_writes(control_plane, mixed)
+    await h.delete_policy(sim.client, ts)
+    await eventually(
+        lambda: sim.client.get(f"{h.API}/gpusharingpolicies/{ts}"),
+        until=lambda answer: answer[0] == 404,
+        timeout=90,
+        what="the deleted policy gone, its finalizer removed",
+    )
+    labels = (await h.node(sim.client, mixed))["metadata"]["labels"]
+    assert h.CONFIG_LABEL not in labels and h.POLICY_LABEL not in labels
+    state = await _phase_is(sim, mixed, "Unsupported", timeout=30)
+    assert _label_writes(control_plane, mixed) == before + 1  # the removal, nothing else
+    assert state["status"]["policy"] == mps
+    assert state["status"]["conditions"][0]["reason"] == "MPSWithMixedMIG"
+
+
 async def test_the_make_run_samples_converge_with_gfd_rewriting_the_product(
     control_plane: ControlPlane,
     namespace: str,

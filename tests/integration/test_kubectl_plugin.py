@@ -348,18 +348,6 @@ async def apply_edit(world: World, name: str, shape: Shape | None) -> None:
     assert status == 200, body
 
 
-async def release_stuck(world: World, name: str) -> None:
-    """A deletion that leaves a node Unsupported never completes: the operator leaves an
-    Unsupported node as it is, so the node keeps the deleted policy's labels and the policy's
-    finalizer waits for them forever.  Once everything else settled, lift the finalizer by
-    hand, as the documented uninstall does for a policy that hangs in deletion."""
-    await converged(world)
-    path = f"{h.API}/gpusharingpolicies/{name}"
-    patch = {"metadata": {"finalizers": None}}
-    status, body = await world.sim.client.patch(path, patch)
-    assert status in (200, 404), body
-
-
 @FAST_AGENTS
 @settings(
     max_examples=EDITS,
@@ -380,8 +368,6 @@ async def test_plan_predicts_the_nodes_and_capacities_the_operator_then_publishe
     assert run.code in (0, 2), run.stderr
     report = run.json()
     await apply_edit(world, name, shape)
-    if shape is None and report["unsupported"]:
-        await release_stuck(world, name)
     await converged(world, gone=name if shape is None else None)
     after = await standings(world.sim, world.nodes)
 

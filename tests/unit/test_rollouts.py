@@ -12,7 +12,7 @@ from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import listpatches, rollouts
 from gpushare_operator.core.models import GPUSharingPolicySpec, RolloutSpec, RolloutState
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
-from gpushare_operator.reconcile.planner import Planner, Timings
+from gpushare_operator.reconcile.planner import FINALIZER, Planner, Timings
 from tests.unit.test_planner import Clock, node, policy
 
 # -- arithmetic ------------------------------------------------------------------------------
@@ -339,3 +339,57 @@ def test_a_new_generation_lifts_a_halt(clock: Clock) -> None:
     # The failed node is no failure of the new rollout: a canary goes again.
     assert labelled(state, planner, clock) == ["n00"]
     assert planner.rollouts.counts("p").failed == 0
+
+
+def test_deleting_the_policy_an_unsupported_node_fell_through_to_releases_the_node(
+    clock: Clock,
+) -> None:
+    """A mixed-MIG node under TimeSlicing policy ts because MPS policy mps, which outranks it,
+    cannot work there: deleting ts leaves only mps, which cannot take the node either.  Its
+    labels are ts's to remove (under ts's budget), or ts's finalizer would wait for ever."""
+    state = ClusterState(clock=clock)
+    state.upsert_policy(policy("ts", priority=1))
+    state.upsert_policy(policy("mps", priority=100, strategy="MPS"))
+    key = str(state.policies["ts"].config_key)
+    state.set_config_data({key: "x", "default": "z"}, initial=True)
+    state.settle_initial_keys()
+    mixed = {"nvidia.com/mig.strategy": "mixed", CONFIG_LABEL: key, POLICY_LABEL: "ts"}
+    state.upsert_node(node("n1", **mixed, **{"nvidia.com/gpu.replicas": "4"}))
+    timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
+    planner = Planner(state, timings=timings, max_unavailable="100%")
+    assert labelled(state, planner, clock) == []  # ts governs it, and it shows ts's config
+    assert state.policy_label_counts.get("ts") == 1
+
+    gone = policy("ts", priority=1)
+    gone["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    gone["metadata"]["finalizers"] = [FINALIZER]
+    state.upsert_policy(gone)
+    assert labelled(state, planner, clock) == ["n1"]
+    plan = planner.plan_node("n1")
+    assert plan is not None and plan.labels == {CONFIG_LABEL: None, POLICY_LABEL: None}
+    assert plan.status is not None and plan.status["phase"] == "Unsupported"
+    assert planner.rollouts.counts("ts").admitted == 1  # charged to the policy losing it
+
+    assert planner.plan_finalizer("ts") is None  # the node still carries its label
+    state.upsert_node(node("n1", **{"nvidia.com/mig.strategy": "mixed"}))  # the labels went
+    patch = planner.plan_finalizer("ts")
+    assert patch is not None and patch[-1]["op"] == "remove"
+    assert labelled(state, planner, clock) == []  # and nothing more is written to the node
+
+
+def test_an_unsupported_node_keeps_the_labels_of_a_policy_that_still_selects_it(
+    clock: Clock,
+) -> None:
+    """The other side of the release above: while the node's own policy still selects it, a
+    node that turned Unsupported (here: its GPU count label broke) is never written to."""
+    state = ClusterState(clock=clock)
+    state.upsert_policy(policy("ts", priority=1))
+    key = str(state.policies["ts"].config_key)
+    state.set_config_data({key: "x", "default": "z"}, initial=True)
+    state.settle_initial_keys()
+    state.upsert_node(node("n1", count="two", **{CONFIG_LABEL: key, POLICY_LABEL: "ts"}))
+    timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
+    planner = Planner(state, timings=timings, max_unavailable="100%")
+    assert labelled(state, planner, clock) == []
+    plan = planner.plan_node("n1")
+    assert plan is None or plan.labels is None

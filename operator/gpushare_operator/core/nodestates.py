@@ -10,8 +10,8 @@ nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpushare_operator.core import conditions, devconfigs
@@ -179,6 +179,28 @@ def decide(
     labels: Labels = {CONFIG_LABEL: policy.config_key, POLICY_LABEL: policy.name}
     message = f"labelling the node with config key {policy.config_key}"
     return NodeDecision(policy, NodePhase.PENDING, "LabelPending", message, labels)
+
+
+def orphan_released(
+    decision: NodeDecision, *, record: NodeRecord, claimants: Collection[str]
+) -> NodeDecision:
+    """An Unsupported node that still carries the labels of a policy no longer claiming it
+    (deleted, or its selector moved on) loses them, as a node no policy selects would.
+
+    The policies that do select it cannot work there, so none of them will ever relabel it:
+    left alone, it would keep a gone policy's config for good (and that policy's finalizer,
+    which waits for its label to go, would never let it be deleted).  Only our own labels
+    are removed; nothing about the node's broken GPU stack is written.
+    """
+    owner = record.policy_label
+    if decision.phase is not NodePhase.UNSUPPORTED or owner is None or owner in claimants:
+        return decision
+    return replace(decision, labels={CONFIG_LABEL: None, POLICY_LABEL: None})
+
+
+def releases(decision: NodeDecision) -> bool:
+    """Whether the decision removes our labels from the node."""
+    return decision.labels is not None and decision.labels.get(CONFIG_LABEL) is None
 
 
 def held_back(

@@ -170,7 +170,7 @@ class Planner:
     def decide(self, record: NodeRecord) -> nodestates.NodeDecision:
         policy = self.governing(record.name)
         since = self._applied_clock(record.name, policy)
-        return nodestates.decide(
+        decision = nodestates.decide(
             record=record,
             policy=policy,
             key=self.key_state(policy.config_key if policy else None),
@@ -178,6 +178,10 @@ class Planner:
             now=self.state.clock(),
             mismatch_timeout=self.timings.mismatch_timeout,
         )
+        if decision.phase is not NodePhase.UNSUPPORTED or record.policy_label is None:
+            return decision
+        claimants = {p.name for p in self.state.candidates(record.name)}
+        return nodestates.orphan_released(decision, record=record, claimants=claimants)
 
     def _applied_clock(self, name: str, policy: CompiledPolicy | None) -> float | None:
         """Since when this node has shown this policy's label without confirming it, on our

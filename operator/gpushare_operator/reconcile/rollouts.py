@@ -142,7 +142,7 @@ class RolloutBook:
         self._wanted[record.name] = target
         misfit = None
         if spec.podPolicy is PodPolicy.WAIT_FOR_PODS:
-            misfit = self._misfit(record, decision.policy)
+            misfit = self._misfit(record, None if target == RELEASE else decision.policy)
         step = Step.WAITING if misfit is None else Step.BLOCKED
         self._place(record.name, charged, step, down=down)
         quiet = self._held_since[record.name] + self.quiet
@@ -166,7 +166,7 @@ class RolloutBook:
         )
 
     def _charged(self, record: NodeRecord, decision: nodestates.NodeDecision) -> str:
-        if decision.policy is not None:
+        if decision.policy is not None and not nodestates.releases(decision):
             return decision.policy.name
         losing = record.policy_label
         return losing if losing is not None and losing in self.state.policies else CLUSTER
@@ -174,7 +174,9 @@ class RolloutBook:
     @staticmethod
     def _target(decision: nodestates.NodeDecision) -> str:
         policy = decision.policy
-        return RELEASE if policy is None or policy.config_key is None else policy.config_key
+        if policy is None or policy.config_key is None or nodestates.releases(decision):
+            return RELEASE
+        return policy.config_key
 
     def _granted(self, record: NodeRecord, *, target: str, wants: bool) -> None:
         """An admission is used up once the node shows its target (the change is under way:

@@ -230,3 +230,19 @@ def test_recent_events_come_last_and_name_their_object() -> None:
     assert len(shown) == explain.EVENTS_SHOWN
     assert [e["reason"] for e in shown][-2:] == ["R11", "Late"]
     assert shown[-1]["object"] == "GPUNodeState/n"
+
+
+def test_the_readme_shows_the_plugins_help_as_it_is(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's ``--help`` blocks are the plugin's own text (at 100 columns), so that a
+    changed option cannot leave the README describing the old one."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    monkeypatch.setenv("COLUMNS", "100")
+    for argv in (["--help"], ["plan", "--help"]):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(argv)
+        assert exit_.value.code == 0
+        shown = capsys.readouterr().out
+        assert shown.startswith("usage: kubectl gpushare")
+        assert shown in readme, f"the README's kubectl gpushare {' '.join(argv)} is out of date"

@@ -474,10 +474,10 @@ def test_timers_and_trackers_do_not_grow_with_replanning_or_departed_nodes(
     for _ in range(100):  # a busy node: planned again on every pod event
         planner.plan_node("n1")
     assert state.dirty.sizes()["timers"] == 1  # one Mismatch deadline, not a hundred
-    assert "n1" in planner._applied_since
+    assert "n1" in planner.applied.since
     state.delete_node("n1")
     planner.plan_node("n1")
-    assert "n1" not in planner._applied_since
+    assert "n1" not in planner.applied.since
 
 
 EPOCH = 1_800_000_000.0  # the wall clock of a replica that has just started

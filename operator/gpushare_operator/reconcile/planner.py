@@ -29,6 +29,7 @@ from gpushare_operator.core.listpatches import JsonPatch
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.reconcile.appliedclocks import AppliedClocks
 from gpushare_operator.reconcile.configplan import ConfigPlanner
 from gpushare_operator.reconcile.rollouts import RolloutBook, Step
 
@@ -40,13 +41,6 @@ FINALIZER = "gpushare.dev/release-nodes"
 
 def rfc3339_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _epoch(stamp: object) -> float | None:
-    try:
-        return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +80,12 @@ class Planner:
             state, grace_period=timings.key_grace_period, recheck=self.recheck
         )
         self._wallclock = wallclock
-        self._epoch = epoch
-        self._applied_since: dict[str, tuple[str, float]] = {}
-        # Nodes this process has decided on: for them the published status is history, not a
-        # clock to resume (see _published_since).
-        self._decided: set[str] = set()
+        self.applied = AppliedClocks(
+            clock=state.clock,
+            epoch=epoch,
+            published=state.node_states,
+            mismatch_timeout=timings.mismatch_timeout,
+        )
         self.held: dict[str, float] = {}  # node -> when its held-back Pending status ends
         # Set by the writer while the ConfigMap cannot be written (e.g. namespace missing).
         self.config_error: str | None = None
@@ -169,7 +164,7 @@ class Planner:
 
     def decide(self, record: NodeRecord) -> nodestates.NodeDecision:
         policy = self.governing(record.name)
-        since = self._applied_clock(record.name, policy)
+        since = self.applied.of(record.name, policy)
         decision = nodestates.decide(
             record=record,
             policy=policy,
@@ -183,64 +178,17 @@ class Planner:
         claimants = {p.name for p in self.state.candidates(record.name)}
         return nodestates.orphan_released(decision, record=record, claimants=claimants)
 
-    def _applied_clock(self, name: str, policy: CompiledPolicy | None) -> float | None:
-        """Since when this node has shown this policy's label without confirming it, on our
-        monotonic clock; None: from now."""
-        if policy is None:
-            return None
-        applied = self._applied_since.get(name)
-        if applied is not None:
-            return applied[1] if applied[0] == policy.config_key else None
-        return None if name in self._decided else self._published_since(name, policy)
-
-    def _published_since(self, name: str, policy: CompiledPolicy) -> float | None:
-        """What the published status says, for a node we have not timed ourselves.
-
-        After a restart or a failover the Mismatch clock would otherwise start again from
-        zero: a node that GFD never confirmed would wait a whole timeout more to be reported.
-        """
-        status = self.state.node_states.get(name) or {}
-        if status.get("configKey") != policy.config_key or status.get("policy") != policy.name:
-            return None
-        now = self.state.clock()
-        if status.get("phase") == NodePhase.MISMATCH:
-            return now - self.timings.mismatch_timeout
-        at = _epoch(status.get("lastTransitionTime"))
-        if status.get("phase") != NodePhase.APPLIED or at is None:
-            return None
-        return now - max(0.0, self._epoch() - at)
-
-    def _track_applied(self, name: str, decision: nodestates.NodeDecision) -> None:
-        policy = decision.policy
-        first = name not in self._decided
-        self._decided.add(name)
-        if decision.phase in (NodePhase.APPLIED, NodePhase.MISMATCH) and policy is not None:
-            key = policy.config_key or ""
-            current = self._applied_since.get(name)
-            if current is None or current[0] != key:
-                # Only a node met for the first time since start resumes a published clock;
-                # one we saw unlabelled and labelled again starts afresh.
-                since = self._published_since(name, policy) if first else None
-                self._applied_since[name] = (key, self.state.clock() if since is None else since)
-        if decision.phase is NodePhase.VERIFIED and policy is not None:
-            # A later disagreement (the device plugin restarting, say) is timed from when it
-            # starts: a restart window of a confirmed node is no Mismatch.
-            self._applied_since.pop(name, None)
-        elif decision.phase not in (NodePhase.APPLIED, NodePhase.MISMATCH):
-            self._applied_since.pop(name, None)
-
     def plan_node(self, name: str) -> NodePlan | None:
         state = self.state
         record = state.nodes.get(name)
         if record is None:
             self.held.pop(name, None)
             self.node_problems.pop(name, None)
-            self._applied_since.pop(name, None)
-            self._decided.discard(name)
+            self.applied.forget(name)
             self.rollouts.forget(name)
             return None  # gone: its GPUNodeState follows through the ownerReference
         decision = self.rollouts.gate(record, self.decide(record))
-        self._track_applied(name, decision)
+        self.applied.track(name, decision)
         self.recheck(decision.recheck_at, "node", name)
         labels = decision.labels
         if labels is not None and nodestates.labels_satisfied(record, labels):

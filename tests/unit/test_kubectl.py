@@ -246,3 +246,20 @@ def test_the_readme_shows_the_plugins_help_as_it_is(
         shown = capsys.readouterr().out
         assert shown.startswith("usage: kubectl gpushare")
         assert shown in readme, f"the README's kubectl gpushare {' '.join(argv)} is out of date"
+
+
+def test_explain_names_slots_held_of_a_resource_the_target_does_not_advertise() -> None:
+    """A node held back for its pods still runs the old config: its pods hold
+    ``nvidia.com/gpu.shared`` while the target advertises ``nvidia.com/gpu``."""
+    state = ClusterState()
+    state.tracked_resources.add("nvidia.com/gpu.shared")
+    state.upsert_node(node("n"))
+    state.upsert_pod(pod("etl", "n", 4, resource="nvidia.com/gpu.shared"))
+    state.upsert_pod(pod("web", "n", 1))
+    usage = explain._slots(state, "n", "nvidia.com/gpu", 8)
+    assert (usage["allocated"], usage["otherResources"]) == (1, {"nvidia.com/gpu.shared": 4})
+    text = explain._render_slots(usage, output.Style())
+    assert text.splitlines()[:2] == [
+        "Slots (nvidia.com/gpu): 1/8",
+        "  also held by its pods: 4 nvidia.com/gpu.shared",
+    ]

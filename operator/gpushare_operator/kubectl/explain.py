@@ -174,10 +174,14 @@ def _slots(state: ClusterState, node: str, resource: str, capacity: int) -> dict
         (p for p in state.usage if p.node == node and p.holds_slots),
         key=lambda p: (p.namespace, p.name),
     )
+    held = state.usage.node_slots(node)
     return {
         "resource": resource,
         "allocated": allocated,
         "capacity": capacity,
+        # Slots of other resources: pods placed under the config the node still runs (a
+        # change held back for them, say) hold a resource its target does not advertise.
+        "otherResources": {r: n for r, n in sorted(held.items()) if r != resource},
         "pods": [
             {
                 "namespace": p.namespace,
@@ -260,6 +264,10 @@ def _render_config(config: Mapping[str, Any], style: Style) -> str:
 def _render_slots(usage: Mapping[str, Any], style: Style) -> str:
     used = slots(usage["allocated"], usage["capacity"], style)
     lines = [style.heading(f"Slots ({usage['resource']}): {used}")]
+    others = usage.get("otherResources") or {}
+    if others:
+        held = ", ".join(f"{n} {r}" for r, n in others.items())
+        lines.append(f"  also held by its pods: {held}")
     rows = [
         (
             f"{p['namespace']}/{p['name']}",

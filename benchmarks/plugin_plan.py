@@ -30,6 +30,7 @@ import orjson
 import yaml
 
 from benchmarks.scale import cluster
+from benchmarks.scale.run import ours
 from gpushare_operator.testing.agents import (
     gfd_labels,
     parse_device_plugin_config,
@@ -115,31 +116,9 @@ async def verify_all(client: RawClient, nodes: int, *, timeout: float = 3600) ->
 
 
 def operator_command() -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "gpushare_operator",
-        "run",
-        "--device-plugin-namespace",
-        cluster.DEVICE_PLUGIN_NAMESPACE,
-        "--namespace",
-        cluster.OPERATOR_NAMESPACE,
-        "--write-qps",
-        "5000",
-        "--write-burst",
-        "5000",
-        "--config-propagation-delay",
-        "1",
-        "--max-unavailable",
-        "100%",
-        "--http-port",
-        str(free_port()),
-        "--metrics-port",
-        str(free_port()),
-        "--metrics-insecure",
-        "--log-format",
-        "json",
-    ]
+    """The scale bench's own operator command, writing as fast as the API server takes it."""
+    variant = ours(user=USER, port=free_port(), qps=5000, burst=5000, identity="plugin-bench")
+    return variant.command
 
 
 async def converge(plane: ControlPlane, client: RawClient, nodes: int, out: Path) -> None:

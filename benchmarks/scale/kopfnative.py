@@ -30,7 +30,7 @@ import kopf
 from aiohttp import web
 
 from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.core import models
+from gpushare_operator.core import flagvalues, models
 from gpushare_operator.core import pods as core_pods
 from gpushare_operator.kube import http
 from gpushare_operator.kube.connection import ApiHandle, open_handle
@@ -242,16 +242,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--mismatch-timeout", type=float, default=300.0)
     parser.add_argument(
         "--max-unavailable",
-        type=_int_or_percent,
+        type=flagvalues.max_unavailable,
         default="10%",
         help="the cluster-wide rollout budget, as ours (the bench runs both at 100%%: unpaced)",
     )
     parser.add_argument("--http-port", type=int, default=8081)
     return parser.parse_args(argv)
-
-
-def _int_or_percent(text: str) -> int | str:
-    return text if text.endswith("%") else int(text)
 
 
 async def run(args: argparse.Namespace) -> None:

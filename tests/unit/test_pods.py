@@ -396,6 +396,8 @@ def test_ledger_moves_a_nodes_slots_with_its_governor() -> None:
     ledger.set_governor("n1", None)
     assert ledger.policy_slots("q") == 0
     assert ledger.node_usage("n1", GPU) == (3, 2)  # the node's own counters stay
+    assert ledger.node_slots("n1") == {GPU: 3, SHARED: 5}
+    assert (ledger.node_total("n1"), ledger.node_total("n2")) == (8, 0)
 
 
 class NoScan(dict[str, PodRecord]):

@@ -62,3 +62,25 @@ def test_bad_values_are_refused(argv: list[str]) -> None:
 def test_lease_timings_must_nest() -> None:
     with pytest.raises(ValueError, match="retry-period < renew-deadline < lease-duration"):
         parse_settings(["--renew-deadline", "20"], env={})
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "101%", "ten%", "0.5", "05%"])
+def test_the_operator_and_the_plugin_refuse_the_same_budgets(value: str) -> None:
+    from gpushare_operator.kubectl.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        parse_settings(["--max-unavailable", value], env={})
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["plan", "--max-unavailable", value])
+
+
+def test_the_operator_and_the_plugin_read_a_budget_alike() -> None:
+    from gpushare_operator.kubectl.cli import build_parser
+
+    for value, read in (("3", 3), ("25%", "25%"), ("100%", "100%")):
+        assert parse_settings(["--max-unavailable", value], env={}).max_unavailable == read
+        assert (
+            build_parser().parse_args(["plan", "--max-unavailable", value]).max_unavailable == read
+        )
+    env = {"GPUSHARE_MAX_UNAVAILABLE": "7"}
+    assert parse_settings([], env=env).max_unavailable == 7

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from gpushare_operator.core import flagvalues
 
 LogFormat = Literal["json", "console"]
 
@@ -51,20 +52,6 @@ def _env_default(env: Mapping[str, str], flag: str, default: str) -> str:
     return env.get(_env_name(flag), default)
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _above_zero_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def _boolean(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -79,15 +66,6 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
-
-
-def _int_or_percent(text: str) -> int | str:
-    """A node count (at least 1) or a percentage such as 10%, as rollout.maxUnavailable."""
-    if re.fullmatch(r"(100|[1-9]?[0-9])%", text):
-        return text
-    if text.isdigit() and int(text) >= 1:
-        return int(text)
-    raise argparse.ArgumentTypeError(f"{text!r} is neither a node count (>= 1) nor a percentage")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]) -> None:
@@ -133,44 +111,46 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]
     )
     flag("metrics-key-file", "", "PEM private key of --metrics-cert-file")
     flag("identity", socket.gethostname(), "this replica's identity in the Lease")
-    flag("write-qps", "100", "sustained API writes per second", _above_zero_float)
+    flag("write-qps", "100", "sustained API writes per second", flagvalues.rate)
     flag("write-burst", "200", "API writes allowed in a burst", _positive_int)
     flag("write-concurrency", "16", "API writes in flight at once", _positive_int)
     flag(
         "policy-status-max-delay",
         "60",
         "seconds a policy status may wait for its nodes to settle",
-        _positive_float,
+        flagvalues.seconds,
     )
     flag(
         "write-backoff-cap",
         "300",
         "seconds a failing write's retry back-off grows to at most",
-        _positive_float,
+        flagvalues.seconds,
     )
     flag(
         "config-propagation-delay",
         "75",
         "seconds before a new config key is put on nodes",
-        _positive_float,
+        flagvalues.seconds,
     )
-    flag("config-key-grace-period", "300", "seconds an unused config key is kept", _positive_float)
+    flag(
+        "config-key-grace-period", "300", "seconds an unused config key is kept", flagvalues.seconds
+    )
     flag(
         "mismatch-timeout",
         "300",
         "seconds Applied may last before it is a Mismatch",
-        _positive_float,
+        flagvalues.seconds,
     )
     flag(
         "max-unavailable",
         "10%",
         "GPU nodes that may be between a config label change and Verified at once, over all"
         " policies: a count or a percentage of GPU nodes (rounded down, at least 1)",
-        _int_or_percent,
+        flagvalues.max_unavailable,
     )
-    flag("lease-duration", "15", "leader Lease duration in seconds", _above_zero_float)
-    flag("renew-deadline", "10", "seconds the leader may go without renewing", _above_zero_float)
-    flag("retry-period", "2", "seconds between Lease attempts", _above_zero_float)
+    flag("lease-duration", "15", "leader Lease duration in seconds", flagvalues.rate)
+    flag("renew-deadline", "10", "seconds the leader may go without renewing", flagvalues.rate)
+    flag("retry-period", "2", "seconds between Lease attempts", flagvalues.rate)
     parser.add_argument(
         "--log-format",
         choices=["json", "console"],

@@ -36,6 +36,11 @@ class UsageLedger:
         """Slots held on ``node`` per resource (only resources some pod holds)."""
         return {resource: c[0] for resource, c in self._by_node.get(node, {}).items() if c[0]}
 
+    def node_total(self, node: str) -> int:
+        """Slots held on ``node`` over all resources, without building ``node_slots``'s dict
+        (the rollout orders every waiting node by it on each admission)."""
+        return sum(c[0] for c in self._by_node.get(node, {}).values())
+
     def policy_slots(self, policy: str) -> int:
         return self._by_policy.get(policy, 0)
 

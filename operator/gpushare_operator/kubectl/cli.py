@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 
 from gpushare_operator import __version__
+from gpushare_operator.core import flagvalues
 from gpushare_operator.core.forecasts import DEFAULT_VERIFY_SECONDS, POOL_LABELS, RolloutPace
-from gpushare_operator.core.models import RolloutSpec
 from gpushare_operator.kube import connection, reading
 from gpushare_operator.kubectl import cluster, explain, manifests, output, planview, status
 from gpushare_operator.kubectl.plan import EXIT_ERROR, PlanError, PlanOptions, make_plan
@@ -36,31 +36,6 @@ examples:
 
 exit status: 0 done (plan: clean), 2 the plan would overcommit a node or leave one
 Unsupported, 1 an error (an object the API server refused, an unreadable file, no cluster)."""
-
-
-def _max_unavailable(text: str) -> int | str:
-    """A count or a percentage, checked by the same model as rollout.maxUnavailable."""
-    value: int | str = int(text) if text.isdigit() else text
-    try:
-        return RolloutSpec.model_validate({"maxUnavailable": value}).maxUnavailable
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is neither a node count (>= 1) nor a percentage"
-        ) from None
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _rate(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 def _connection_options(*, suppress: bool) -> argparse.ArgumentParser:
@@ -125,14 +100,14 @@ def _add_plan(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     plan.add_argument(
         "--max-unavailable",
-        type=_max_unavailable,
+        type=flagvalues.max_unavailable,
         default="10%",
         help="the operator's --max-unavailable: GPU nodes changing at once over all policies"
         " (default 10%%)",
     )
     plan.add_argument(
         "--config-propagation-delay",
-        type=_seconds,
+        type=flagvalues.seconds,
         default=75.0,
         metavar="SECONDS",
         help="the operator's --config-propagation-delay: the wait before a new config key is"
@@ -140,13 +115,13 @@ def _add_plan(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     plan.add_argument(
         "--write-qps",
-        type=_rate,
+        type=flagvalues.rate,
         default=100.0,
         help="the operator's --write-qps (default 100)",
     )
     plan.add_argument(
         "--verify-seconds",
-        type=_seconds,
+        type=flagvalues.seconds,
         default=DEFAULT_VERIFY_SECONDS,
         metavar="SECONDS",
         help="from a node's label change until it is Verified: the device plugin's restart and"

@@ -109,21 +109,23 @@ def _policy(policy: Mapping[str, Any], style: Style) -> str:
 def _movements(pool: Mapping[str, Any]) -> list[str]:
     lines = []
     where = pool["pool"]
-    by_source: dict[str, list[str]] = {}
-    for gained in pool["gained"]:
-        by_source.setdefault(gained["from"] or "", []).append(gained["node"])
-    for source, nodes in sorted(by_source.items()):
+    for source, nodes in _nodes_by(pool["gained"], "from"):
         origin = f"from {source}" if source else "unmanaged until now"
         lines.append(f"  {where}: gains {names(nodes)} ({origin})")
-    by_winner: dict[str, list[str]] = {}
-    for lost in pool["lost"]:
-        by_winner.setdefault(lost["to"] or "", []).append(lost["node"])
-    for winner, nodes in sorted(by_winner.items()):
+    for winner, nodes in _nodes_by(pool["lost"], "to"):
         fate = f"won by {winner}" if winner else "released: no policy selects them"
         lines.append(f"  {where}: loses {names(nodes)} ({fate})")
     if pool["changed"]:
         lines.append(f"  {where}: changes {names(pool['changed'])} (new config)")
     return lines
+
+
+def _nodes_by(moves: Sequence[Mapping[str, Any]], key: str) -> list[tuple[str, list[str]]]:
+    """The moved nodes grouped by the policy under ``key`` ("" for none), in name order."""
+    grouped: dict[str, list[str]] = {}
+    for move in moves:
+        grouped.setdefault(move[key] or "", []).append(move["node"])
+    return sorted(grouped.items())
 
 
 def _rollout(rollout: Mapping[str, Any], *, loses: bool) -> list[str]:

@@ -206,7 +206,7 @@ class RolloutBook:
         so that autoscaled nodes are usable quickly, unless its rollout is halted or paused."""
         if target == RELEASE or record.config_label is not None or record.policy_label is not None:
             return False
-        if self.state.usage.node_slots(record.name):
+        if self.state.usage.node_total(record.name):
             return False
         spec, paused = self._spec(charged)
         return not paused and not (charged and rollouts.halted(self.counts(charged), spec))
@@ -379,7 +379,7 @@ class RolloutBook:
         usage = self.state.usage
         order = sorted(
             waiting,
-            key=lambda n: rollouts.order_key(allocated=sum(usage.node_slots(n).values()), name=n),
+            key=lambda n: rollouts.order_key(allocated=usage.node_total(n), name=n),
         )
         used = 0
         admitted: list[str] = []

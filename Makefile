@@ -24,10 +24,12 @@ help: ## List the targets with what they do.
 	@echo "Variables: CLUSTER=current (make run on your kubeconfig's context), NAMESPACE (its"
 	@echo "  namespace, default gpushare-system), IMAGE, BASE_IMAGE (make image), PYTEST_ARGS."
 
-$(VENV)/.installed: pyproject.toml
+# The operator (with its test tools) and, as a distribution of its own, the test support: the
+# local control plane and the GPU simulator, which the operator's wheel and image never hold.
+$(VENV)/.installed: pyproject.toml testing/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet -e '.[test]'
+	$(VPY) -m pip install --quiet -e '.[test]' -e ./testing
 	touch $@
 
 .PHONY: venv
@@ -39,16 +41,17 @@ controlplane: ## Build etcd, kube-apiserver, kubectl, kube-controller-manager, k
 
 .PHONY: lint
 lint: venv ## ruff, mypy --strict and the import-linter layer contracts.
-	$(VENV)/bin/ruff check operator tests benchmarks
-	$(VENV)/bin/ruff format --check operator tests benchmarks
+	$(VENV)/bin/ruff check operator testing tests benchmarks
+	$(VENV)/bin/ruff format --check operator testing tests benchmarks
 	$(VENV)/bin/mypy --strict operator/gpushare_operator
+	$(VENV)/bin/mypy --strict testing/gpushare_testing
 	$(VENV)/bin/mypy --strict benchmarks
 	$(VENV)/bin/lint-imports
 
 .PHONY: fmt
 fmt: venv ## Format and auto-fix with ruff.
-	$(VENV)/bin/ruff format operator tests benchmarks
-	$(VENV)/bin/ruff check --fix operator tests benchmarks
+	$(VENV)/bin/ruff format operator testing tests benchmarks
+	$(VENV)/bin/ruff check --fix operator testing tests benchmarks
 
 .PHONY: unit
 unit: venv ## Unit tests only (no control plane).
@@ -87,12 +90,12 @@ crds: venv ## Regenerate crds/ and the chart's crds/ from the pydantic models.
 
 .PHONY: dev-cluster
 dev-cluster: venv controlplane ## Start the local control plane in the background; kubeconfig in .dev-cluster/.
-	$(VPY) -m gpushare_operator.testing.devcluster up --dir $(DEV_DIR) --bin $(CONTROLPLANE_BIN)
+	$(VPY) -m gpushare_testing.devcluster up --dir $(DEV_DIR) --bin $(CONTROLPLANE_BIN)
 	@echo "kubeconfig: $(DEV_KUBECONFIG)"
 
 .PHONY: dev-cluster-down
 dev-cluster-down: venv ## Stop the background control plane.
-	$(VPY) -m gpushare_operator.testing.devcluster down --dir $(DEV_DIR)
+	$(VPY) -m gpushare_testing.devcluster down --dir $(DEV_DIR)
 
 RUN_FLAGS ?= --config-propagation-delay 5 --config-key-grace-period 60 --metrics-insecure
 NAMESPACE ?= gpushare-system
@@ -132,7 +135,7 @@ else
 		crd/gpusharingpolicies.gpushare.dev crd/gpunodestates.gpushare.dev >/dev/null
 	@$(KUBECTL) --kubeconfig $(DEV_KUBECONFIG) apply -f examples/
 	@# The simulator plays the GPU nodes and the NVIDIA agents; it stops with the operator.
-	@$(VPY) -m gpushare_operator.testing.demo --kubeconfig $(DEV_KUBECONFIG) \
+	@$(VPY) -m gpushare_testing.demo --kubeconfig $(DEV_KUBECONFIG) \
 		--also-namespace gpushare-system & sim=$$!; \
 	trap 'kill $$sim 2>/dev/null; wait $$sim 2>/dev/null' EXIT; \
 	echo "try: $(KUBECTL) --kubeconfig $(DEV_KUBECONFIG) get gsp,gns"; \
@@ -183,4 +186,4 @@ image-test: venv controlplane buildah ## Run the image (buildah run, host networ
 
 .PHONY: clean
 clean: ## Remove the venv and caches (not the control-plane build).
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info testing/*.egg-info

@@ -45,7 +45,7 @@ from gpushare_operator.core.nodes import GPU_COUNT, GPU_PRODUCT, MIG_STRATEGY
 from gpushare_operator.core.policies import compile_policy
 from gpushare_operator.kube.informer import Informer, Target
 from gpushare_operator.reconcile.planner import Planner, Timings
-from gpushare_operator.testing.bodies import (
+from gpushare_testing.bodies import (
     Body,
     gpu_node,
     heartbeat,

@@ -31,13 +31,13 @@ import yaml
 
 from benchmarks.scale import cluster
 from benchmarks.scale.run import ours
-from gpushare_operator.testing.agents import (
+from gpushare_testing.agents import (
     gfd_labels,
     parse_device_plugin_config,
     plugin_resources,
 )
-from gpushare_operator.testing.controlplane import ControlPlane, free_port
-from gpushare_operator.testing.rawclient import RawClient
+from gpushare_testing.controlplane import ControlPlane, free_port
+from gpushare_testing.rawclient import RawClient
 
 BUDGET_SECONDS = 15.0
 BUDGET_RSS_MIB = 300.0

@@ -49,8 +49,8 @@ from gpushare_operator.cache.sinks import NodeSink, PodSink
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core.nodes import GPU_RESOURCE, SHARED_RESOURCE
 from gpushare_operator.kube.informer import Informer, Target
-from gpushare_operator.testing.bodies import Body, watch_event_line
-from gpushare_operator.testing.podbodies import plain_pod, shared_gpu_pod
+from gpushare_testing.bodies import Body, watch_event_line
+from gpushare_testing.podbodies import plain_pod, shared_gpu_pod
 
 Handler = Callable[[bytes], object]
 

@@ -37,9 +37,9 @@ import aiohttp
 import orjson
 
 from benchmarks.scale import cluster, stats
-from gpushare_operator.testing import bodies, controlplane
-from gpushare_operator.testing.controlplane import ControlPlane
-from gpushare_operator.testing.rawclient import RawClient
+from gpushare_testing import bodies, controlplane
+from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.rawclient import RawClient
 
 BUDGET = 3.0  # operator CPU per event, in json.loads of the same line
 OPERATOR_USER = "gpushare-operator"

@@ -62,8 +62,8 @@ import orjson
 
 from benchmarks.scale import cluster, delayed, paced, plot, relist, run, stats
 from gpushare_operator.app import settings
-from gpushare_operator.testing.controlplane import ControlPlane
-from gpushare_operator.testing.rawclient import RawClient
+from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.rawclient import RawClient
 
 APISERVER_ARGS = (
     # 32-64 requests in flight from the loader, plus watches: the defaults (400/200) would do,

@@ -23,8 +23,8 @@ import orjson
 import yaml
 
 from gpushare_operator.core import models
-from gpushare_operator.testing import bodies, podbodies
-from gpushare_operator.testing.rawclient import ApiError, RawClient
+from gpushare_testing import bodies, podbodies
+from gpushare_testing.rawclient import ApiError, RawClient
 
 POOLS = ("inference", "training", "batch", "research", "dev")
 RACKS = ("r0", "r1", "r2", "r3")

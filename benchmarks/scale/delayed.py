@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 
 from benchmarks.scale import cluster, run
-from gpushare_operator.testing.rawclient import ApiError
+from gpushare_testing.rawclient import ApiError
 
 EDITED_POLICY = "dev-wide"
 EDITS = 3

@@ -45,9 +45,9 @@ from typing import Any, Final
 
 import aiohttp
 
-from gpushare_operator.testing import agents
-from gpushare_operator.testing.bodyparts import GPU_RESOURCE, SHARED_GPU_RESOURCE
-from gpushare_operator.testing.rawclient import ApiError, RawClient
+from gpushare_testing import agents
+from gpushare_testing.bodyparts import GPU_RESOURCE, SHARED_GPU_RESOURCE
+from gpushare_testing.rawclient import ApiError, RawClient
 
 logger = logging.getLogger(__name__)
 

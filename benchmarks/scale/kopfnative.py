@@ -35,10 +35,10 @@ from gpushare_operator.core import pods as core_pods
 from gpushare_operator.kube import http
 from gpushare_operator.kube.connection import ApiHandle, open_handle
 from gpushare_operator.kube.events import EventRecorder
-from gpushare_operator.kube.leadership import AlwaysLeader
 from gpushare_operator.kube.ratelimit import TokenBucket
 from gpushare_operator.kube.writer import ConfigTarget, Writer
 from gpushare_operator.reconcile.planner import Planner, Timings
+from gpushare_testing.gates import AlwaysLeader
 
 logger = logging.getLogger("kopfnative")
 

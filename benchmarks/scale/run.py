@@ -24,8 +24,8 @@ from typing import Any
 import aiohttp
 
 from benchmarks.scale import cluster, stats
-from gpushare_operator.testing.controlplane import free_port
-from gpushare_operator.testing.rawclient import RawClient
+from gpushare_testing.controlplane import free_port
+from gpushare_testing.rawclient import RawClient
 
 # Writes that are the operator's output; Lease renewals and Events are reported apart.
 OUTPUT_RESOURCES = ("nodes", "gpunodestates", "gpusharingpolicies", "configmaps")

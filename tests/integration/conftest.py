@@ -18,8 +18,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from gpushare_operator.kube import connection
-from gpushare_operator.testing.controlplane import ControlPlane, free_port
-from gpushare_operator.testing.simulator import GpuClusterSimulator
+from gpushare_testing.controlplane import ControlPlane, free_port
+from gpushare_testing.simulator import GpuClusterSimulator
 from tests.waiting import eventually
 
 

@@ -6,8 +6,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from gpushare_operator.testing.controlplane import ControlPlane
-from gpushare_operator.testing.simulator import GpuClusterSimulator, RawClient
+from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.simulator import GpuClusterSimulator, RawClient
 from tests.waiting import eventually
 
 API = "/apis/gpushare.dev/v1alpha1"

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from gpushare_operator.testing.controlplane import ControlPlane, free_port
-from gpushare_operator.testing.simulator import GpuClusterSimulator
+from gpushare_testing.controlplane import ControlPlane, free_port
+from gpushare_testing.simulator import GpuClusterSimulator
 from tests.integration import helpers as h
 from tests.integration.scraping import fetch
 from tests.integration.test_chart import CHART, Helm, helm

@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpushare_operator.testing.controlplane import ADMIN_USER, ControlPlane
+from gpushare_testing.controlplane import ADMIN_USER, ControlPlane
 from tests.integration import helpers as h
 
 

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 import yaml
 
-from gpushare_operator.testing.controlplane import ControlPlane
+from gpushare_testing.controlplane import ControlPlane
 from tests.integration.conftest import ROOT
 
 CHART = ROOT / "charts" / "gpushare-operator"

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from gpushare_operator.core import models, rewrites
-from gpushare_operator.testing.controlplane import ControlPlane
+from gpushare_testing.controlplane import ControlPlane
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
 POLICY_CRD = f"{models.POLICY_PLURAL}.{models.GROUP}"

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from gpushare_operator.core import crds
-from gpushare_operator.testing.controlplane import ControlPlane
-from gpushare_operator.testing.simulator import GpuClusterSimulator
+from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.simulator import GpuClusterSimulator
 from tests.integration import helpers as h
 from tests.integration.conftest import ROOT, OperatorFactory
 from tests.waiting import eventually

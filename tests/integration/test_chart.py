@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from gpushare_operator.app import settings
-from gpushare_operator.testing.controlplane import ControlPlane
+from gpushare_testing.controlplane import ControlPlane
 from tests.integration.conftest import ROOT, OperatorFactory
 
 CHART = ROOT / "charts" / "gpushare-operator"

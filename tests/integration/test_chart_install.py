@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from gpushare_operator.testing.controlplane import ControlPlane
-from gpushare_operator.testing.simulator import GpuClusterSimulator
+from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.simulator import GpuClusterSimulator
 from tests.integration import helpers as h
 from tests.integration.conftest import OperatorFactory
 from tests.integration.test_chart import CHART, INSTANCE, Helm, helm

@@ -15,7 +15,7 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpushare_operator.kube import connection
-from gpushare_operator.testing.controlplane import ControlPlane
+from gpushare_testing.controlplane import ControlPlane
 from tests.waiting import eventually
 
 
@@ -148,7 +148,7 @@ def test_no_orphans_when_the_owner_is_killed(control_plane: ControlPlane) -> Non
     """SIGKILL of the process that started a control plane takes its children with it."""
     script = (
         "import pathlib, time\n"
-        "from gpushare_operator.testing.controlplane import ControlPlane\n"
+        "from gpushare_testing.controlplane import ControlPlane\n"
         f"plane = ControlPlane(bin_dir=pathlib.Path({str(control_plane.bin_dir)!r}))\n"
         "plane.start()\n"
         "print(' '.join(str(p) for p in plane.pids().values()), flush=True)\n"

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare_operator.testing import bodies
-from gpushare_operator.testing.controlplane import ControlPlane
-from gpushare_operator.testing.demo import POOLS, _create_pools
-from gpushare_operator.testing.simulator import GpuClusterSimulator
+from gpushare_testing import bodies
+from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.demo import POOLS, _create_pools
+from gpushare_testing.simulator import GpuClusterSimulator
 from tests.integration import helpers as h
 from tests.integration.conftest import ROOT, OperatorFactory
 from tests.waiting import eventually

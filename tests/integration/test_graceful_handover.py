@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gpushare_operator.testing.controlplane import ControlPlane
-from gpushare_operator.testing.simulator import GpuClusterSimulator
+from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.simulator import GpuClusterSimulator
 from tests.integration import helpers as h
 from tests.integration.conftest import OperatorFactory, RunningOperator
 from tests.integration.test_failover import (

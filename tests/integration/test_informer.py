@@ -25,8 +25,8 @@ from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core.nodes import GPU_PRESENT, NodeRecord, project_node
 from gpushare_operator.kube import connection, http
 from gpushare_operator.kube.informer import Gone, Informer, LineSplitter, Sink, Target
-from gpushare_operator.testing import bodies, controlplane
-from gpushare_operator.testing.controlplane import ControlPlane
+from gpushare_testing import bodies, controlplane
+from gpushare_testing.controlplane import ControlPlane
 from tests.waiting import eventually
 
 NODES = "/api/v1/nodes"

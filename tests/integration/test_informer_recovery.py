@@ -17,8 +17,8 @@ from gpushare_operator.cache.sinks import NodeSink
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.kube import connection, http
 from gpushare_operator.kube.informer import Informer, Sink
-from gpushare_operator.testing import controlplane
-from gpushare_operator.testing.controlplane import ControlPlane
+from gpushare_testing import controlplane
+from gpushare_testing.controlplane import ControlPlane
 from tests.integration.test_informer import NODES, TAG, Nodes, RecordingSink, running
 from tests.waiting import eventually
 

@@ -31,9 +31,9 @@ import pytest
 from benchmarks.scale import cluster
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpushare_operator.testing import podbodies
-from gpushare_operator.testing.controlplane import ControlPlane, free_port
-from gpushare_operator.testing.rawclient import RawClient
+from gpushare_testing import podbodies
+from gpushare_testing.controlplane import ControlPlane, free_port
+from gpushare_testing.rawclient import RawClient
 from tests.waiting import eventually
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpushare_operator.testing.controlplane import ControlPlane, free_port
+from gpushare_testing.controlplane import ControlPlane, free_port
 from tests.integration.conftest import ROOT
 
 NAMESPACE = "gpushare-make-run"

@@ -13,8 +13,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gpushare_operator.testing import certs
-from gpushare_operator.testing.controlplane import ControlPlane
+from gpushare_testing import certs
+from gpushare_testing.controlplane import ControlPlane
 from tests.integration.conftest import OperatorFactory
 from tests.integration.scraping import (
     Scraper,

@@ -18,7 +18,7 @@ import time
 import venv
 from pathlib import Path
 
-from gpushare_operator.testing.controlplane import ControlPlane, free_port
+from gpushare_testing.controlplane import ControlPlane, free_port
 from tests.integration.conftest import ROOT
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.testing.simulator import GpuClusterSimulator
+from gpushare_testing.simulator import GpuClusterSimulator
 from tests.integration import helpers as h
 
 pytestmark = pytest.mark.usefixtures("crds_installed")

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from gpushare_operator.testing import podbodies
-from gpushare_operator.testing.controlplane import ControlPlane
-from gpushare_operator.testing.simulator import GpuClusterSimulator, RawClient
+from gpushare_testing import podbodies
+from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.simulator import GpuClusterSimulator, RawClient
 from tests.integration import helpers as h
 from tests.integration.conftest import OperatorFactory, RunningOperator
 from tests.integration.test_chart import CHART, Helm

@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from gpushare_operator.testing.controlplane import ControlPlane
-from gpushare_operator.testing.simulator import GpuClusterSimulator
+from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.simulator import GpuClusterSimulator
 from tests.integration import helpers as h
 from tests.waiting import eventually
 

@@ -27,7 +27,7 @@ import pytest
 from hypothesis import example, given, settings
 
 from gpushare_operator.core.selectors import compile_selector
-from gpushare_operator.testing.controlplane import ControlPlane
+from gpushare_testing.controlplane import ControlPlane
 from tests.strategies import KEY_POOL, RARE_VALUES, VALUE_POOL, selectors
 
 FLEET_SIZE = 40

@@ -18,9 +18,9 @@ import orjson
 import pytest
 import yaml
 
-from gpushare_operator.testing import bodies
-from gpushare_operator.testing.controlplane import ControlPlane
-from gpushare_operator.testing.simulator import GpuClusterSimulator, RawClient, WatchLines
+from gpushare_testing import bodies
+from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.simulator import GpuClusterSimulator, RawClient, WatchLines
 from tests.waiting import eventually
 
 CONFIG = "nvidia.com/device-plugin.config"

@@ -9,7 +9,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare_operator.testing.agents import (
+from gpushare_testing.agents import (
     MISSING,
     NO_SHARING,
     Sharing,
@@ -19,7 +19,7 @@ from gpushare_operator.testing.agents import (
     plugin_resources,
     resolve_config_key,
 )
-from gpushare_operator.testing.nodeagents import NodeAgents, Timing
+from gpushare_testing.nodeagents import NodeAgents, Timing
 
 GPU, SHARED = "nvidia.com/gpu", "nvidia.com/gpu.shared"
 PRODUCT = "nvidia.com/gpu.product"

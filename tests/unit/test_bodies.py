@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gpushare_operator.testing import bodies, podbodies
+from gpushare_testing import bodies, podbodies
 
 GFD_LABELS = (
     "nvidia.com/gpu.present",

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
-from gpushare_operator.testing import agents
+from gpushare_testing import agents
 
 PRODUCT = "nvidia.com/gpu.product"
 PRODUCTS = ("NVIDIA-A10G", "NVIDIA-H100-80GB-HBM3", "Tesla-T4")

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from gpushare_operator.testing import bodies
-from gpushare_operator.testing.nodeagents import NodeAgents, Timing
-from gpushare_operator.testing.nodelifecycle import no_schedule_taints
-from gpushare_operator.testing.podadmission import (
+from gpushare_testing import bodies
+from gpushare_testing.nodeagents import NodeAgents, Timing
+from gpushare_testing.nodelifecycle import no_schedule_taints
+from gpushare_testing.podadmission import (
     Admitted,
     NodeResources,
     Rejection,
@@ -20,7 +20,7 @@ from gpushare_operator.testing.podadmission import (
     rejected_status,
     running_status,
 )
-from gpushare_operator.testing.podagent import kubelet_view
+from gpushare_testing.podagent import kubelet_view
 
 GPU, SHARED, FPGA = "nvidia.com/gpu", "nvidia.com/gpu.shared", "example.com/fpga"
 

@@ -37,7 +37,7 @@ from gpushare_operator.core.pods import (
     project_pod,
     total,
 )
-from gpushare_operator.testing import podbodies
+from gpushare_testing import podbodies
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"

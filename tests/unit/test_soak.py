@@ -19,7 +19,7 @@ from typing import Any
 from gpushare_operator.cache.state import TOMBSTONE_SECONDS, ClusterState
 from gpushare_operator.core.devconfigs import render_default_text
 from gpushare_operator.reconcile.planner import Planner, Timings
-from gpushare_operator.testing import podbodies
+from gpushare_testing import podbodies
 from tests.unit.test_planner import Clock, node, policy, sync_config
 
 # `make test` runs a tenth of the size; `make soak` (GPUSHARE_SOAK=1) the whole of it.

@@ -19,10 +19,10 @@ from gpushare_operator.core.workqueue import WorkQueue
 from gpushare_operator.kube import http, writing
 from gpushare_operator.kube.events import EventRecorder
 from gpushare_operator.kube.inflight import InFlight
-from gpushare_operator.kube.leadership import AlwaysLeader
 from gpushare_operator.kube.ratelimit import TokenBucket
 from gpushare_operator.kube.writer import ConfigTarget, Writer
 from gpushare_operator.reconcile.planner import Planner, Timings
+from gpushare_testing.gates import AlwaysLeader
 from tests.unit.test_planner import node, policy
 from tests.waiting import eventually
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import aiohttp
 
-from gpushare_operator.testing import bodies
-from gpushare_operator.testing.agents import (
+from gpushare_testing import bodies
+from gpushare_testing.agents import (
     CONFIG_LABEL,
     NO_SHARING,
     TIMESTAMP_LABEL,
@@ -38,12 +38,12 @@ from gpushare_operator.testing.agents import (
     gfd_labels,
     parse_device_plugin_config,
 )
-from gpushare_operator.testing.configview import ConfigView
-from gpushare_operator.testing.nodeagents import NodeAgents, Timing
-from gpushare_operator.testing.nodelifecycle import no_schedule_taints
-from gpushare_operator.testing.nodewatch import NodeWatcher, rv
-from gpushare_operator.testing.podagent import PodAgent, kubelet_view
-from gpushare_operator.testing.rawclient import (
+from gpushare_testing.configview import ConfigView
+from gpushare_testing.nodeagents import NodeAgents, Timing
+from gpushare_testing.nodelifecycle import no_schedule_taints
+from gpushare_testing.nodewatch import NodeWatcher, rv
+from gpushare_testing.podagent import PodAgent, kubelet_view
+from gpushare_testing.rawclient import (
     MERGE_PATCH,
     ApiError,
     JsonObject,

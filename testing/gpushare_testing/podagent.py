@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 
 import aiohttp
 
-from gpushare_operator.testing.bodyparts import rfc3339
-from gpushare_operator.testing.nodeagents import NodeAgents
-from gpushare_operator.testing.podadmission import (
+from gpushare_testing.bodyparts import rfc3339
+from gpushare_testing.nodeagents import NodeAgents
+from gpushare_testing.podadmission import (
     Admitted,
     NodeResources,
     Rejection,
@@ -30,7 +30,7 @@ from gpushare_operator.testing.podadmission import (
     rejected_status,
     running_status,
 )
-from gpushare_operator.testing.rawclient import ApiError, JsonObject, RawClient
+from gpushare_testing.rawclient import ApiError, JsonObject, RawClient
 
 __all__ = ["KubeletView", "PodAgent", "kubelet_view"]
 

@@ -12,7 +12,7 @@ from datetime import timedelta
 import orjson
 import yaml
 
-from gpushare_operator.testing.bodyparts import (
+from gpushare_testing.bodyparts import (
     GPU_RESOURCE,
     SHARED_GPU_RESOURCE,
     Body,

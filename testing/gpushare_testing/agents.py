@@ -24,7 +24,7 @@ from typing import Final
 
 import yaml
 
-from gpushare_operator.testing.bodyparts import GPU_RESOURCE, SHARED_GPU_RESOURCE
+from gpushare_testing.bodyparts import GPU_RESOURCE, SHARED_GPU_RESOURCE
 
 __all__ = [
     "CONFIG_LABEL",

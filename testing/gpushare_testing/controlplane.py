@@ -31,15 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpushare_operator.testing import certs
-from gpushare_operator.testing.components import (
+from gpushare_testing import certs
+from gpushare_testing.components import (
     AUDIT_POLICY,
     apiserver_args,
     controller_manager_args,
     etcd_args,
     scheduler_args,
 )
-from gpushare_operator.testing.kubeconfigs import write_kubeconfig
+from gpushare_testing.kubeconfigs import write_kubeconfig
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from gpushare_operator.testing.rawclient import ApiError, JsonObject, RawClient
+from gpushare_testing.rawclient import ApiError, JsonObject, RawClient
 
 __all__ = ["NodeWatcher", "rv"]
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from gpushare_operator.testing.agents import (
+from gpushare_testing.agents import (
     MISSING,
     NO_SHARING,
     Sharing,
@@ -32,7 +32,7 @@ from gpushare_operator.testing.agents import (
     plugin_resources,
     resolve_config_key,
 )
-from gpushare_operator.testing.bodyparts import GPU_RESOURCE, SHARED_GPU_RESOURCE
+from gpushare_testing.bodyparts import GPU_RESOURCE, SHARED_GPU_RESOURCE
 
 __all__ = ["NodeAgents", "Timing"]
 

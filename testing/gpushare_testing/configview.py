@@ -14,7 +14,7 @@ import time
 
 import aiohttp
 
-from gpushare_operator.testing.rawclient import ApiError, RawClient
+from gpushare_testing.rawclient import ApiError, RawClient
 
 __all__ = ["ConfigData", "ConfigView"]
 

@@ -13,8 +13,8 @@ import signal
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpushare_operator.testing import bodies, podbodies
-from gpushare_operator.testing.simulator import GpuClusterSimulator
+from gpushare_testing import bodies, podbodies
+from gpushare_testing.simulator import GpuClusterSimulator
 
 logger = logging.getLogger("gpushare.demo")
 

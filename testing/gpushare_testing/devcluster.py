@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpushare_operator.testing.controlplane import ControlPlane
+from gpushare_testing.controlplane import ControlPlane
 
 
 def _pid(directory: Path) -> int | None:
@@ -42,7 +42,7 @@ def up(*, directory: Path, bin_dir: Path, timeout: float = 120.0) -> int:
             [
                 sys.executable,
                 "-m",
-                "gpushare_operator.testing.devcluster",
+                "gpushare_testing.devcluster",
                 "serve",
                 "--dir",
                 str(directory),

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 
 import orjson
 
-from gpushare_operator.testing.bodyparts import (
+from gpushare_testing.bodyparts import (
     GPU_RESOURCE,
     SHARED_GPU_RESOURCE,
     Body,

@@ -53,7 +53,7 @@ def default_bin_dir() -> Path:
     env = os.environ.get("GPUSHARE_CONTROLPLANE_BIN")
     if env:
         return Path(env)
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[2]  # testing/gpushare_testing/ -> the repository
     versions = (root / "tests/controlplane/versions.mk").read_text()
     pins = dict(
         line.split(" := ", 1)

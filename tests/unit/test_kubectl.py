@@ -232,12 +232,12 @@ def test_recent_events_come_last_and_name_their_object() -> None:
     assert shown[-1]["object"] == "GPUNodeState/n"
 
 
-def test_the_readme_shows_the_plugins_help_as_it_is(
+def test_the_plugins_page_shows_its_help_as_it_is(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The README's ``--help`` blocks are the plugin's own text (at 100 columns), so that a
-    changed option cannot leave the README describing the old one."""
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    """The ``--help`` blocks of docs/kubectl-gpushare.md are the plugin's own text (at 100
+    columns), so that a changed option cannot leave the page describing the old one."""
+    page = (Path(__file__).parents[2] / "docs" / "kubectl-gpushare.md").read_text()
     monkeypatch.setenv("COLUMNS", "100")
     for argv in (["--help"], ["plan", "--help"]):
         with pytest.raises(SystemExit) as exit_:
@@ -245,7 +245,7 @@ def test_the_readme_shows_the_plugins_help_as_it_is(
         assert exit_.value.code == 0
         shown = capsys.readouterr().out
         assert shown.startswith("usage: kubectl gpushare")
-        assert shown in readme, f"the README's kubectl gpushare {' '.join(argv)} is out of date"
+        assert shown in page, f"the page's kubectl gpushare {' '.join(argv)} is out of date"
 
 
 def test_explain_names_slots_held_of_a_resource_the_target_does_not_advertise() -> None:

@@ -45,6 +45,8 @@ from gpushare_operator.core.nodes import GPU_COUNT, GPU_PRODUCT, MIG_STRATEGY
 from gpushare_operator.core.policies import compile_policy
 from gpushare_operator.kube.informer import Informer, Target
 from gpushare_operator.reconcile.planner import Planner, Timings
+from gpushare_operator.reconcile.reconciler import Reconciler
+from gpushare_testing import writepath
 from gpushare_testing.bodies import (
     Body,
     gpu_node,
@@ -233,10 +235,8 @@ def naive(policies: Sequence[Body]) -> NaiveController:
 
 
 def drain(state: ClusterState) -> None:
-    """What the writer does with the dirty set, minus the writes."""
-    dirty = state.dirty
-    while dirty.pop_node() is not None or dirty.pop_policy() is not None or dirty.pop_config():
-        pass
+    """What the write loop does with its queue, minus the writes."""
+    writepath.drain(state.dirty)
 
 
 def our_mapping(state: ClusterState) -> dict[str, frozenset[str]]:
@@ -298,7 +298,7 @@ def scheduled_writes(planner: Planner) -> tuple[int, int]:
     """(dirty objects, node writes the planner would make for them); then drain, as the writer."""
     state = planner.state
     dirty = len(state.dirty)
-    planned = sum(planner.plan_node(name) is not None for name in list(state.dirty.nodes))
+    planned = sum(planner.plan_node(name).writes for name in list(state.dirty.nodes))
     drain(state)
     return dirty, planned
 
@@ -449,7 +449,10 @@ def cache_both(work: Workload, config: Config) -> Caches:
 
 def time_events(caches: Caches, work: Workload, config: Config) -> dict[str, Any]:
     timings = Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60)
-    planner = Planner(caches.state, timings=timings, wallclock=lambda: HEARTBEAT_AT)
+    reconciler = Reconciler(
+        caches.state, timings=timings, max_unavailable="10%", wallclock=lambda: HEARTBEAT_AT
+    )
+    planner = reconciler.planner
     handlers = (caches.handle, caches.controller)
     kinds = (("heartbeat", work.heartbeats, False), ("label_change", work.label_changes, True))
     return {

@@ -2,9 +2,10 @@
 
 This is how a kopf operator is usually written: ``@kopf.on.event`` handlers for every kind it
 reads, kopf's default settings (its per-event body handling, per-object memories, logging and
-posting included), and the business logic called from the handlers.  The logic is ours, unchanged
-(``ClusterState``, ``Planner``, ``Writer`` with its token bucket), so the same write rules hold
-and the benchmark measures only how events reach it: kopf's pipeline vs gpushare's informer.
+posting included), and the business logic called from the handlers.  The logic is ours,
+unchanged (``ClusterState``, ``Reconciler``, ``WriteLoop`` with its token bucket), so the same
+write rules hold and the benchmark measures only how events reach it: kopf's pipeline vs
+gpushare's informer.
 
 Run: ``KUBECONFIG=... python -m benchmarks.scale.kopfnative --http-port 8081``.  ``/stats``
 answers JSON (cached objects, dirty-queue depth, writes, whether its caches are synced).
@@ -36,8 +37,9 @@ from gpushare_operator.kube import http
 from gpushare_operator.kube.connection import ApiHandle, open_handle
 from gpushare_operator.kube.events import EventRecorder
 from gpushare_operator.kube.ratelimit import TokenBucket
-from gpushare_operator.kube.writer import ConfigTarget, Writer
-from gpushare_operator.reconcile.planner import Planner, Timings
+from gpushare_operator.kube.writeloop import ConfigMapRef, WriteLoop
+from gpushare_operator.reconcile.planner import Timings
+from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing.gates import AlwaysLeader
 
 logger = logging.getLogger("kopfnative")
@@ -58,7 +60,7 @@ class KopfNative:
         self.handle = handle
         self.namespace = args.device_plugin_namespace
         self.state = ClusterState()
-        self.planner = Planner(
+        self.reconciler = Reconciler(
             self.state,
             timings=Timings(
                 propagation_delay=args.config_propagation_delay,
@@ -68,14 +70,14 @@ class KopfNative:
             max_unavailable=args.max_unavailable,
         )
         gate = AlwaysLeader()
-        self.writer = Writer(
+        self.writer = WriteLoop(
             api=handle.api,
             state=self.state,
-            planner=self.planner,
+            reconciler=self.reconciler,
             gate=gate,
             bucket=TokenBucket(qps=args.write_qps, burst=args.write_burst),
             recorder=EventRecorder(api=handle.api, allowed=gate.is_leader),
-            config=ConfigTarget(namespace=self.namespace, name=CONFIGMAP),
+            config=ConfigMapRef(namespace=self.namespace, name=CONFIGMAP),
         )
         self.http_port: int = args.http_port
         self.expected: dict[str, int] = {}

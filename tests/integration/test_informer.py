@@ -25,7 +25,7 @@ from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core.nodes import GPU_PRESENT, NodeRecord, project_node
 from gpushare_operator.kube import connection, http
 from gpushare_operator.kube.informer import Gone, Informer, LineSplitter, Sink, Target
-from gpushare_testing import bodies, controlplane
+from gpushare_testing import bodies, controlplane, writepath
 from gpushare_testing.controlplane import ControlPlane
 from tests.waiting import eventually
 
@@ -210,11 +210,7 @@ async def running(informer: Informer) -> AsyncIterator[asyncio.Task[None]]:
 
 
 def drain(state: ClusterState) -> None:
-    while state.dirty.pop_node() is not None:
-        pass
-    while state.dirty.pop_policy() is not None:
-        pass
-    state.dirty.pop_config()
+    writepath.drain(state.dirty)
     assert len(state.dirty) == 0
 
 

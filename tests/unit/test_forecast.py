@@ -21,7 +21,8 @@ from gpushare_operator.core.forecasts import (
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.reconcile.forecast import Forecaster
-from gpushare_operator.reconcile.planner import Planner, Timings
+from gpushare_operator.reconcile.planner import Timings
+from gpushare_operator.reconcile.reconciler import Reconciler
 from tests.unit.test_planner import node, policy
 
 PACE = RolloutPace(propagation_delay=75, write_qps=100, verify_seconds=60)
@@ -83,7 +84,7 @@ def test_the_target_is_what_the_published_status_says() -> None:
     state = ClusterState()
     state.upsert_policy(policy("p", replicas=3))
     state.upsert_node(node("n", count="2"))
-    planner = Planner(state, timings=Timings(75, 300, 300))
+    planner = Reconciler(state, timings=Timings(75, 300, 300), max_unavailable="10%").planner
     decision = planner.decide(state.nodes["n"])
     target = target_of(state.nodes["n"], decision)
     status = nodestates.render_status(

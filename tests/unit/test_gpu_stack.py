@@ -14,7 +14,9 @@ from gpushare_operator.core import rewrites, selectors
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.core.policies import compile_policy
-from gpushare_operator.reconcile.planner import Planner, Timings
+from gpushare_operator.reconcile.planner import Timings
+from gpushare_operator.reconcile.reconciler import Reconciler
+from gpushare_testing.writepath import PlanningLoop
 from tests.unit.test_planner import Clock, node, policy, sync_config
 
 PRODUCT = "nvidia.com/gpu.product"
@@ -31,9 +33,12 @@ def state(clock: Clock) -> ClusterState:
 
 
 @pytest.fixture
-def planner(state: ClusterState) -> Planner:
+def planner(state: ClusterState) -> PlanningLoop:
     timings = Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60)
-    return Planner(state, timings=timings, wallclock=lambda: "2026-11-29T00:00:00Z")
+    reconciler = Reconciler(
+        state, timings=timings, max_unavailable="10%", wallclock=lambda: "2026-11-29T00:00:00Z"
+    )
+    return PlanningLoop(reconciler)
 
 
 def by_product(name: str, *products: str, **spec: object) -> dict[str, object]:
@@ -91,7 +96,9 @@ def test_a_shared_product_value_is_refused_with_why() -> None:
     assert compiled.error is not None and "appends -SHARED" in compiled.error
 
 
-def test_gfd_suffix_keeps_the_node_with_its_policy(state: ClusterState, planner: Planner) -> None:
+def test_gfd_suffix_keeps_the_node_with_its_policy(
+    state: ClusterState, planner: PlanningLoop
+) -> None:
     state.upsert_policy(by_product("a10g", "NVIDIA-A10G"))
     key = state.policies["a10g"].config_key
     assert key is not None
@@ -119,7 +126,7 @@ def test_gfd_suffix_keeps_the_node_with_its_policy(state: ClusterState, planner:
 
 
 def test_verified_needs_allocatable_and_says_what_disagrees(
-    state: ClusterState, planner: Planner, clock: Clock
+    state: ClusterState, planner: PlanningLoop, clock: Clock
 ) -> None:
     state.upsert_policy(policy("p"))
     sync_config(state, {str(state.policies["p"].config_key): "x"}, initial=True)
@@ -139,7 +146,7 @@ def test_verified_needs_allocatable_and_says_what_disagrees(
 
 
 def test_a_restart_window_of_a_verified_node_is_no_mismatch(
-    state: ClusterState, planner: Planner, clock: Clock
+    state: ClusterState, planner: PlanningLoop, clock: Clock
 ) -> None:
     state.upsert_policy(policy("p"))
     sync_config(state, {str(state.policies["p"].config_key): "x"}, initial=True)
@@ -161,7 +168,7 @@ def test_a_restart_window_of_a_verified_node_is_no_mismatch(
 
 
 def test_renamed_resource_is_checked_under_its_shared_name(
-    state: ClusterState, planner: Planner, clock: Clock
+    state: ClusterState, planner: PlanningLoop, clock: Clock
 ) -> None:
     state.upsert_policy(policy("p", renameByDefault=True))
     sync_config(state, {str(state.policies["p"].config_key): "x"}, initial=True)
@@ -186,7 +193,7 @@ def test_renamed_resource_is_checked_under_its_shared_name(
 
 
 def test_exclusive_carves_a_pool_out_of_a_wider_sharing_policy(
-    state: ClusterState, planner: Planner
+    state: ClusterState, planner: PlanningLoop
 ) -> None:
     state.upsert_policy(policy("everything", nodeSelector={}, priority=10))
     carve = {"matchLabels": {"team": "training"}}
@@ -214,7 +221,7 @@ def test_exclusive_carves_a_pool_out_of_a_wider_sharing_policy(
 
 
 def test_an_unsupported_winner_falls_through_to_the_next_policy(
-    state: ClusterState, planner: Planner
+    state: ClusterState, planner: PlanningLoop
 ) -> None:
     state.upsert_policy(policy("mps", priority=100, strategy="MPS"))
     state.upsert_policy(policy("ts", priority=1))
@@ -228,18 +235,18 @@ def test_an_unsupported_winner_falls_through_to_the_next_policy(
         CONFIG_LABEL: state.policies["ts"].config_key,
         POLICY_LABEL: "ts",
     }
-    mps = planner.plan_policy("mps")
+    mps = planner.plan_policy("mps").status
     assert mps is not None
     assert (mps["unsupportedNodes"], mps["conflictingNodes"], mps["matchedNodes"]) == (1, 0, 2)
     unsupported = next(c for c in mps["conditions"] if c["type"] == "Unsupported")
     assert unsupported["status"] == "True" and "mig: MPS cannot share" in unsupported["message"]
-    ts = planner.plan_policy("ts")
+    ts = planner.plan_policy("ts").status
     assert ts is not None and (ts["unsupportedNodes"], ts["conflictingNodes"]) == (0, 1)
     assert ts["slots"]["capacity"] == 16  # the fallen-through node's slots count for ts
 
 
 def test_when_no_policy_can_work_the_node_is_unsupported_and_left_alone(
-    state: ClusterState, planner: Planner
+    state: ClusterState, planner: PlanningLoop
 ) -> None:
     state.upsert_policy(policy("mps", strategy="MPS"))
     sync_config(state, {str(state.policies["mps"].config_key): "x"}, initial=True)
@@ -247,7 +254,7 @@ def test_when_no_policy_can_work_the_node_is_unsupported_and_left_alone(
     plan = planner.plan_node("mig")
     assert plan is not None and plan.labels is None
     assert plan.status is not None and plan.status["phase"] == "Unsupported"
-    status = planner.plan_policy("mps")
+    status = planner.plan_policy("mps").status
     assert status is not None and status["unsupportedNodes"] == 1
 
 
@@ -255,12 +262,12 @@ def test_when_no_policy_can_work_the_node_is_unsupported_and_left_alone(
 
 
 def test_a_propagation_wait_is_published_once_as_an_absolute_time(
-    state: ClusterState, planner: Planner, clock: Clock
+    state: ClusterState, planner: PlanningLoop, clock: Clock
 ) -> None:
     sync_config(state, None, initial=True)
     state.upsert_node(node("n1"))
     state.upsert_policy(policy("p"))
-    data = planner.plan_config()
+    data = planner.plan_config().data
     assert data is not None
     sync_config(state, data, initial=False)
     first = planner.plan_node("n1")
@@ -272,7 +279,7 @@ def test_a_propagation_wait_is_published_once_as_an_absolute_time(
     for _ in range(3):  # other policies' ConfigMap changes re-plan every node
         clock.now += 10
         sync_config(state, {**data, f"other-ts2-{clock.now:06.0f}"[-16:]: "y"}, initial=False)
-        assert planner.plan_node("n1") is None
+        assert not planner.plan_node("n1").writes
 
 
 def test_capacity_alone_makes_and_unmakes_a_gpu_node(state: ClusterState) -> None:

@@ -11,7 +11,10 @@ from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
-from gpushare_operator.reconcile.planner import Planner, Timings
+from gpushare_operator.reconcile.planner import Timings
+from gpushare_operator.reconcile.reconciler import Reconciler
+from gpushare_testing import writepath
+from gpushare_testing.writepath import PlanningLoop
 
 
 class Clock:
@@ -79,15 +82,20 @@ def state(clock: Clock) -> ClusterState:
     return ClusterState(clock=clock)
 
 
+def planning(state: ClusterState, timings: Timings, **clocks: Any) -> PlanningLoop:
+    """Plans learned from as the write loop learns from them (nothing is sent here: a write
+    comes back the way it would, through the cache)."""
+    return PlanningLoop(Reconciler(state, timings=timings, max_unavailable="10%", **clocks))
+
+
 @pytest.fixture
-def planner(state: ClusterState) -> Planner:
+def planner(state: ClusterState) -> PlanningLoop:
     timings = Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60)
-    return Planner(state, timings=timings, wallclock=lambda: "2026-11-29T00:00:00Z")
+    return planning(state, timings, wallclock=lambda: "2026-11-29T00:00:00Z")
 
 
 def drain(state: ClusterState) -> None:
-    while state.dirty.pop_node() or state.dirty.pop_policy() or state.dirty.pop_config():
-        pass
+    writepath.drain(state.dirty)
 
 
 def sync_config(state: ClusterState, data: dict[str, str] | None, *, initial: bool) -> None:
@@ -102,7 +110,7 @@ def sync_config(state: ClusterState, data: dict[str, str] | None, *, initial: bo
 
 
 def test_new_key_waits_for_propagation_then_labels(
-    state: ClusterState, planner: Planner, clock: Clock
+    state: ClusterState, planner: PlanningLoop, clock: Clock
 ) -> None:
     sync_config(state, None, initial=True)
     state.upsert_node(node("n1"))
@@ -113,7 +121,7 @@ def test_new_key_waits_for_propagation_then_labels(
     assert plan is not None and plan.labels is None
     assert plan.status is not None and plan.status["conditions"][0]["reason"] == "ConfigNotWritten"
 
-    data = planner.plan_config()
+    data = planner.plan_config().data
     assert data is not None and key in data and "default" in data
     sync_config(state, data, initial=False)  # the write comes back through the watch
     plan = planner.plan_node("n1")
@@ -127,7 +135,9 @@ def test_new_key_waits_for_propagation_then_labels(
     assert plan.labels == {CONFIG_LABEL: key, POLICY_LABEL: "p"}
 
 
-def test_keys_present_at_startup_are_used_at_once(state: ClusterState, planner: Planner) -> None:
+def test_keys_present_at_startup_are_used_at_once(
+    state: ClusterState, planner: PlanningLoop
+) -> None:
     state.upsert_policy(policy("p"))
     key = state.policies["p"].config_key
     assert key is not None
@@ -150,7 +160,7 @@ def test_heartbeat_marks_nothing_dirty(state: ClusterState) -> None:
     assert state.nodes["n1"] is record  # not even re-projected
 
 
-def test_highest_priority_wins_then_name(state: ClusterState, planner: Planner) -> None:
+def test_highest_priority_wins_then_name(state: ClusterState, planner: PlanningLoop) -> None:
     state.upsert_node(node("n1"))
     state.upsert_policy(policy("b-low", priority=1))
     state.upsert_policy(policy("z-high", priority=9))
@@ -162,16 +172,15 @@ def test_highest_priority_wins_then_name(state: ClusterState, planner: Planner) 
     assert tally.conflicts == [("n1", "a-high")]
 
 
-def admitted_plan(state: ClusterState, planner: Planner, name: str) -> Any:
+def admitted_plan(state: ClusterState, planner: PlanningLoop, name: str) -> Any:
     """Plan ``name`` as the writer would: every queued node placed, the rollout advanced
     (a release waits for its turn under the budget), then planned again."""
-    while (queued := state.dirty.pop_node()) is not None:
-        planner.plan_node(queued)
+    planner.plan_queued_nodes()
     planner.due()
     return planner.plan_node(name)
 
 
-def test_release_removes_only_our_labels(state: ClusterState, planner: Planner) -> None:
+def test_release_removes_only_our_labels(state: ClusterState, planner: PlanningLoop) -> None:
     ours = node("n1", **{CONFIG_LABEL: "p-ts4-abcdef", POLICY_LABEL: "p"})
     theirs = node("n2", **{CONFIG_LABEL: "hand-made"})
     state.upsert_node(ours)
@@ -180,10 +189,10 @@ def test_release_removes_only_our_labels(state: ClusterState, planner: Planner) 
     assert held is None or held.labels is None  # a release waits for its turn
     plan = admitted_plan(state, planner, "n1")
     assert plan is not None and plan.labels == {CONFIG_LABEL: None, POLICY_LABEL: None}
-    assert planner.plan_node("n2") is None  # not ours, never matched: no write, no state
+    assert not planner.plan_node("n2").writes  # not ours, never matched: no write, no state
 
 
-def test_relabel_out_of_selector_goes_unmanaged(state: ClusterState, planner: Planner) -> None:
+def test_relabel_out_of_selector_goes_unmanaged(state: ClusterState, planner: PlanningLoop) -> None:
     state.upsert_policy(policy("p"))
     key = state.policies["p"].config_key
     assert key is not None
@@ -192,13 +201,17 @@ def test_relabel_out_of_selector_goes_unmanaged(state: ClusterState, planner: Pl
     state.node_states["n1"] = {"phase": "Applied"}
     state.upsert_node(node("n1", pool="elsewhere", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
     plan = admitted_plan(state, planner, "n1")
-    assert plan is not None and plan.labels == {CONFIG_LABEL: None, POLICY_LABEL: None}
+    assert plan.labels == {CONFIG_LABEL: None, POLICY_LABEL: None}
+    assert plan.status is None  # planned from the Node the label write returns
+    state.upsert_node(node("n1", pool="elsewhere"))  # the release, as the apply returns it
+    plan = planner.plan_node("n1")
+    assert plan.labels is None
     assert plan.status is not None and plan.status["phase"] == NodePhase.UNMANAGED
     assert "policy" not in plan.status
 
 
 def test_applied_then_verified_then_mismatch(
-    state: ClusterState, planner: Planner, clock: Clock
+    state: ClusterState, planner: PlanningLoop, clock: Clock
 ) -> None:
     state.upsert_policy(policy("p"))
     key = state.policies["p"].config_key
@@ -219,18 +232,18 @@ def test_applied_then_verified_then_mismatch(
     assert planner.decide(state.nodes["n1"]).phase is NodePhase.VERIFIED
 
 
-def test_status_equal_to_cluster_is_not_written(state: ClusterState, planner: Planner) -> None:
+def test_status_equal_to_cluster_is_not_written(state: ClusterState, planner: PlanningLoop) -> None:
     state.upsert_node(node("n1"))
     state.upsert_policy(policy("p"))
     sync_config(state, {}, initial=True)
     plan = planner.plan_node("n1")
     assert plan is not None and plan.status is not None
     state.node_states["n1"] = plan.status  # as if the write came back through the watch
-    assert planner.plan_node("n1") is None
+    assert not planner.plan_node("n1").writes
 
 
 def test_unused_key_is_kept_for_the_grace_period(
-    state: ClusterState, planner: Planner, clock: Clock
+    state: ClusterState, planner: PlanningLoop, clock: Clock
 ) -> None:
     state.upsert_policy(policy("p", replicas=4))
     old_key = state.policies["p"].config_key
@@ -238,16 +251,16 @@ def test_unused_key_is_kept_for_the_grace_period(
     sync_config(state, {old_key: "x", "default": "y", "someone-elses": "z"}, initial=True)
     state.upsert_policy(policy("p", replicas=8, generation=2))
     new_key = state.policies["p"].config_key
-    data = planner.plan_config()
+    data = planner.plan_config().data
     assert data is not None and old_key in data and new_key in data
     assert "someone-elses" not in data  # never ours to write or delete
     clock.now += 301
-    data = planner.plan_config()
+    data = planner.plan_config().data
     assert data is not None and old_key not in data
 
 
 def test_key_still_named_by_a_node_is_kept(
-    state: ClusterState, planner: Planner, clock: Clock
+    state: ClusterState, planner: PlanningLoop, clock: Clock
 ) -> None:
     state.upsert_policy(policy("p", replicas=4))
     old_key = state.policies["p"].config_key
@@ -256,7 +269,7 @@ def test_key_still_named_by_a_node_is_kept(
     state.upsert_node(node("n1", **{CONFIG_LABEL: old_key, POLICY_LABEL: "p"}))
     state.upsert_policy(policy("p", replicas=8, generation=2))
     clock.now += 10_000
-    data = planner.plan_config()
+    data = planner.plan_config().data
     assert data is not None and old_key in data
 
 
@@ -292,7 +305,7 @@ def test_relist_replaces_contents(state: ClusterState) -> None:
 
 
 def test_invalid_gpu_count_is_unsupported_without_label_write(
-    state: ClusterState, planner: Planner
+    state: ClusterState, planner: PlanningLoop
 ) -> None:
     state.upsert_policy(policy("p"))
     key = state.policies["p"].config_key
@@ -306,7 +319,7 @@ def test_invalid_gpu_count_is_unsupported_without_label_write(
 
 
 def test_a_key_found_at_startup_but_named_by_no_node_still_waits(
-    state: ClusterState, planner: Planner, clock: Clock
+    state: ClusterState, planner: PlanningLoop, clock: Clock
 ) -> None:
     state.upsert_policy(policy("p"))
     key = state.policies["p"].config_key
@@ -326,7 +339,7 @@ def test_a_key_found_at_startup_but_named_by_no_node_still_waits(
 
 
 def test_a_key_some_node_names_is_used_at_once_after_startup(
-    state: ClusterState, planner: Planner
+    state: ClusterState, planner: PlanningLoop
 ) -> None:
     state.upsert_policy(policy("p"))
     key = state.policies["p"].config_key
@@ -341,18 +354,18 @@ def test_a_key_some_node_names_is_used_at_once_after_startup(
 
 
 def test_a_failed_policy_write_is_retried(
-    state: ClusterState, planner: Planner, clock: Clock
+    state: ClusterState, planner: PlanningLoop, clock: Clock
 ) -> None:
     state.upsert_policy(policy("p"))
     drain(state)
-    planner.recheck(clock.now + 5, "policy", "p")
+    state.dirty.add_at(("policy", "p"), clock.now + 5)
     clock.now += 5
     planner.due()
     assert list(state.dirty.policies) == ["p"]
 
 
 def test_pods_on_an_unsupported_node_are_not_overcommitted(
-    state: ClusterState, planner: Planner
+    state: ClusterState, planner: PlanningLoop
 ) -> None:
     state.upsert_policy(policy("p", strategy="MPS"))
     key = state.policies["p"].config_key
@@ -386,9 +399,9 @@ def test_absurd_gfd_numbers_are_unusable_not_passed_on(state: ClusterState) -> N
     assert record.gpu_count_error is not None
 
 
-def short_wait_planner(state: ClusterState) -> Planner:
+def short_wait_planner(state: ClusterState) -> PlanningLoop:
     timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
-    return Planner(state, timings=timings, wallclock=lambda: "2026-11-29T00:00:00Z")
+    return planning(state, timings, wallclock=lambda: "2026-11-29T00:00:00Z")
 
 
 def test_a_pending_status_replaced_within_the_hold_is_not_published(
@@ -398,32 +411,32 @@ def test_a_pending_status_replaced_within_the_hold_is_not_published(
     sync_config(state, None, initial=True)
     state.upsert_node(node("n1"))
     state.upsert_policy(policy("p"))
-    data = planner.plan_config()
+    data = planner.plan_config().data
     assert data is not None
     sync_config(state, data, initial=False)
     # Waiting one second for propagation: no write now, a recheck when it is over.
-    assert planner.plan_node("n1") is None
-    assert planner.held == {"n1": clock.now + 1}
+    assert not planner.plan_node("n1").writes
+    assert planner.memory.held == {"n1": clock.now + 1}
     assert planner.due() == clock.now + 1
     clock.now += 1
     plan = planner.plan_node("n1")
     assert plan is not None and plan.labels is not None
-    assert "n1" not in planner.held
+    assert "n1" not in planner.memory.held
 
 
 def test_a_long_propagation_wait_is_published_as_pending(
-    state: ClusterState, planner: Planner
+    state: ClusterState, planner: PlanningLoop
 ) -> None:
     sync_config(state, None, initial=True)
     state.upsert_node(node("n1"))
     state.upsert_policy(policy("p"))
-    data = planner.plan_config()
+    data = planner.plan_config().data
     assert data is not None
     sync_config(state, data, initial=False)
     plan = planner.plan_node("n1")  # 75 s: people should see why nothing happens yet
     assert plan is not None and plan.status is not None
     assert plan.status["phase"] == "Pending"
-    assert planner.held == {}
+    assert planner.memory.held == {}
 
 
 def test_a_policy_is_unsettled_while_a_node_of_it_has_a_write_coming(
@@ -443,11 +456,11 @@ def test_a_policy_is_unsettled_while_a_node_of_it_has_a_write_coming(
     drain(state)
     assert planner.policy_unsettled("pa", busy={"n2"})  # being written right now
     assert not planner.policy_unsettled("pb", busy={"n2"})
-    data = planner.plan_config()
+    data = planner.plan_config().data
     assert data is not None
     sync_config(state, data, initial=False)
     drain(state)
-    assert planner.plan_node("n3") is None  # holds its Pending status back for a second
+    assert not planner.plan_node("n3").writes  # holds its Pending status back for a second
     assert planner.policy_unsettled("pb", busy=set())
     clock.now += 1.5  # the hold is over (its recheck makes n3 dirty again)
     assert not planner.policy_unsettled("pb", busy=set())
@@ -464,7 +477,7 @@ def test_an_older_configmap_event_after_our_own_write_is_ignored(state: ClusterS
 
 
 def test_timers_and_trackers_do_not_grow_with_replanning_or_departed_nodes(
-    state: ClusterState, planner: Planner, clock: Clock
+    state: ClusterState, planner: PlanningLoop, clock: Clock
 ) -> None:
     state.upsert_policy(policy("p"))
     key = state.policies["p"].config_key
@@ -474,19 +487,19 @@ def test_timers_and_trackers_do_not_grow_with_replanning_or_departed_nodes(
     for _ in range(100):  # a busy node: planned again on every pod event
         planner.plan_node("n1")
     assert state.dirty.sizes()["timers"] == 1  # one Mismatch deadline, not a hundred
-    assert "n1" in planner.applied.since
+    assert "n1" in planner.clocks.since
     state.delete_node("n1")
     planner.plan_node("n1")
-    assert "n1" not in planner.applied.since
+    assert "n1" not in planner.clocks.since
 
 
 EPOCH = 1_800_000_000.0  # the wall clock of a replica that has just started
 
 
-def restarted_planner(state: ClusterState) -> Planner:
-    return Planner(
+def restarted_planner(state: ClusterState) -> PlanningLoop:
+    return planning(
         state,
-        timings=Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60),
+        Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60),
         wallclock=lambda: "2027-01-15T08:00:00Z",
         epoch=lambda: EPOCH,
     )
@@ -533,9 +546,9 @@ def test_a_replan_before_our_write_is_seen_keeps_its_transition_time(
     state: ClusterState, clock: Clock
 ) -> None:
     stamps = iter(["2026-11-29T00:00:00Z", "2026-11-29T00:00:01Z"])
-    planner = Planner(
+    planner = planning(
         state,
-        timings=Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60),
+        Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60),
         wallclock=lambda: next(stamps),
     )
     state.upsert_policy(policy("p"))
@@ -546,11 +559,11 @@ def test_a_replan_before_our_write_is_seen_keeps_its_transition_time(
     plan = planner.plan_node("n1")
     assert plan is not None and plan.status is not None
     state.in_flight[("nodestate", "n1")] = plan.status  # written; its watch event not yet here
-    assert planner.plan_node("n1") is None  # a second later: the same status, no second write
+    assert not planner.plan_node("n1").writes  # a second later: the same status, no second write
 
 
 def test_a_broken_update_keeps_the_last_good_generation_in_force(
-    state: ClusterState, planner: Planner
+    state: ClusterState, planner: PlanningLoop
 ) -> None:
     state.upsert_policy(policy("p", replicas=4))
     key = state.policies["p"].config_key
@@ -564,7 +577,7 @@ def test_a_broken_update_keeps_the_last_good_generation_in_force(
     assert kept.config_key == key and kept.replicas == 4
     plan = planner.plan_node("n1")
     assert plan is None or plan.labels is None  # the node keeps its labels: nothing is undone
-    status = planner.plan_policy("p")
+    status = planner.plan_policy("p").status
     assert status is not None and status["observedGeneration"] == 2
     assert status["configKey"] == key
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
@@ -605,7 +618,7 @@ def test_a_node_labelled_again_starts_a_fresh_mismatch_clock(
 
 
 def test_a_key_like_ours_owned_by_someone_else_is_never_planned(
-    state: ClusterState, planner: Planner, clock: Clock
+    state: ClusterState, planner: PlanningLoop, clock: Clock
 ) -> None:
     state.upsert_policy(policy("p"))
     key = str(state.policies["p"].config_key)
@@ -617,10 +630,10 @@ def test_a_key_like_ours_owned_by_someone_else_is_never_planned(
     }
     data = {foreign: "version: v1\n", key: "x", "default": "y"}
     state.set_config_data(data, initial=True, owners=owners)
-    wanted = planner.plan_config()
-    assert planner.foreign_keys == {foreign: "hand-edit"}
+    wanted = planner.plan_config().data
+    assert planner.memory.foreign_keys == {foreign: "hand-edit"}
     assert wanted is not None and foreign not in wanted  # never taken over by our apply
     state.set_config_data({foreign: "version: v1\n", **wanted}, initial=False, owners=owners)
     for _ in range(3):
         clock.now += 1000  # past every grace period
-        assert planner.plan_config() is None  # and never fought over
+        assert planner.plan_config().data is None  # and never fought over

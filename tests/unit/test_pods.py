@@ -37,7 +37,7 @@ from gpushare_operator.core.pods import (
     project_pod,
     total,
 )
-from gpushare_testing import podbodies
+from gpushare_testing import podbodies, writepath
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
@@ -464,9 +464,7 @@ def test_pod_events_mark_their_node_and_policy_dirty() -> None:
 
 
 def drain(state: ClusterState) -> None:
-    queue = state.dirty
-    while queue.pop_node() is not None or queue.pop_policy() is not None or queue.pop_config():
-        pass
+    writepath.drain(state.dirty)
 
 
 def test_new_resource_asks_for_a_relist_once_and_the_relist_recovers_its_pods() -> None:

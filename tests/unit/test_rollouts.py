@@ -12,7 +12,9 @@ from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import listpatches, rollouts
 from gpushare_operator.core.models import GPUSharingPolicySpec, RolloutSpec, RolloutState
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
-from gpushare_operator.reconcile.planner import FINALIZER, Planner, Timings
+from gpushare_operator.reconcile.planner import FINALIZER, Timings
+from gpushare_operator.reconcile.reconciler import Reconciler
+from gpushare_testing.writepath import PlanningLoop
 from tests.unit.test_planner import Clock, node, policy
 
 # -- arithmetic ------------------------------------------------------------------------------
@@ -149,7 +151,9 @@ def clock() -> Clock:
     return Clock()
 
 
-def cluster(clock: Clock, *, nodes: int, rollout: dict[str, Any]) -> tuple[ClusterState, Planner]:
+def cluster(
+    clock: Clock, *, nodes: int, rollout: dict[str, Any]
+) -> tuple[ClusterState, PlanningLoop]:
     """``nodes`` nodes all on policy p's old config (replicas 2), p now at replicas 4."""
     state = ClusterState(clock=clock)
     old = policy("p", replicas=2)
@@ -166,17 +170,14 @@ def cluster(clock: Clock, *, nodes: int, rollout: dict[str, Any]) -> tuple[Clust
     for i in range(nodes):
         state.upsert_node(node(f"n{i:02d}", **{CONFIG_LABEL: str(old_key), POLICY_LABEL: "p"}))
     timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
-    return state, Planner(state, timings=timings, max_unavailable="100%")
+    return state, PlanningLoop(Reconciler(state, timings=timings, max_unavailable="100%"))
 
 
-def labelled(state: ClusterState, planner: Planner, clock: Clock) -> list[str]:
+def labelled(state: ClusterState, planner: PlanningLoop, clock: Clock) -> list[str]:
     """A few writer rounds: plan every queued node, advance the rollout; who gets labels."""
     out = []
     for _ in range(3):
-        while (name := state.dirty.pop_node()) is not None:
-            plan = planner.plan_node(name)
-            if plan is not None and plan.labels is not None:
-                out.append(name)
+        out += [plan.name for plan in planner.plan_queued_nodes() if plan.labels is not None]
         clock.now += 1
         planner.due()
     return sorted(out)
@@ -188,7 +189,7 @@ def test_a_canary_first_then_batches_in_order_of_fewest_slots(clock: Clock) -> N
     key = str(state.policies["p"].config_key)
     state.upsert_node(node("n00", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))  # written
     assert labelled(state, planner, clock) == []  # the canary is not Verified yet
-    counts = planner.rollouts.counts("p")
+    counts = planner.book.counts("p")
     assert (counts.admitted + counts.changing, counts.waiting) == (1, 5)
 
 
@@ -269,7 +270,7 @@ def test_a_node_still_changing_when_the_spec_moves_on_is_not_stuck_behind_itself
     key = str(state.policies["p"].config_key)
     state.upsert_node(node("n00", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))  # restarting
     planner.plan_node("n00")
-    assert planner.rollouts.counts("p").unavailable == 1
+    assert planner.book.counts("p").unavailable == 1
     newer = policy("p", replicas=8, generation=3, rollout={"maxUnavailable": 1, "canary": 0})
     state.upsert_policy(newer)
     newest = str(state.policies["p"].config_key)
@@ -278,23 +279,22 @@ def test_a_node_still_changing_when_the_spec_moves_on_is_not_stuck_behind_itself
     # Still unavailable from the last change, it takes the newest config at once: the budget
     # of one is its own, and changing it again leaves no more nodes unavailable.
     assert labelled(state, planner, clock) == ["n00"]
-    assert planner.rollouts.counts("p").unavailable == 1
+    assert planner.book.counts("p").unavailable == 1
 
 
 def test_a_wait_is_published_only_if_it_outlasts_the_quiet_time(clock: Clock) -> None:
-    state, planner = cluster(clock, nodes=3, rollout={"maxUnavailable": 1, "canary": 0})
-    first = {}
-    while (name := state.dirty.pop_node()) is not None:
-        first[name] = planner.plan_node(name)
+    _, planner = cluster(clock, nodes=3, rollout={"maxUnavailable": 1, "canary": 0})
+    first = planner.plan_queued_nodes()
     # Nobody is admitted yet and nobody says so: most waits end sooner than that.
-    assert all(plan is None or plan.status is None for plan in first.values())
-    clock.now += planner.rollouts.quiet + 1
+    assert first and all(plan.status is None for plan in first)
+    clock.now += planner.book.quiet + 1
     planner.due()  # admits one; the others' quiet timers are due
     said = {}
-    while (name := state.dirty.pop_node()) is not None:
-        plan = planner.plan_node(name)
-        if plan is not None and plan.status is not None:
-            said[name] = plan.status["conditions"][0]["reason"]
+    for plan in planner.plan_queued_nodes():
+        if plan.labels is not None:
+            said[plan.name] = "LabelPending"  # admitted: its label goes first
+        elif plan.status is not None:
+            said[plan.name] = plan.status["conditions"][0]["reason"]
     assert sorted(said.values()) == ["LabelPending", "RolloutWaiting", "RolloutWaiting"]
 
 
@@ -317,7 +317,8 @@ def test_the_cluster_budget_caps_all_policies_together(clock: Clock) -> None:
     state.settle_initial_keys()
     clock.now += 100
     timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
-    planner = Planner(state, timings=timings, max_unavailable=3)  # 3 of the 8 GPU nodes
+    # 3 of the 8 GPU nodes:
+    planner = PlanningLoop(Reconciler(state, timings=timings, max_unavailable=3))
     assert len(labelled(state, planner, clock)) == 3  # each policy alone would take all 4
 
 
@@ -329,7 +330,7 @@ def test_a_new_generation_lifts_a_halt(clock: Clock) -> None:
     assert labelled(state, planner, clock) == []  # Applied: its clock starts
     clock.now += 61  # past the mismatch timeout: the canary failed
     assert labelled(state, planner, clock) == []
-    counts = planner.rollouts.counts("p")
+    counts = planner.book.counts("p")
     assert counts.failed == 1 and rollouts.halted(counts, RolloutSpec())
     fixed = policy("p", replicas=8, generation=3, rollout={"maxUnavailable": 1, "canary": 1})
     state.upsert_policy(fixed)
@@ -338,7 +339,7 @@ def test_a_new_generation_lifts_a_halt(clock: Clock) -> None:
     clock.now += 10
     # The failed node is no failure of the new rollout: a canary goes again.
     assert labelled(state, planner, clock) == ["n00"]
-    assert planner.rollouts.counts("p").failed == 0
+    assert planner.book.counts("p").failed == 0
 
 
 def test_deleting_the_policy_an_unsupported_node_fell_through_to_releases_the_node(
@@ -356,7 +357,7 @@ def test_deleting_the_policy_an_unsupported_node_fell_through_to_releases_the_no
     mixed = {"nvidia.com/mig.strategy": "mixed", CONFIG_LABEL: key, POLICY_LABEL: "ts"}
     state.upsert_node(node("n1", **mixed, **{"nvidia.com/gpu.replicas": "4"}))
     timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
-    planner = Planner(state, timings=timings, max_unavailable="100%")
+    planner = PlanningLoop(Reconciler(state, timings=timings, max_unavailable="100%"))
     assert labelled(state, planner, clock) == []  # ts governs it, and it shows ts's config
     assert state.policy_label_counts.get("ts") == 1
 
@@ -366,12 +367,13 @@ def test_deleting_the_policy_an_unsupported_node_fell_through_to_releases_the_no
     state.upsert_policy(gone)
     assert labelled(state, planner, clock) == ["n1"]
     plan = planner.plan_node("n1")
-    assert plan is not None and plan.labels == {CONFIG_LABEL: None, POLICY_LABEL: None}
-    assert plan.status is not None and plan.status["phase"] == "Unsupported"
-    assert planner.rollouts.counts("ts").admitted == 1  # charged to the policy losing it
+    assert plan.labels == {CONFIG_LABEL: None, POLICY_LABEL: None}
+    assert planner.book.counts("ts").admitted == 1  # charged to the policy losing it
 
     assert planner.plan_finalizer("ts") is None  # the node still carries its label
     state.upsert_node(node("n1", **{"nvidia.com/mig.strategy": "mixed"}))  # the labels went
+    plan = planner.plan_node("n1")
+    assert plan.status is not None and plan.status["phase"] == "Unsupported"
     patch = planner.plan_finalizer("ts")
     assert patch is not None and patch[-1]["op"] == "remove"
     assert labelled(state, planner, clock) == []  # and nothing more is written to the node
@@ -389,7 +391,7 @@ def test_an_unsupported_node_keeps_the_labels_of_a_policy_that_still_selects_it(
     state.settle_initial_keys()
     state.upsert_node(node("n1", count="two", **{CONFIG_LABEL: key, POLICY_LABEL: "ts"}))
     timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
-    planner = Planner(state, timings=timings, max_unavailable="100%")
+    planner = PlanningLoop(Reconciler(state, timings=timings, max_unavailable="100%"))
     assert labelled(state, planner, clock) == []
     plan = planner.plan_node("n1")
     assert plan is None or plan.labels is None

@@ -18,8 +18,10 @@ from typing import Any
 
 from gpushare_operator.cache.state import TOMBSTONE_SECONDS, ClusterState
 from gpushare_operator.core.devconfigs import render_default_text
-from gpushare_operator.reconcile.planner import Planner, Timings
-from gpushare_testing import podbodies
+from gpushare_operator.reconcile.planner import Timings
+from gpushare_operator.reconcile.reconciler import Reconciler
+from gpushare_testing import podbodies, writepath
+from gpushare_testing.writepath import PlanningLoop
 from tests.unit.test_planner import Clock, node, policy, sync_config
 
 # `make test` runs a tenth of the size; `make soak` (GPUSHARE_SOAK=1) the whole of it.
@@ -34,13 +36,15 @@ BLOCKS_BOUND = NODES // 5
 GROWTH_BOUND = 4 * 1024 * 1024
 
 
-def footprint(state: ClusterState, planner: Planner) -> dict[str, int]:
+def footprint(state: ClusterState, planner: PlanningLoop) -> dict[str, int]:
     """The size of every container held per object, by owner and attribute."""
     owners = {
         "state": state,
         "index": state.index,
         "usage": state.usage,
-        "planner": planner,
+        "memory": planner.memory,
+        "book": planner.book,
+        "clocks": planner.clocks,
     }
     sizes = {}
     for owner, obj in owners.items():
@@ -61,20 +65,21 @@ def operator_memory() -> tracemalloc.Snapshot:
     return tracemalloc.take_snapshot().filter_traces(ours)
 
 
-def drain(state: ClusterState, planner: Planner) -> None:
+def drain(state: ClusterState, planner: PlanningLoop) -> None:
     """What the writer does, minus the writes: plan everything dirty, serve the timers."""
     planner.due()
     while True:
-        if (name := state.dirty.pop_node()) is not None:
+        taken = writepath.drain(state.dirty)
+        if not any(taken.values()):
+            return
+        for name in taken["node"]:
             planner.plan_node(name)
-        elif (name := state.dirty.pop_policy()) is not None:
+        for name in taken["policy"]:
             planner.plan_policy(name)
-        elif state.dirty.pop_config():
-            data = planner.plan_config()
+        if taken["config"]:
+            data = planner.plan_config().data
             if data is not None:
                 sync_config(state, data, initial=False)  # our write, seen back
-        else:
-            return
 
 
 def gpu_pods(count: int) -> Iterator[dict[str, Any]]:
@@ -86,7 +91,7 @@ def gpu_pods(count: int) -> Iterator[dict[str, Any]]:
         yield body
 
 
-def one_round(state: ClusterState, planner: Planner, clock: Clock) -> None:
+def one_round(state: ClusterState, planner: PlanningLoop, clock: Clock) -> None:
     for index in range(POLICIES):
         state.upsert_policy(policy(f"p{index}", pool=f"pool{index}", replicas=2 + index % 8))
     drain(state, planner)
@@ -113,7 +118,11 @@ def test_create_and_delete_everything_three_times_leaves_nothing() -> None:
     clock = Clock()
     state = ClusterState(clock=clock, wallclock=clock)
     timings = Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60)
-    planner = Planner(state, timings=timings, wallclock=lambda: "2026-11-30T00:00:00Z")
+    planner = PlanningLoop(
+        Reconciler(
+            state, timings=timings, max_unavailable="10%", wallclock=lambda: "2026-11-30T00:00:00Z"
+        )
+    )
     sync_config(state, {"default": render_default_text()}, initial=True)
     drain(state, planner)
     baseline = footprint(state, planner)

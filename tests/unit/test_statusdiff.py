@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import statusdiff
-from gpushare_operator.reconcile.planner import Planner, Timings
+from gpushare_operator.reconcile.outcomes import Done, NodeWritten
+from gpushare_operator.reconcile.planner import Timings
+from gpushare_operator.reconcile.reconciler import Reconciler
+from gpushare_testing.writepath import PlanningLoop
 from tests.unit.test_planner import Clock, node, policy, sync_config
 
 WRITTEN = {
@@ -43,25 +46,34 @@ def test_a_field_dropped_twice_in_a_row_is_left_out_and_reported() -> None:
     clock = Clock()
     state = ClusterState(clock=clock)
     timings = Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60)
-    planner = Planner(state, timings=timings, wallclock=lambda: "2026-11-30T00:00:00Z")
+    reconciler = Reconciler(
+        state, timings=timings, max_unavailable="10%", wallclock=lambda: "2026-11-30T00:00:00Z"
+    )
+    planner = PlanningLoop(reconciler)
     sync_config(state, None, initial=True)
     state.upsert_policy(policy("p"))
     state.upsert_node(node("n1"))
-    assert not planner.echoed("nodestate", written=WRITTEN, echoed=ECHOED)
+    plan = planner.plan_node("n1")
+    assert plan.status is not None
+    echo = NodeWritten(Done(), status=WRITTEN, echo={"status": ECHOED})
+    once = reconciler.learn(plan, echo)
     assert planner.schema_problem() is None  # once could be someone else's edit
-    assert planner.echoed("nodestate", written=WRITTEN, echoed=ECHOED)
+    assert once.mark == {("policy", "p")} and planner.memory.pruned == {}  # its node counts
+    twice = reconciler.learn(plan, echo)
+    assert ("policy", "p") in twice.mark  # every policy reports it
+    state.upsert_node_state({"metadata": {"name": "n1"}, "status": ECHOED})  # its watch event
     problem = planner.schema_problem()
     assert problem is not None and "gpunodestates.gpushare.dev drops" in problem
     assert "kubectl apply --server-side -f crds/" in problem
-    status = planner.plan_policy("p")
+    status = planner.plan_policy("p").status
     assert status is not None
     outdated = next(c for c in status["conditions"] if c["type"] == "SchemaOutdated")
     assert outdated["status"] == "True" and "status.configReadyAt" in outdated["message"]
-    data = planner.plan_config()
+    data = planner.plan_config().data
     assert data is not None
     sync_config(state, data, initial=False)  # a new key: the node waits for propagation
     plan = planner.plan_node("n1")
     assert plan is not None and plan.status is not None
     assert "configReadyAt" not in plan.status  # never sent again
     state.node_states["n1"] = plan.status  # what the old schema keeps of it
-    assert planner.plan_node("n1") is None  # so its echo is no drift
+    assert not planner.plan_node("n1").writes  # so its echo is no drift

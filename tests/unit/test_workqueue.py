@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpushare_operator.core.workqueue import CONFIG_KEY, NODE, POLICY, WorkQueue
+from gpushare_testing import writepath
 
 
 class Clock:
@@ -151,7 +152,7 @@ def test_marking_wakes_the_writer(queue: WorkQueue) -> None:
 def test_keys_put_first_come_out_before_those_marked_earlier(queue: WorkQueue) -> None:
     queue.many_nodes(["a", "b", "c"])
     queue.first(NODE, ["c", "d"])
-    assert [queue.pop_node() for _ in range(4)] == ["c", "d", "a", "b"]
+    assert writepath.take_nodes(queue) == ["c", "d", "a", "b"]
     assert queue.get(NODE) is None
 
 

@@ -23,8 +23,9 @@ from gpushare_operator.kube.election import LeaseElector, LeaseTimings
 from gpushare_operator.kube.events import EventRecorder, ObjectRef
 from gpushare_operator.kube.informer import Informer, Sink, Target
 from gpushare_operator.kube.ratelimit import TokenBucket
-from gpushare_operator.kube.writer import ConfigTarget, Writer
-from gpushare_operator.reconcile.planner import Planner, Timings
+from gpushare_operator.kube.writeloop import ConfigMapRef, WriteLoop
+from gpushare_operator.reconcile.planner import Timings
+from gpushare_operator.reconcile.reconciler import Reconciler
 
 log = structlog.get_logger(__name__)
 
@@ -84,8 +85,8 @@ class Assembly:
             on_change=self._leadership_changed,
         )
         # The writer's gate, not the elector's: no Event either once a graceful stop began.
-        self.recorder = EventRecorder(api=api, allowed=lambda: self.writer.writes_allowed())
-        self.planner = Planner(
+        self.recorder = EventRecorder(api=api, allowed=lambda: self.writer.may_write())
+        self.reconciler = Reconciler(
             self.state,
             timings=Timings(
                 propagation_delay=s.config_propagation_delay,
@@ -96,14 +97,14 @@ class Assembly:
         )
         self.informers = self._informers()
         self.state.on_new_resource = self.informers[-1].request_relist
-        self.writer = Writer(
+        self.writer = WriteLoop(
             api=api,
             state=self.state,
-            planner=self.planner,
+            reconciler=self.reconciler,
             gate=self.gate,
             bucket=TokenBucket(qps=s.write_qps, burst=s.write_burst),
             recorder=self.recorder,
-            config=ConfigTarget(
+            config=ConfigMapRef(
                 namespace=s.device_plugin_namespace, name=s.device_plugin_configmap
             ),
             telemetry=self.telemetry,

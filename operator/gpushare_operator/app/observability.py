@@ -166,7 +166,7 @@ class StateCollector(Collector):
         slots = GaugeMetricFamily(
             "gpushare_policy_slots", "Shared GPU slots per policy", labels=["policy", "kind"]
         )
-        for name, status in sorted(self._assembly.planner.rendered_policies.items()):
+        for name, status in sorted(self._assembly.reconciler.memory.rendered_policies.items()):
             if name not in self._assembly.state.policies:
                 continue
             for label, field in _POLICY_NODE_FIELDS.items():
@@ -180,7 +180,7 @@ class StateCollector(Collector):
     def _rollout_metrics(self) -> Iterator[Metric]:
         """Live from the rollout book, not from the last status written (which waits for nodes
         to settle): what a dashboard of a rollout in progress wants."""
-        book = self._assembly.planner.rollouts
+        book = self._assembly.reconciler.book
         nodes = GaugeMetricFamily(
             "gpushare_rollout_nodes",
             "Nodes per policy at each step of its rollout",

@@ -78,6 +78,18 @@ class ClusterState:
         # re-lists, so that pods asking for it (skipped so far) are not missed.
         self.on_new_resource: Callable[[], None] = lambda: None
 
+    # -- our own writes -----------------------------------------------------------------------
+
+    def sent(self, kind: str, name: str, payload: Any) -> None:
+        """We wrote ``payload`` to (kind, name); until its watch event shows it, plans compare
+        with it too, so that the write is not made again."""
+        self.in_flight[(kind, name)] = payload
+
+    def finalizers_set(self, name: str, finalizers: tuple[str, ...]) -> None:
+        """A finalizer patch answered without the object: its result, until the watch shows it."""
+        if name in self.policies:
+            self.policy_finalizers[name] = finalizers
+
     # -- governance ----------------------------------------------------------------------------
 
     def candidates(self, node: str) -> list[CompiledPolicy]:

@@ -16,10 +16,12 @@ Contract (every point is a unit test in ``tests/unit/test_workqueue.py``):
 - **Waiting since.** ``waiting_since`` is when a key was first marked since it was last done
   with nothing pending: a held-back write (a policy status waiting for its nodes) is bounded by
   it.
-- **Order.** Within a kind, keys come out first-marked first; ``get(kind)`` takes one kind.
+- **Order.** Within a kind, keys come out first-marked first; ``get(kind)`` takes one kind,
+  ``take(key)`` one key, and ``postpone`` holds a queued key back until a time.
 
-It is pure (a clock and a random source are passed in, no asyncio): the writer owns the
-waiting; the cache only marks.  Everything about a key goes with ``forget``.
+It is pure (a clock and a random source are passed in, no asyncio).  The cache marks what its
+events affect; everything else that acts on the queue is the write loop's one switch on a
+write's outcome (``kube.writeloop``).  Everything about a key goes with ``forget``.
 """
 
 from __future__ import annotations
@@ -53,13 +55,24 @@ class WorkQueue:
         self._rng = rng or random.Random()
         self.base = base
         self.cap = cap
-        self._queued: dict[str, dict[str, None]] = {}  # kind -> names, first marked first
+        # kind -> names waiting to be handed out, first marked first.  A key here is never in
+        # _processing: marking a key that is being written goes to _again instead.
+        self._queued: dict[str, dict[str, None]] = {}
+        # Keys handed out (get, take) and not yet done.  Never in _queued.
         self._processing: set[Key] = set()
-        self._again: set[Key] = set()  # marked while processing
-        self._timers: list[tuple[float, str, str]] = []  # heap of (when, kind, name)
-        self._due: dict[Key, float] = {}  # the earliest live timer per key
+        # Keys marked while processing: always a subset of _processing; done() queues them.
+        self._again: set[Key] = set()
+        # A heap of (when, kind, name).  It may hold superseded entries; the live timer of a key
+        # is the entry equal to _due[key], and every key in _due has its entry here.
+        self._timers: list[tuple[float, str, str]] = []
+        # The earliest live timer per key.
+        self._due: dict[Key, float] = {}
+        # Failed writes in a row per key; absent once a write of the key succeeded.
         self._failures: dict[Key, int] = {}
+        # When the key was first marked since it was last done with nothing pending; only ever
+        # held for a pending key (queued, processing, or on a timer).
         self._since: dict[Key, float] = {}
+        # Called on every mark, so that a sleeping write loop looks again.
         self._wake: Callable[[], None] = lambda: None
 
     def set_waker(self, wake: Callable[[], None]) -> None:
@@ -171,6 +184,21 @@ class WorkQueue:
         self._processing.add((kind, name))
         return name
 
+    def take(self, key: Key) -> bool:
+        """Hand out ``key`` itself if it is queued (now processing); False if it is not."""
+        names = self._queued.get(key[0])
+        if names is None or key[1] not in names:
+            return False
+        del names[key[1]]
+        self._processing.add(key)
+        return True
+
+    def postpone(self, key: Key, when: float) -> None:
+        """Take a queued ``key`` out of the queue until ``when`` (a held-back write); its
+        waiting time keeps counting from when it was first marked."""
+        self._queued.get(key[0], {}).pop(key[1], None)
+        self.add_at(key, when)
+
     def done(self, key: Key) -> None:
         """Processing of ``key`` ended; queue it again if it was marked meanwhile (its wait
         then starts now: what it waited for before was just written)."""
@@ -190,23 +218,6 @@ class WorkQueue:
         self._due.pop(key, None)
         self._failures.pop(key, None)
         self._since.pop(key, None)
-
-    def pop(self, kind: str) -> str | None:
-        """``get`` and ``done`` at once, for whoever handles a key on the spot (a planning pass
-        with nothing to send; the tests' drains)."""
-        name = self.get(kind)
-        if name is not None:
-            self.done((kind, name))
-        return name
-
-    def pop_node(self) -> str | None:
-        return self.pop(NODE)
-
-    def pop_policy(self) -> str | None:
-        return self.pop(POLICY)
-
-    def pop_config(self) -> bool:
-        return self.pop(CONFIG) is not None
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from gpushare_operator.kubectl import cluster
 from gpushare_operator.kubectl.output import Style, slots, table
 from gpushare_operator.reconcile.forecast import KEY_GRACE_PERIOD, MISMATCH_TIMEOUT
 from gpushare_operator.reconcile.planner import Planner, Timings
+from gpushare_operator.reconcile.reconciler import Reconciler
 
 
 class UnknownPolicy(LookupError):
@@ -28,7 +29,8 @@ def new_planner(state: ClusterState) -> Planner:
     timings = Timings(
         propagation_delay=0.0, key_grace_period=KEY_GRACE_PERIOD, mismatch_timeout=MISMATCH_TIMEOUT
     )
-    return Planner(state, timings=timings)
+    # The budget does not matter to a status: the plugin shows what the operator published.
+    return Reconciler(state, timings=timings, max_unavailable=1).planner
 
 
 async def make_status(target: cluster.Target, *, policy: str | None = None) -> dict[str, Any]:

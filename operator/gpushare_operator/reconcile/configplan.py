@@ -8,51 +8,59 @@ manager owns are never planned, compared or deleted.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import devconfigs
 from gpushare_operator.core.models import FIELD_MANAGER
+from gpushare_operator.reconcile.memory import WriteMemory
+from gpushare_operator.reconcile.plans import ConfigPlan
 
 # Keys this operator renders: `default` and `<policy>-<ts|mps><replicas>-<6 hex>`.
 OUR_KEY = re.compile(r"^(default|([a-z0-9.-]+-)?(ts\d+|mps\d+|excl)-[0-9a-f]{6})$")
 
-Recheck = Callable[[float | None, str, str], None]
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    data: dict[str, str]  # every key the ConfigMap should hold
+    unused_since: dict[str, float]  # our keys no node names, and since when
+    recheck_at: float | None  # the first of their grace periods ends then
 
 
 class ConfigPlanner:
-    def __init__(self, state: ClusterState, *, grace_period: float, recheck: Recheck) -> None:
+    """Pure: reads the cache and what ``Reconciler.learn`` recorded of earlier plans."""
+
+    def __init__(self, state: ClusterState, *, grace_period: float, memory: WriteMemory) -> None:
         self.state = state
         self.grace_period = grace_period
-        self._recheck = recheck
-        self._unused_since: dict[str, float] = {}
-        # ConfigMap keys shaped like ours that another field manager owns: key -> manager.
-        # Never fought over: left out of what we plan and of what we compare.
-        self.foreign_keys: dict[str, str] = {}
+        self._memory = memory
 
-    def desired(self) -> dict[str, str]:
+    def desired(self, *, foreign: Mapping[str, str] | None = None) -> Desired:
+        """Every key the ConfigMap should hold; ``foreign``: the keys others own (by default
+        those the last plan found)."""
         state = self.state
+        foreign = self._memory.foreign_keys if foreign is None else foreign
         wanted = {devconfigs.DEFAULT_KEY: devconfigs.render_default_text()}
         for policy in state.policies.values():
             if policy.config_key and policy.config_text:
                 wanted[policy.config_key] = policy.config_text
         now = state.clock()
-        for key in set(self._unused_since) - set(state.config_data or {}):
-            del self._unused_since[key]  # gone from the ConfigMap: nothing left to time
+        known = self._memory.unused_since
+        unused: dict[str, float] = {}
+        recheck: float | None = None
         for key, text in (state.config_data or {}).items():
-            if key in wanted or not OUR_KEY.match(key) or key in self.foreign_keys:
-                self._unused_since.pop(key, None)
+            if key in wanted or not OUR_KEY.match(key) or key in foreign:
                 continue
             if state.config_label_counts.get(key):
-                self._unused_since.pop(key, None)
                 wanted[key] = text  # a node still names it
                 continue
-            since = self._unused_since.setdefault(key, now)
+            since = unused[key] = known.get(key, now)
             expires = since + self.grace_period
             if now < expires:
                 wanted[key] = text
-                self._recheck(expires, "config", "")
-        return wanted
+                recheck = expires if recheck is None else min(recheck, expires)
+        return Desired(wanted, unused, recheck)
 
     def _foreign(self, data: Mapping[str, str]) -> dict[str, str]:
         """Keys shaped like ours that only other field managers own: key -> managers."""
@@ -63,16 +71,23 @@ class ConfigPlanner:
             if key in owners and FIELD_MANAGER not in owners[key] and OUR_KEY.match(key)
         }
 
-    def plan(self) -> dict[str, str] | None:
-        """The ConfigMap data to apply, or None when the cluster already shows it."""
-        if not self.state.config_synced:
-            return None
-        data = self.state.config_data or {}
-        self.foreign_keys = self._foreign(data)
-        wanted = {k: v for k, v in self.desired().items() if k not in self.foreign_keys}
-        actual = {k: v for k, v in data.items() if OUR_KEY.match(k) and k not in self.foreign_keys}
-        if self.state.config_data is not None and wanted == actual:
-            return None
-        if self.state.in_flight.get(("configmap", "")) == wanted:
-            return None
-        return wanted
+    def plan(self) -> ConfigPlan:
+        """The ConfigMap data to apply (None when the cluster already shows it), and what
+        planning saw: the foreign keys and the unused keys' clocks."""
+        state = self.state
+        if not state.config_synced:
+            memory = self._memory
+            return ConfigPlan(None, memory.foreign_keys, memory.unused_since)
+        data = state.config_data or {}
+        foreign = self._foreign(data)
+        desired = self.desired(foreign=foreign)
+        wanted = {k: v for k, v in desired.data.items() if k not in foreign}
+        actual = {k: v for k, v in data.items() if OUR_KEY.match(k) and k not in foreign}
+        shown = state.config_data is not None and wanted == actual
+        sent = state.in_flight.get(("configmap", "")) == wanted
+        return ConfigPlan(
+            None if shown or sent else wanted,
+            foreign_keys=foreign,
+            unused_since=desired.unused_since,
+            recheck_at=desired.recheck_at,
+        )

@@ -37,7 +37,10 @@ from gpushare_operator.core.forecasts import (
 from gpushare_operator.core.nodes import GPU_RESOURCE
 from gpushare_operator.core.pods import PodRecord
 from gpushare_operator.core.policies import compile_policy
-from gpushare_operator.reconcile.planner import Planner, Timings
+from gpushare_operator.core.workqueue import CONFIG, NODE, POLICY
+from gpushare_operator.reconcile import admissions
+from gpushare_operator.reconcile.planner import Timings
+from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_operator.reconcile.rollouts import CLUSTER, Step
 
 # The operator's defaults for what the plan does not depend on.
@@ -141,7 +144,7 @@ class Forecaster:
         self.state = ClusterState(clock=self.clock)
         self.pace = pace or RolloutPace()
         self.pool_labels = tuple(pool_labels)
-        self.planner = Planner(
+        self.reconciler = Reconciler(
             self.state,
             timings=Timings(
                 propagation_delay=self.pace.propagation_delay,
@@ -150,6 +153,8 @@ class Forecaster:
             ),
             max_unavailable=max_unavailable,
         )
+        self.planner = self.reconciler.planner
+        self.book = self.reconciler.book
 
     def track_resources_of(self, bodies: Iterable[Mapping[str, Any]]) -> None:
         """Keep pods asking for what the planned policies advertise too; call before the pods
@@ -258,7 +263,7 @@ class Forecaster:
         moves by each batch's estimated time: a new key's nodes wait for its propagation, and
         every batch settles before the next.  A node admitted twice would mean a node that
         never settles: the replay stops there rather than loop."""
-        book, start = self.planner.rollouts, self.clock.now
+        book, start = self.book, self.clock.now
         self._drain()
         carried = self._gate(sorted(self.state.nodes))  # fresh nodes go at once
         forecast.budgets = self._budgets()
@@ -266,10 +271,11 @@ class Forecaster:
         ticks = 0.0  # clock moves that only let the book look again: not time that passes
         for _ in range(2 * len(self.state.nodes) + 2):
             self._drain()
-            self.clock.now += 2 * book.interval  # the book admits at most once an interval
-            ticks += 2 * book.interval
-            book.advance()
-            admitted = carried + self._gate(self._dirty_nodes())
+            self.clock.now += 2 * admissions.INTERVAL  # one admission pass an interval at most
+            ticks += 2 * admissions.INTERVAL
+            passed = self.reconciler.tick(busy=False).orders
+            looked = {*passed.first, *(name for kind, name in passed.mark if kind == NODE)}
+            admitted = carried + self._gate(sorted(looked | set(self._dirty_nodes())))
             if not admitted:
                 ready = self._next_key_ready()
                 if ready is None:
@@ -291,7 +297,7 @@ class Forecaster:
 
     def _preparing(self) -> list[str]:
         """Nodes waiting for their new key to propagate (or for their policy to resume)."""
-        book = self.planner.rollouts
+        book = self.book
         return sorted(
             node
             for policy in {*self.state.policies, CLUSTER}
@@ -307,36 +313,42 @@ class Forecaster:
         due = [seen + delay for seen in state.key_seen_at.values() if seen + delay > now]
         return min(due, default=None)
 
+    def _taken(self, kind: str) -> list[str]:
+        """Everything of ``kind`` the state has marked since the last look (and forget it:
+        the replay looks at what it needs itself)."""
+        queue, names = self.state.dirty, []
+        while (name := queue.get(kind)) is not None:
+            queue.done((kind, name))
+            names.append(name)
+        return names
+
     def _drain(self) -> None:
-        dirty = self.state.dirty
-        while dirty.pop_node() or dirty.pop_policy() or dirty.pop_config():
-            pass
+        for kind in (NODE, POLICY, CONFIG):
+            self._taken(kind)
 
     def _dirty_nodes(self) -> list[str]:
-        names = []
-        while (name := self.state.dirty.pop_node()) is not None:
-            names.append(name)
-        return sorted(names)
+        return sorted(self._taken(NODE))
+
+    def _place(self, name: str) -> bool:
+        """Place the node in the book, as the operator's plan and learn would; True if the
+        book lets it change now."""
+        record = self.state.nodes[name]
+        judged = self.book.judge(record, self.planner.decide(record))
+        self.book.record(judged.placement)
+        return judged.decision.labels is not None
 
     def _gate(self, names: Iterable[str]) -> list[str]:
         """Place each node in the book; those it lets change now."""
-        state, planner, book = self.state, self.planner, self.planner.rollouts
-        admitted = []
-        for name in names:
-            record = state.nodes.get(name)
-            if record is not None and book.gate(record, planner.decide(record)).labels is not None:
-                admitted.append(name)
-        return admitted
+        return [name for name in names if name in self.state.nodes and self._place(name)]
 
     def _settle(self, name: str) -> None:
         state, planner = self.state, self.planner
         record = state.nodes[name]
         state.upsert_node(settled_body(record, planner.decide(record).policy))
-        settled = state.nodes[name]
-        planner.rollouts.gate(settled, planner.decide(settled))
+        self._place(name)
 
     def _budgets(self) -> dict[str, Budget]:
-        book, budgets = self.planner.rollouts, {}
+        book, budgets = self.book, {}
         for name, policy in self.state.policies.items():
             counts = book.counts(name)
             if policy.spec is None or not counts.total:
@@ -348,12 +360,14 @@ class Forecaster:
         return budgets
 
     def _held(self) -> list[Held]:
-        state, planner, book = self.state, self.planner, self.planner.rollouts
+        state, planner, book = self.state, self.planner, self.book
         held = []
         for policy in sorted({*state.policies, CLUSTER}):
             for step in _HELD_STEPS:
                 for node in book.nodes_at(policy, step):
                     record = state.nodes[node]
-                    decision = book.gate(record, planner.decide(record))
+                    judged = book.judge(record, planner.decide(record))
+                    book.record(judged.placement)
+                    decision = judged.decision
                     held.append(Held(node, policy, decision.reason, decision.message))
         return sorted(held, key=lambda h: (h.policy, h.node))

@@ -1,10 +1,13 @@
-"""Which node may change now: the rollout bookkeeping between the planner and ``core.rollouts``.
+"""Which node may change now: the rollout book between the planner and ``core.rollouts``.
 
 Every node the planner looks at is *placed*: charged to a policy (the one that takes it, or,
 when none does, the one that loses it) at a step of that policy's rollout.  A node that wants
-a label change goes ahead only once it is *admitted*; ``advance`` admits waiting nodes in order
-(fewest allocated slots, then name) while the policy's ``maxUnavailable``, its canary and the
-cluster-wide budget leave room, and marks them dirty so that the writer labels them.
+a label change goes ahead only once it is *admitted*; the admission pass
+(``reconcile.admissions``) admits waiting nodes in order (fewest allocated slots, then name)
+while the policy's ``maxUnavailable``, its canary and the cluster-wide budget leave room.
+
+``judge`` works out a node's placement without changing the book (planning is pure);
+``record`` enters it, from ``Reconciler.learn`` alone.
 
 Level-based where it can be: a node on its policy's current config and not Verified is
 unavailable whoever changed it, so a new leader counts what the last one left in flight.  What
@@ -16,18 +19,17 @@ from __future__ import annotations
 
 import enum
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 
 from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.core import devconfigs, nodestates, resolution, rollouts
+from gpushare_operator.core import devconfigs, nodestates, rollouts
 from gpushare_operator.core.models import NodePhase, PodPolicy, RolloutSpec
 from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
-from gpushare_operator.core.workqueue import NODE
 
 RELEASE = ""  # the target of a node to be released (config keys are never empty)
 CLUSTER = ""  # charged to no policy, only to the cluster-wide budget (names are never empty)
-FULL_LOOK_EVERY = 2.0  # seconds between admissions while node events keep arriving
 
 
 class Step(enum.Enum):
@@ -40,6 +42,7 @@ class Step(enum.Enum):
     PREPARING = "preparing"  # to change once its config key has propagated (or unpaused)
 
 
+HELD_STEPS = frozenset({Step.WAITING, Step.BLOCKED})
 _SETTLED_STEP = {
     NodePhase.VERIFIED: Step.UPDATED,
     NodePhase.APPLIED: Step.CHANGING,
@@ -53,117 +56,135 @@ class Place:
     step: Step
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where ``judge`` puts a node: everything ``record`` enters about it."""
+
+    node: str
+    charged: str  # the policy whose budget the node is charged to (CLUSTER: none)
+    step: Step | None  # None: the node leaves the book
+    down: str | None  # unavailable, charged to this policy; None: available
+    grant: tuple[str, str] | None  # its admission (target, charged) from now on
+    changing: str | None  # changed by us and not settled, charged to; None: not
+    wanted: str | None = None  # the target it waits for, while held back
+    held_since: float | None = None  # when it began to be held back
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    decision: nodestates.NodeDecision  # to act on: the planned one, or a wait
+    placement: Placement
+
+
 class RolloutBook:
     def __init__(
         self,
         state: ClusterState,
         *,
-        max_unavailable: int | str = "10%",
-        interval: float = 0.05,
+        max_unavailable: int | str,
         quiet: float = 5.0,
     ) -> None:
         self.state = state
         self.max_unavailable = max_unavailable
-        self.interval = interval
         # A node held back says so only after this long: most are admitted sooner, and
         # would otherwise cost one more status write each (a rollout with room for all).
         self.quiet = quiet
+        # node -> when it began to be held back; only for nodes at a HELD_STEPS step.
         self._held_since: dict[str, float] = {}
+        # node -> its place; every node here is in _steps[place.policy][place.step] too.
         self._where: dict[str, Place] = {}
         self._steps: defaultdict[str, dict[Step, set[str]]] = defaultdict(
             lambda: {step: set() for step in Step}
         )
-        self._down: dict[str, str] = {}  # unavailable node -> charged policy
+        # unavailable node -> the policy charged; _down_by is the same, the other way round.
+        self._down: dict[str, str] = {}
         self._down_by: defaultdict[str, set[str]] = defaultdict(set)
-        self._wanted: dict[str, str] = {}  # waiting node -> its target
+        # node at a HELD_STEPS step -> the target it waits for.
+        self._wanted: dict[str, str] = {}
         self.admitted: dict[str, tuple[str, str]] = {}  # node -> (target, charged)
         self.changing: dict[str, str] = {}  # changed by us, not settled -> charged
-        self._stale = True
-        self._primed = False
-        self._busy_since: float | None = None
-        self._halted: set[str] = set()  # policies whose waiting nodes were told so
-        self._last = float("-inf")
+        # Something moved since the last admission pass (see reconcile.admissions).
+        self.stale = True
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def restart(self) -> None:
-        """Leading (again): admissions of an earlier term are void; count everything afresh
-        before admitting anything (``advance`` waits until every queued node was placed)."""
+        """Leading (again): admissions of an earlier term are void; count everything afresh."""
         self.admitted.clear()
-        self._primed = False
-        self._stale = True
+        self.stale = True
 
     def forget(self, node: str) -> None:
         self.admitted.pop(node, None)
         self.changing.pop(node, None)
         self._place(node, CLUSTER, None)
 
-    # -- placing a node ------------------------------------------------------------------------
+    # -- judging a node (pure) -------------------------------------------------------------------
 
-    def gate(
-        self, record: NodeRecord, decision: nodestates.NodeDecision
-    ) -> nodestates.NodeDecision:
-        """Place the node; return the decision to act on: the planned one, or a wait."""
+    def judge(self, record: NodeRecord, decision: nodestates.NodeDecision) -> Judgement:
+        """The node's placement, and the decision to act on: the planned one, or a wait."""
         name = record.name
         charged = self._charged(record, decision)
         target = self._target(decision)
         wants = decision.labels is not None
-        self._granted(record, target=target, wants=wants)
-        self._settle(record, decision)
-        down = self.changing.get(name)  # None: available
+        grant, changing = self._granted(record, target=target, wants=wants)
+        if changing is not None and self._settled(record, decision):
+            changing = None
+        place = Placement(name, charged, None, changing, grant, changing)
         if not wants:
             step = _SETTLED_STEP.get(decision.phase)
             if step is None and decision.phase is NodePhase.PENDING:
                 step = Step.PREPARING
+            down = changing
             if down is None and decision.phase in (NodePhase.APPLIED, NodePhase.MISMATCH):
                 down = charged
-            self._place(name, charged, step, down=down)
-            return decision
-        old = self._where.get(name)
-        if old is not None and old.step is Step.FAILED:
-            self._place(name, charged, None, down=down)  # no longer a failure of the rollout
-        grant = self.admitted.get(name)
+            return Judgement(decision, replace(place, step=step, down=down))
         if (grant is not None and grant[0] == target) or self._fresh(record, target, charged):
-            self.admitted.setdefault(name, (target, charged))
-            self._place(name, charged, Step.ADMITTED, down=charged if down is None else down)
-            return decision
-        return self._hold(record, decision, charged=charged, target=target, down=down)
+            grant = grant or (target, charged)
+            down = charged if changing is None else changing
+            return Judgement(decision, replace(place, step=Step.ADMITTED, down=down, grant=grant))
+        return self._hold(record, decision, place=place, target=target)
 
     def _hold(
         self,
         record: NodeRecord,
         decision: nodestates.NodeDecision,
         *,
-        charged: str,
+        place: Placement,
         target: str,
-        down: str | None,
-    ) -> nodestates.NodeDecision:
+    ) -> Judgement:
+        charged = place.charged
         spec, paused = self._spec(charged)
-        self._wanted[record.name] = target
         misfit = None
         if spec.podPolicy is PodPolicy.WAIT_FOR_PODS:
             misfit = self._misfit(record, None if target == RELEASE else decision.policy)
-        step = Step.WAITING if misfit is None else Step.BLOCKED
-        self._place(record.name, charged, step, down=down)
-        quiet = self._held_since[record.name] + self.quiet
-        quiet_until = quiet if self.state.clock() < quiet else None
+        now = self.state.clock()
+        since = self._held_since.get(record.name, now)
+        place = replace(
+            place,
+            step=Step.WAITING if misfit is None else Step.BLOCKED,
+            wanted=target,
+            held_since=since,
+        )
+        quiet_until = since + self.quiet if now < since + self.quiet else None
         if misfit is not None:
             message = f"{misfit}: the node keeps its config until they fit (podPolicy WaitForPods)"
-            return nodestates.held_back(
+            held = nodestates.held_back(
                 decision, reason="WaitingForPods", message=message, quiet_until=quiet_until
             )
+            return Judgement(held, place)
         who = f"GPUSharingPolicy {charged}" if charged else "the cluster"
         if paused:
             reason, message = "Paused", f"{who} is paused: the node is left as it is"
-        elif charged and rollouts.halted(self.counts(charged), spec):
+        elif charged and self._halted_without(charged, record.name):
             reason = "RolloutHalted"
             message = f"the rollout of {who} is halted: too many of its nodes ended in Mismatch"
         else:
             reason = "RolloutWaiting"
             message = f"waiting for its turn in the rollout of {who}"
-        return nodestates.held_back(
+        held = nodestates.held_back(
             decision, reason=reason, message=message, quiet_until=quiet_until
         )
+        return Judgement(held, place)
 
     def _charged(self, record: NodeRecord, decision: nodestates.NodeDecision) -> str:
         if decision.policy is not None and not nodestates.releases(decision):
@@ -178,28 +199,29 @@ class RolloutBook:
             return RELEASE
         return policy.config_key
 
-    def _granted(self, record: NodeRecord, *, target: str, wants: bool) -> None:
-        """An admission is used up once the node shows its target (the change is under way:
-        remembered in ``changing``), and void once the node wants something else."""
+    def _granted(
+        self, record: NodeRecord, *, target: str, wants: bool
+    ) -> tuple[tuple[str, str] | None, str | None]:
+        """(admission, charged if mid-change) once the node is looked at again: an admission
+        is used up once the node shows its target (the change is under way), and void once
+        the node wants something else."""
         grant = self.admitted.get(record.name)
+        changing = self.changing.get(record.name)
         if grant is None or (wants and grant[0] == target):
-            return
-        del self.admitted[record.name]
-        target = grant[0]
-        if (record.config_label == target) if target else (record.policy_label is None):
-            self.changing[record.name] = grant[1]
+            return grant, changing
+        used = grant[0]
+        if (record.config_label == used) if used else (record.policy_label is None):
+            changing = grant[1]
+        return None, changing
 
-    def _settle(self, record: NodeRecord, decision: nodestates.NodeDecision) -> None:
-        if record.name not in self.changing:
-            return
-        phase = decision.phase
+    @staticmethod
+    def _settled(record: NodeRecord, decision: nodestates.NodeDecision) -> bool:
         released = (
             decision.policy is None
             and record.policy_label is None
             and rollouts.release_settled(record)
         )
-        if phase in (NodePhase.VERIFIED, NodePhase.UNSUPPORTED) or released:
-            del self.changing[record.name]
+        return decision.phase in (NodePhase.VERIFIED, NodePhase.UNSUPPORTED) or released
 
     def _fresh(self, record: NodeRecord, target: str, charged: str) -> bool:
         """A node joining the pool (none of our config, no GPU pods) is configured at once,
@@ -208,8 +230,19 @@ class RolloutBook:
             return False
         if self.state.usage.node_total(record.name):
             return False
-        spec, paused = self._spec(charged)
-        return not paused and not (charged and rollouts.halted(self.counts(charged), spec))
+        _, paused = self._spec(charged)
+        return not paused and not (charged and self._halted_without(charged, record.name))
+
+    def _halted_without(self, policy: str, node: str) -> bool:
+        """Whether the policy's rollout is halted, not counting ``node`` (being judged anew:
+        wanting a change, it is no failure of the rollout any more)."""
+        spec, _ = self._spec(policy)
+        failed = self._steps.get(policy, {}).get(Step.FAILED, set())
+        return len(failed) - (node in failed) >= spec.failureThreshold
+
+    def spec_of(self, charged: str) -> tuple[RolloutSpec, bool]:
+        """The rollout spec a node charged to ``charged`` goes by, and whether it is paused."""
+        return self._spec(charged)
 
     def _spec(self, charged: str) -> tuple[RolloutSpec, bool]:
         policy = self.state.policies.get(charged)
@@ -227,11 +260,38 @@ class RolloutBook:
         resource = devconfigs.advertised_resource(policy.sharing)
         return rollouts.misfit(held, resource=resource, capacity=gpus * (policy.replicas or 1))
 
-    def _place(self, node: str, policy: str, step: Step | None, *, down: str | None = None) -> None:
+    # -- recording -------------------------------------------------------------------------------
+
+    def record(self, placement: Placement) -> None:
+        """Enter a judged placement (from ``Reconciler.learn``, and the admission pass)."""
+        node = placement.node
+        if placement.grant is None:
+            self.admitted.pop(node, None)
+        else:
+            self.admitted[node] = placement.grant
+        if placement.changing is None:
+            self.changing.pop(node, None)
+        else:
+            self.changing[node] = placement.changing
+        self._place(
+            node, placement.charged, placement.step, down=placement.down, since=placement.held_since
+        )
+        if placement.wanted is not None and placement.step in HELD_STEPS:
+            self._wanted[node] = placement.wanted
+
+    def _place(
+        self,
+        node: str,
+        policy: str,
+        step: Step | None,
+        *,
+        down: str | None = None,
+        since: float | None = None,
+    ) -> None:
         place = None if step is None else Place(policy, step)
         old = self._where.get(node)
         if old != place:
-            self._stale = True
+            self.stale = True
             if old is not None:
                 self._steps[old.policy][old.step].discard(node)
                 self._drop_empty(old.policy)
@@ -240,23 +300,24 @@ class RolloutBook:
             else:
                 self._where[node] = place
                 self._steps[policy][place.step].add(node)
-        if place is None or place.step not in (Step.WAITING, Step.BLOCKED):
+        if place is None or place.step not in HELD_STEPS:
             self._wanted.pop(node, None)
             self._held_since.pop(node, None)
         else:
-            self._held_since.setdefault(node, self.state.clock())
+            self._held_since.setdefault(node, self.state.clock() if since is None else since)
         self._set_down(node, down)
 
     def _set_down(self, node: str, down: str | None) -> None:
         """Unavailable (charged to ``down``) or, for None, available."""
         if self._down.get(node) == down:
             return
-        self._stale = True
+        self.stale = True
         was = self._down.pop(node, None)
         if was is not None:
             self._down_by[was].discard(node)
             if not self._down_by[was]:
                 del self._down_by[was]
+                self._drop_empty(was)
         if down is not None:
             self._down[node] = down
             self._down_by[down].add(node)
@@ -288,115 +349,36 @@ class RolloutBook:
     def nodes_at(self, policy: str, step: Step) -> list[str]:
         return sorted(self._steps.get(policy, {}).get(step, ()))
 
+    def at(self, policy: str, step: Step) -> Collection[str]:
+        """The nodes of a policy at a step (a live view, for the admission pass)."""
+        return self._steps.get(policy, {}).get(step, set())
+
+    def policies(self) -> Collection[str]:
+        """Every policy with a node in the book (CLUSTER among them)."""
+        return self._steps.keys()
+
+    def down_of(self, node: str) -> str | None:
+        """The policy an unavailable node is charged to; None when it is available."""
+        return self._down.get(node)
+
+    def wanted(self, node: str) -> str:
+        """The target a held-back node waits for."""
+        return self._wanted.get(node, RELEASE)
+
     def unavailable(self) -> int:
         return len(self._down)
 
     def cluster_budget(self) -> int:
         return rollouts.max_unavailable(self.max_unavailable, total=len(self.state.nodes))
 
-    def wants_taint(self, node: str, *, tainted: bool) -> bool:
+    def wants_taint(self, placement: Placement, *, tainted: bool) -> bool:
         """Whether the node is in a change of a policy that cordons during changes: admitted,
         or changed and not yet settled (by us, or, if it carries the taint, by a leader
         before us)."""
-        if node not in self._down:
+        if placement.down is None:
             return False
-        ours = node in self.admitted or node in self.changing or tainted
-        policy = self._down[node]
-        if not ours or not policy:
+        ours = placement.grant is not None or placement.changing is not None or tainted
+        if not ours or not placement.down:
             return False
-        spec, _ = self._spec(policy)
+        spec, _ = self._spec(placement.down)
         return spec.cordonDuringChange
-
-    # -- admitting ---------------------------------------------------------------------------------
-
-    def advance(self) -> float | None:
-        """Admit the next nodes if anything moved; returns when to look again, if it must.
-
-        Only once every node queued for planning has been placed (taken by a job counts as
-        queued until planned): the counts are then whole and the order global.  Under a stream
-        of node events that never lets the queue run dry, at most ``FULL_LOOK_EVERY`` seconds
-        pass between admissions, with what has been placed by then.  Before the first whole
-        look after gaining leadership, never.
-        """
-        if not self._stale:
-            return None
-        now = self.state.clock()
-        dirty = self.state.dirty
-        busy = bool(dirty.nodes) or bool(dirty.processing(NODE))
-        if not busy:
-            self._primed = True
-            self._busy_since = None
-        elif not self._primed:
-            return None  # a restart, a failover: one node not yet planned may be mid-change
-        elif self._busy_since is None:
-            self._busy_since = now
-        if busy and now - (self._busy_since or now) < FULL_LOOK_EVERY:
-            return now + FULL_LOOK_EVERY / 10
-        if now - self._last < self.interval:
-            return self._last + self.interval
-        self._stale = False
-        self._last = now
-        self._restate_halts()
-        self._admit_all()
-        return None
-
-    def _restate_halts(self) -> None:
-        """A rollout that halts (or resumes) changes what its waiting nodes say: look again."""
-        halted = set()
-        for policy, steps in self._steps.items():
-            if policy and (steps[Step.WAITING] or steps[Step.BLOCKED]):
-                spec, _ = self._spec(policy)
-                if rollouts.halted(self.counts(policy), spec):
-                    halted.add(policy)
-        for policy in halted ^ self._halted:
-            held = self._steps.get(policy)
-            if held is not None:
-                self.state.dirty.many_nodes(held[Step.WAITING] | held[Step.BLOCKED])
-        self._halted = halted
-
-    def _admit_all(self) -> None:
-        room = self.cluster_budget() - len(self._down)
-        waiting = [p for p, steps in self._steps.items() if steps[Step.WAITING]]
-        for policy in self._by_rank(waiting):
-            # Even with no room left, a node already unavailable may take its new target.
-            room -= self._admit(policy, cluster_room=max(0, room))
-
-    def _by_rank(self, names: list[str]) -> list[str]:
-        policies = self.state.policies
-        known = [policies[n] for n in names if n in policies]
-        return [p.name for p in resolution.ranked(known)] + [n for n in names if n not in policies]
-
-    def _admit(self, policy: str, *, cluster_room: int) -> int:
-        spec, paused = self._spec(policy)
-        waiting = self._steps[policy][Step.WAITING]
-        if not policy:
-            room, canary = cluster_room, None
-        else:
-            counts = self.counts(policy)
-            room = rollouts.room(counts, spec, cluster_room=cluster_room, paused=paused)
-            deleting = policy in self.state.deleting
-            canary = None if deleting else rollouts.canary_room(counts, spec)
-        usage = self.state.usage
-        order = sorted(
-            waiting,
-            key=lambda n: rollouts.order_key(allocated=usage.node_total(n), name=n),
-        )
-        used = 0
-        admitted: list[str] = []
-        for node in order:
-            # A node still unavailable from its last change (its target moved on meanwhile)
-            # costs nothing more: changing it again leaves as many nodes unavailable.
-            was_down = self._down.get(node)
-            if was_down is None and used >= room:
-                continue
-            target = self._wanted.get(node, RELEASE)
-            if target != RELEASE and canary is not None:
-                if canary <= 0:
-                    continue
-                canary -= 1
-            self.admitted[node] = (target, policy)
-            self._place(node, policy, Step.ADMITTED, down=was_down or policy)
-            admitted.append(node)
-            used += was_down is None
-        self.state.dirty.first(NODE, admitted)  # label writes before queued status writes
-        return used

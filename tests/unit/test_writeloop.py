@@ -1,4 +1,4 @@
-"""The writer's scheduling against an in-memory API: writes in flight, per-object order, holds.
+"""The write loop against an in-memory API: writes in flight, per-object order, holds.
 
 The real API server is in the integration tests; here a fake answers in a few milliseconds so
 that how many writes overlap, and for which objects, can be seen exactly.
@@ -16,13 +16,16 @@ import pytest
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import models
 from gpushare_operator.core.workqueue import WorkQueue
-from gpushare_operator.kube import http, writing
+from gpushare_operator.kube import http
 from gpushare_operator.kube.events import EventRecorder
 from gpushare_operator.kube.inflight import InFlight
+from gpushare_operator.kube.leadership import LeaderGate
 from gpushare_operator.kube.ratelimit import TokenBucket
-from gpushare_operator.kube.writer import ConfigTarget, Writer
-from gpushare_operator.reconcile.planner import Planner, Timings
-from gpushare_testing.gates import AlwaysLeader
+from gpushare_operator.kube.writeloop import ConfigMapRef, WriteLoop
+from gpushare_operator.reconcile.planner import Timings
+from gpushare_operator.reconcile.reconciler import Reconciler
+from gpushare_testing import writepath
+from gpushare_testing.gates import AlwaysLeader, ManualGate
 from tests.unit.test_planner import node, policy
 from tests.waiting import eventually
 
@@ -71,7 +74,7 @@ def writes_to(api: SlowApi, prefix: str) -> collections.Counter[str]:
 
 
 @pytest.fixture
-def cluster(monkeypatch: pytest.MonkeyPatch) -> tuple[ClusterState, Planner, SlowApi]:
+def cluster(monkeypatch: pytest.MonkeyPatch) -> tuple[ClusterState, Reconciler, SlowApi]:
     state = ClusterState()
     bodies = {f"n{i}": node(f"n{i}") for i in range(NODES)}
     api = SlowApi(copy.deepcopy(bodies))
@@ -84,24 +87,29 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> tuple[ClusterState, Planner, Slo
         state.upsert_node(body)
     state.config_synced = True
     timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=600)
-    return state, Planner(state, timings=timings), api
+    return state, Reconciler(state, timings=timings, max_unavailable="10%"), api
 
 
-def writer(state: ClusterState, planner: Planner, *, concurrency: int) -> Writer:
-    gate = AlwaysLeader()
-    return Writer(
+def writer(
+    state: ClusterState,
+    reconciler: Reconciler,
+    *,
+    concurrency: int,
+    gate: LeaderGate | None = None,
+) -> WriteLoop:
+    return WriteLoop(
         api=None,  # type: ignore[arg-type]  # the fake request ignores it
         state=state,
-        planner=planner,
-        gate=gate,
+        reconciler=reconciler,
+        gate=gate or AlwaysLeader(),
         bucket=TokenBucket(qps=10_000, burst=10_000),
         recorder=EventRecorder(api=None, allowed=lambda: False),  # type: ignore[arg-type]
-        config=ConfigTarget(namespace="gpu-operator", name="configs"),
+        config=ConfigMapRef(namespace="gpu-operator", name="configs"),
         concurrency=concurrency,
     )
 
 
-async def run_until_written(w: Writer, api: SlowApi) -> None:
+async def run_until_written(w: WriteLoop, api: SlowApi) -> None:
     task = asyncio.create_task(w.run())
     try:
 
@@ -118,7 +126,7 @@ async def run_until_written(w: Writer, api: SlowApi) -> None:
 
 
 async def test_several_writes_are_in_flight_but_never_two_for_one_object(
-    cluster: tuple[ClusterState, Planner, SlowApi],
+    cluster: tuple[ClusterState, Reconciler, SlowApi],
 ) -> None:
     state, planner, api = cluster
     w = writer(state, planner, concurrency=4)
@@ -134,7 +142,7 @@ async def test_several_writes_are_in_flight_but_never_two_for_one_object(
 
 
 async def test_a_policy_status_waits_for_its_nodes_to_settle(
-    cluster: tuple[ClusterState, Planner, SlowApi],
+    cluster: tuple[ClusterState, Reconciler, SlowApi],
 ) -> None:
     state, planner, api = cluster
     w = writer(state, planner, concurrency=2)
@@ -187,7 +195,7 @@ async def test_slots_bound_the_jobs_and_cancel_leaves_none_behind() -> None:
 
 
 async def test_a_failed_write_is_retried_without_waiting_for_another_event(
-    cluster: tuple[ClusterState, Planner, SlowApi], monkeypatch: pytest.MonkeyPatch
+    cluster: tuple[ClusterState, Reconciler, SlowApi], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, planner, api = cluster
     state.dirty.base = 0.3  # the first retry comes within 0.3 s
@@ -216,16 +224,13 @@ async def test_a_failed_write_is_retried_without_waiting_for_another_event(
             await task
 
 
-async def test_a_write_dropped_for_lost_leadership_stays_dirty(
-    cluster: tuple[ClusterState, Planner, SlowApi],
+async def test_a_write_dropped_for_lost_leadership_stays_queued(
+    cluster: tuple[ClusterState, Reconciler, SlowApi],
 ) -> None:
-    state, planner, _ = cluster
-    w = writer(state, planner, concurrency=1)
-    while state.dirty.pop_node() or state.dirty.pop_policy() or state.dirty.pop_config():
-        pass
-
-    async def fenced() -> None:
-        raise writing.LostLeadership()
-
-    await w._guarded(("node", "n5"), fenced())
+    state, reconciler, api = cluster
+    gate = ManualGate(leading=False)  # the lease lapsed between the loop's check and the send
+    w = writer(state, reconciler, concurrency=1, gate=gate)
+    writepath.drain(state.dirty)
+    await w._job(("node", "n5"))
+    assert api.writes == []  # nothing was sent
     assert "n5" in state.dirty.nodes  # the gate may reopen without a resync: not forgotten

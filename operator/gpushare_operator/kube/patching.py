@@ -1,0 +1,261 @@
+"""Sending a node's or a policy's plan, and saying what came back as a value.
+
+``kube.writeloop`` decides what to write and when; this module makes the requests of one plan
+(server-side apply of a node's labels, JSON patches of its taint and of a policy's finalizer,
+status patches) under the loop's permit, posts the Events they call for, and returns a
+``reconcile.outcomes`` value: what was written, what the API server answered, and an
+``Outcome``.  It changes no cache and no queue: ``Reconciler.learn`` takes the answer in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import structlog
+
+from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.core import announcements, models
+from gpushare_operator.kube import http
+from gpushare_operator.kube.events import ObjectRef
+from gpushare_operator.kube.sending import (
+    API,
+    FAILURES,
+    FIELD_MANAGER,
+    JSON_PATCH,
+    PERMANENT,
+    NotSent,
+    Sender,
+    Tokens,
+    policy_ref,
+    problem_of,
+    slim,
+)
+from gpushare_operator.reconcile.outcomes import (
+    Done,
+    Gone,
+    LeadershipLost,
+    NodeWritten,
+    PolicyWritten,
+    Refused,
+    Retry,
+)
+from gpushare_operator.reconcile.plans import NodePlan, PolicyPlan
+
+log = structlog.get_logger(__name__)
+
+
+class Patches:
+    def __init__(self, *, sender: Sender, state: ClusterState) -> None:
+        self._sender = sender
+        self._state = state  # read only: what was there before a write, for its Events
+
+    async def write(
+        self, plan: NodePlan | PolicyPlan, *, tokens: Tokens
+    ) -> NodeWritten | PolicyWritten | None:
+        """Send ``plan``'s requests; None when it has none."""
+        if not plan.writes:
+            return None
+        if isinstance(plan, NodePlan):
+            return await self._write_node(plan, tokens)
+        return await self._write_policy(plan, tokens)
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    async def _write_node(self, plan: NodePlan, tokens: Tokens) -> NodeWritten:
+        node: dict[str, Any] | None = None
+        try:
+            if plan.taint is not None:
+                try:
+                    node = slim(await self._patch_node(plan, tokens, plan.taint))
+                except http.ApiError as exc:
+                    if exc.status not in (409, 422):
+                        raise
+                    # The node's taints changed since we read them (the patch's test failed).
+                    log.info("node taints changed meanwhile", kind="Node", name=plan.name)
+                    return NodeWritten(Retry("taints changed"))
+            if plan.labels is not None:
+                return await self._write_labels(plan, tokens, node)
+            if plan.status is not None:
+                return await self._write_node_state(plan, tokens, node)
+            return NodeWritten(Done(), node)
+        except NotSent:
+            return NodeWritten(LeadershipLost(), node)
+        except FAILURES as exc:
+            log.warning("node write failed; retrying", kind="Node", name=plan.name, error=str(exc))
+            if isinstance(exc, http.ApiError) and exc.status in PERMANENT:
+                await self._sender.report(
+                    _node_ref(plan),
+                    f"cannot write GPUNodeState {plan.name} status: {problem_of(exc)}",
+                )
+            return NodeWritten(Retry(str(exc)), node)
+
+    async def _patch_node(self, plan: NodePlan, tokens: Tokens, patch: Any) -> Any:
+        return await self._sender.send(
+            tokens,
+            "node-taint",
+            method="PATCH",
+            path=f"/api/v1/nodes/{plan.name}",
+            query=[("fieldManager", FIELD_MANAGER)],
+            body=patch,
+            content_type=JSON_PATCH,
+        )
+
+    async def _write_labels(
+        self, plan: NodePlan, tokens: Tokens, node: dict[str, Any] | None
+    ) -> NodeWritten:
+        """Apply our two labels; a refusal that retrying cannot cure by itself (403, 422) is
+        reported, and the node's status will say so (``Reconciler.learn``)."""
+        assert plan.labels is not None
+        wanted = {k: v for k, v in plan.labels.items() if v is not None}
+        # The uid makes the apply a precondition: without it, applying to a node deleted a moment
+        # ago would create a bare Node; with it the API server answers 409 instead.
+        metadata: dict[str, Any] = {"name": plan.name, "uid": plan.uid}
+        if wanted:
+            metadata["labels"] = wanted
+        try:
+            answer = await self._sender.send(
+                tokens,
+                "node-labels",
+                method="PATCH",
+                path=f"/api/v1/nodes/{plan.name}",
+                query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+                body={"apiVersion": "v1", "kind": "Node", "metadata": metadata},
+                content_type=http.APPLY_PATCH,
+            )
+        except http.ApiError as exc:
+            if exc.status not in PERMANENT:
+                raise
+            problem = f"cannot label the node: {problem_of(exc)}"
+            log.warning("node label write refused", kind="Node", name=plan.name, problem=problem)
+            await self._sender.report(_node_ref(plan), problem)
+            return NodeWritten(Refused(problem), node)
+        return NodeWritten(Done(), slim(answer) or node, labels=plan.labels)
+
+    async def _write_node_state(
+        self, plan: NodePlan, tokens: Tokens, node: dict[str, Any] | None
+    ) -> NodeWritten:
+        assert plan.status is not None
+        # Read before writing: our own write's watch event may land before the PATCH returns.
+        previous = self._state.node_states.get(plan.name) or {}
+        if plan.create_state:
+            await self._create_node_state(plan, tokens)
+        answer = await self._sender.send(
+            tokens,
+            "nodestate-status",
+            method="PATCH",
+            path=f"{API}/{models.NODE_STATE_PLURAL}/{plan.name}/status",
+            body=[{"op": "add", "path": "/status", "value": plan.status}],
+            query=[("fieldManager", FIELD_MANAGER)],
+            content_type=JSON_PATCH,
+        )
+        for event in announcements.node_announcements(previous, plan.status):
+            await self._sender.recorder.post(
+                ref=_node_ref(plan), type_=event.type, reason=event.reason, message=event.message
+            )
+        echo = answer if isinstance(answer, dict) else None
+        return NodeWritten(Done(), node, status=plan.status, echo=echo)
+
+    async def _create_node_state(self, plan: NodePlan, tokens: Tokens) -> None:
+        body = {
+            "apiVersion": f"{models.GROUP}/{models.VERSION}",
+            "kind": models.NODE_STATE_KIND,
+            "metadata": {
+                "name": plan.name,
+                "labels": {"app.kubernetes.io/managed-by": FIELD_MANAGER},
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": plan.name, "uid": plan.uid}
+                ],
+            },
+        }
+        try:
+            await self._sender.send(
+                tokens,
+                "nodestate-create",
+                method="POST",
+                path=f"{API}/{models.NODE_STATE_PLURAL}",
+                body=body,
+                query=[("fieldManager", FIELD_MANAGER)],
+            )
+        except http.ApiError as exc:
+            if exc.status != 409:
+                raise
+
+    # -- policies --------------------------------------------------------------------------------
+
+    async def _write_policy(self, plan: PolicyPlan, tokens: Tokens) -> PolicyWritten:
+        try:
+            if plan.finalizer is not None:
+                return await self._write_finalizer(plan, tokens)
+            return await self._write_policy_status(plan, tokens)
+        except NotSent:
+            return PolicyWritten(LeadershipLost())
+
+    async def _write_finalizer(self, plan: PolicyPlan, tokens: Tokens) -> PolicyWritten:
+        """Add or remove our finalizer; the status follows once it went through."""
+        try:
+            answer = await self._sender.send(
+                tokens,
+                "policy-finalizer",
+                method="PATCH",
+                path=f"{API}/{models.POLICY_PLURAL}/{plan.name}",
+                body=plan.finalizer,
+                query=[("fieldManager", FIELD_MANAGER)],
+                content_type=JSON_PATCH,
+            )
+        except http.ApiError as exc:
+            if exc.status == 404:
+                return PolicyWritten(Gone())
+            if exc.status in PERMANENT - {422}:
+                # An older ClusterRole without patch on policies: the status still gets written;
+                # a deleted policy then goes at once and its nodes are released under the
+                # cluster-wide budget only.
+                problem = f"cannot set the policy's finalizer: {problem_of(exc)}"
+                await self._sender.report(policy_ref(plan.name, plan.uid), problem)
+                return PolicyWritten(Done(), proceed=True)
+            log.warning("policy finalizer not patched", kind=models.POLICY_KIND, name=plan.name)
+            return PolicyWritten(Retry(str(exc)))  # 409/422: its finalizers changed meanwhile
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.warning("policy finalizer not patched", kind=models.POLICY_KIND, error=str(exc))
+            return PolicyWritten(Retry(str(exc)))
+        body = answer if isinstance(answer, dict) else {}
+        policy = slim(body) if (body.get("metadata") or {}).get("name") == plan.name else None
+        return PolicyWritten(Done(), policy=policy, finalized=True, proceed=True)
+
+    async def _write_policy_status(self, plan: PolicyPlan, tokens: Tokens) -> PolicyWritten:
+        assert plan.status is not None
+        previous = self._state.policy_status.get(plan.name) or {}
+        try:
+            answer = await self._sender.send(
+                tokens,
+                "policy-status",
+                method="PATCH",
+                path=f"{API}/{models.POLICY_PLURAL}/{plan.name}/status",
+                body=[{"op": "add", "path": "/status", "value": plan.status}],
+                query=[("fieldManager", FIELD_MANAGER)],
+                content_type=JSON_PATCH,
+            )
+        except FAILURES as exc:
+            if isinstance(exc, http.ApiError) and exc.status == 404:
+                return PolicyWritten(Gone())  # deleted meanwhile; its DELETED event follows
+            log.warning(
+                "policy status write failed; retrying",
+                kind=models.POLICY_KIND,
+                name=plan.name,
+                error=str(exc),
+            )
+            if isinstance(exc, http.ApiError) and exc.status in PERMANENT:
+                problem = f"cannot write the policy's status: {problem_of(exc)}"
+                await self._sender.report(policy_ref(plan.name, plan.uid), problem)
+            return PolicyWritten(Retry(str(exc)))
+        ref = policy_ref(plan.name, plan.uid)
+        for event in announcements.policy_announcements(previous, plan.status):
+            await self._sender.recorder.post(
+                ref=ref, type_=event.type, reason=event.reason, message=event.message
+            )
+        echo = answer if isinstance(answer, dict) else None
+        return PolicyWritten(Done(), status=plan.status, echo=echo)
+
+
+def _node_ref(plan: NodePlan) -> ObjectRef:
+    return ObjectRef("v1", "Node", plan.name, plan.uid)

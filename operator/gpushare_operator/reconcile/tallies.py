@@ -1,0 +1,71 @@
+"""A policy's tally: what its status counts of the nodes it matches, governs and confirms."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.core import nodestates, policystatus, resolution
+from gpushare_operator.core.models import NodePhase
+from gpushare_operator.core.nodes import NodeRecord
+from gpushare_operator.core.policies import CompiledPolicy
+
+
+class Deciding(Protocol):
+    """What a tally needs of the planner: the cache, and each node's decision."""
+
+    @property
+    def state(self) -> ClusterState: ...
+
+    def decide(self, record: NodeRecord) -> nodestates.NodeDecision: ...
+
+
+def tally(planner: Deciding, policy: CompiledPolicy) -> policystatus.PolicyTally:
+    state = planner.state
+    counted = policystatus.PolicyTally()
+    for node in sorted(state.index.nodes_of(policy.name)):
+        record = state.nodes.get(node)
+        if record is None:
+            continue
+        counted.matched += 1
+        decision = planner.decide(record)
+        winner = decision.policy
+        if winner is not None and winner.name == policy.name:
+            _count(counted, record, decision, policy)
+            continue
+        problem = nodestates.unsupported(record, policy)
+        outranks = winner is None or resolution.rank_key(policy) < resolution.rank_key(winner)
+        if problem is not None and outranks and policy.usable:
+            counted.unsupported += 1  # skipped here: the next usable policy governs it
+            counted.skipped.append((node, problem[1]))
+        else:
+            counted.conflicts.append((node, winner.name if winner else "none"))
+    counted.allocated = state.usage.policy_slots(policy.name)
+    return counted
+
+
+def _count(
+    counted: policystatus.PolicyTally,
+    record: NodeRecord,
+    decision: nodestates.NodeDecision,
+    policy: CompiledPolicy,
+) -> None:
+    counted.governed += 1
+    phase = decision.phase
+    if phase is NodePhase.UNSUPPORTED:
+        counted.unsupported += 1
+        counted.unusable += 1
+        problem = nodestates.unsupported(record, policy)
+        counted.skipped.append((record.name, problem[1] if problem else decision.message))
+        return
+    gpus = record.gpus or 0
+    counted.gpus += gpus
+    counted.capacity += gpus * (policy.replicas or 0)
+    if phase in (NodePhase.APPLIED, NodePhase.VERIFIED, NodePhase.MISMATCH):
+        counted.applied += 1
+    if phase is NodePhase.VERIFIED:
+        counted.verified += 1
+    elif phase is NodePhase.MISMATCH:
+        counted.mismatched += 1
+    elif phase is NodePhase.PENDING:
+        counted.pending += 1

@@ -32,7 +32,7 @@ from gpushare_operator.core.nodes import (
     NodeRecord,
 )
 from gpushare_operator.core.policies import CompiledPolicy
-from gpushare_operator.core.rewrites import base_product
+from gpushare_operator.core.rewrittenlabels import base_product
 
 GOVERNED: Final = "Governed"
 UNSUPPORTED: Final = "Unsupported"

@@ -38,7 +38,7 @@ from gpushare_operator.core.labels import is_valid_label_key as is_valid_label_k
 from gpushare_operator.core.labels import is_valid_label_value as is_valid_label_value
 from gpushare_operator.core.labels import label_key_error as label_key_error
 from gpushare_operator.core.labels import label_value_error as label_value_error
-from gpushare_operator.core.rewrites import rewritten_key_error, shared_product_error
+from gpushare_operator.core.rewrittenlabels import rewritten_key_error, shared_product_error
 
 # The one field manager of every write (server-side apply owns fields by it).
 FIELD_MANAGER: Final = "gpushare-operator"

@@ -84,3 +84,12 @@ def test_the_operator_and_the_plugin_read_a_budget_alike() -> None:
         )
     env = {"GPUSHARE_MAX_UNAVAILABLE": "7"}
     assert parse_settings([], env=env).max_unavailable == 7
+
+
+def test_run_help_prints_with_a_percentage_default(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpushare_operator.app import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["run", "--help"])
+    assert exited.value.code == 0
+    assert "default '10%')" in capsys.readouterr().out

@@ -76,7 +76,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]
             f"--{name}",
             default=_env_default(env, name, default),
             type=kind,  # type: ignore[arg-type]
-            help=f"{help_text} (env {_env_name(name)}; default {default!r})",
+            # argparse %-formats help, and '10%' would break it: `run --help` raised ValueError.
+            help=f"{help_text} (env {_env_name(name)}; default {default!r})".replace("%", "%%"),
         )
 
     flag(

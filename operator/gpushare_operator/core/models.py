@@ -32,6 +32,8 @@ from pydantic import (
 )
 from pydantic.json_schema import WithJsonSchema
 
+from gpushare_operator.core import defaults
+
 # One implementation of the label syntax, shared with the selector compiler.
 from gpushare_operator.core.labels import dns_subdomain_error as dns_subdomain_error
 from gpushare_operator.core.labels import is_valid_label_key as is_valid_label_key
@@ -283,7 +285,7 @@ class RolloutState(enum.StrEnum):
 class RolloutSpec(_Model):
     """How a change of the policy reaches its nodes: in budgeted batches, a canary first."""
 
-    maxUnavailable: IntOrPercent = "10%"
+    maxUnavailable: IntOrPercent = defaults.ROLLOUT_MAX_UNAVAILABLE
     """Nodes that may be between their config label change and Verified at once: a number, or
     a percentage of the nodes the policy governs (rounded down, at least 1)."""
     canary: Annotated[StrictInt, Field(ge=0, le=MAX_ROLLOUT_NODES)] = 1

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from gpushare_operator.core import models, rewrites
+from gpushare_operator.core import models, rewrittenlabels
 from gpushare_testing.controlplane import ControlPlane
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
@@ -196,8 +196,8 @@ EMPTY = "values must be empty when operator is Exists or DoesNotExist"
 ME0 = "spec.nodeSelector.matchExpressions[0]"
 ML = "spec.nodeSelector.matchLabels"
 NAME_RULE = f"a GPUSharingPolicy name must be at most {models.POLICY_NAME_MAX_LENGTH} characters"
-REWRITTEN_KEYS = sorted(rewrites.REWRITTEN_LABELS)
-PRODUCT = rewrites.GPU_PRODUCT
+REWRITTEN_KEYS = sorted(rewrittenlabels.REWRITTEN_LABELS)
+PRODUCT = rewrittenlabels.GPU_PRODUCT
 
 
 @dataclass(frozen=True)

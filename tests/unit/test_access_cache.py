@@ -11,7 +11,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from gpushare_operator.app import observability
+from gpushare_operator.app import serving
 from gpushare_operator.kube import access, http
 
 
@@ -75,7 +75,7 @@ async def test_the_cache_is_bounded(reviews: Reviews) -> None:
 
 async def test_a_failed_review_is_a_503_and_is_not_kept(reviews: Reviews) -> None:
     reviewer = access.AccessReviewer(None)  # type: ignore[arg-type]
-    app = observability.build_metrics_app(CollectorRegistry(), reviewer=reviewer)
+    app = serving.build_metrics_app(CollectorRegistry(), reviewer=reviewer)
     async with TestClient(TestServer(app)) as client:
         reviews.down = True
         response = await client.get("/metrics", headers={"Authorization": "Bearer good-user-a"})

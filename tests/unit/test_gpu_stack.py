@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.core import rewrites, selectors
+from gpushare_operator.core import rewrittenlabels, selectors
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.core.policies import compile_policy
@@ -75,7 +75,7 @@ def test_product_is_matched_on_its_base_name(operator: str) -> None:
     assert equals.matches({PRODUCT: "NVIDIA-A10G-SHARED"})
 
 
-@pytest.mark.parametrize("key", sorted(rewrites.REWRITTEN_LABELS))
+@pytest.mark.parametrize("key", sorted(rewrittenlabels.REWRITTEN_LABELS))
 def test_a_policy_selecting_a_rewritten_label_governs_nothing(key: str) -> None:
     for selector in (
         {"matchLabels": {key: "x"}},

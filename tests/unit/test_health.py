@@ -1,4 +1,5 @@
-"""/healthz and /readyz decisions: dead tasks and stalled informers fail liveness."""
+"""/healthz and /readyz: dead tasks and stalled informers fail liveness, readiness waits for
+every cache, and the probes answer what the operator's health says."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import asyncio
 import time
 from typing import Any
 
+from aiohttp.test_utils import TestClient, TestServer
+
 from gpushare_operator.app import assembly as assembly_module
+from gpushare_operator.app import probes
 from gpushare_operator.app.assembly import Assembly
 from gpushare_operator.app.settings import parse_settings
 from gpushare_operator.kube.connection import ApiHandle
@@ -51,3 +55,31 @@ async def test_ready_only_when_primed_and_every_cache_synced() -> None:
     assert not operator.synced  # policies not primed yet
     operator._primed = True
     assert operator.synced
+
+
+class ScriptedHealth:
+    """probes.Health with answers set by the test: the probes need nothing else."""
+
+    def __init__(self) -> None:
+        self.synced = False
+        self.problem: str | None = None
+        self.asked_at: list[float] = []
+
+    def health_problem(self, *, now: float) -> str | None:
+        self.asked_at.append(now)
+        return self.problem
+
+
+async def test_the_probes_answer_what_health_says() -> None:
+    health = ScriptedHealth()
+    async with TestClient(TestServer(probes.build_probe_app(health))) as client:
+        healthz, readyz = await client.get("/healthz"), await client.get("/readyz")
+        assert (healthz.status, await healthz.text()) == (200, "ok\n")
+        assert (readyz.status, await readyz.text()) == (503, "caches not synced\n")
+        health.problem, health.synced = "bootstrap stopped: boom", True
+        healthz, readyz = await client.get("/healthz"), await client.get("/readyz")
+        assert (healthz.status, await healthz.text()) == (503, "bootstrap stopped: boom\n")
+        assert (readyz.status, await readyz.text()) == (200, "ok\n")
+    # Asked on the monotonic clock, which the informers' last_activity is kept on.
+    assert len(health.asked_at) == 2
+    assert all(abs(at - time.monotonic()) < 60 for at in health.asked_at)

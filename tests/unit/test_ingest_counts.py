@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpushare_operator.app.observability import _LATENCY_BUCKETS, PrometheusTelemetry
+from gpushare_operator.app.metrics import _LATENCY_BUCKETS, PrometheusTelemetry
 
 EVENTS = [("Node", 0.00005), ("Node", 0.0001), ("Node", 0.003), ("Node", 9.0), ("Pod", 0.0002)]
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 import pytest
 
 from gpushare_operator.app.settings import parse_settings
@@ -16,6 +19,8 @@ def test_defaults_follow_the_design() -> None:
     assert settings.config_propagation_delay == 75
     assert (settings.lease_duration, settings.renew_deadline, settings.retry_period) == (15, 10, 2)
     assert settings.log_format == "json"
+    assert (settings.max_unavailable, settings.write_qps) == ("10%", 100)
+    assert (settings.config_key_grace_period, settings.mismatch_timeout) == (300, 300)
 
 
 def test_pod_namespace_then_env_then_flag() -> None:
@@ -84,3 +89,83 @@ def test_the_operator_and_the_plugin_read_a_budget_alike() -> None:
         )
     env = {"GPUSHARE_MAX_UNAVAILABLE": "7"}
     assert parse_settings([], env=env).max_unavailable == 7
+
+
+# The operator's flags that the plugin's plan takes too, to forecast that operator.
+SHARED_FLAGS = (
+    "max-unavailable",
+    "config-propagation-delay",
+    "write-qps",
+    "device-plugin-namespace",
+    "device-plugin-configmap",
+)
+
+
+def test_the_operator_and_the_plugin_default_alike() -> None:
+    from gpushare_operator.core.forecasts import RolloutPace
+    from gpushare_operator.core.models import RolloutSpec
+    from gpushare_operator.kubectl import cluster
+    from gpushare_operator.kubectl.cli import build_parser
+    from gpushare_operator.kubectl.plan import PlanOptions
+    from gpushare_operator.reconcile import forecast
+
+    operator = parse_settings([], env={})
+    plugin = build_parser().parse_args(["plan"])
+    for flag in SHARED_FLAGS:
+        name = flag.replace("-", "_")
+        assert getattr(plugin, name) == getattr(operator, name), flag
+    # What the plugin assumes of the operator where it takes no flag for it.
+    pace, target = RolloutPace(), cluster.Target()
+    assert (pace.propagation_delay, pace.write_qps) == (
+        operator.config_propagation_delay,
+        operator.write_qps,
+    )
+    assert PlanOptions().max_unavailable == operator.max_unavailable
+    assert (target.device_plugin_namespace, target.device_plugin_configmap) == (
+        operator.device_plugin_namespace,
+        operator.device_plugin_configmap,
+    )
+    assert (
+        operator.config_key_grace_period,
+        operator.mismatch_timeout,
+    ) == (forecast.KEY_GRACE_PERIOD, forecast.MISMATCH_TIMEOUT)
+    # The cluster-wide budget is, by default, the share a policy's own rollout has.
+    assert RolloutSpec().maxUnavailable == operator.max_unavailable
+
+
+def _help_of(text: str, flag: str) -> str:
+    """The help of ``--flag`` in argparse's --help output, on one line."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith(f"--{flag} "))
+    paragraph = [lines[start]]
+    for line in lines[start + 1 :]:
+        if not line.startswith("   ") or line.strip().startswith("-"):
+            break
+        paragraph.append(line)
+    return " ".join(line.strip() for line in paragraph)
+
+
+def _help(
+    main: Callable[[list[str]], int], argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> str:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_both_helps_show_the_shared_defaults(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpushare_operator.app import cli
+    from gpushare_operator.kubectl import cli as plugin_cli
+
+    monkeypatch.setenv("COLUMNS", "400")  # argparse wraps at hyphens: gpu- operator
+    operator = _help(cli.main, ["run", "--help"], capsys)
+    plugin = _help(plugin_cli.main, ["plan", "--help"], capsys)
+    settings = parse_settings([], env={})
+    for flag in SHARED_FLAGS:
+        value = getattr(settings, flag.replace("-", "_"))
+        text = re.escape(value if isinstance(value, str) else f"{value:g}")
+        assert re.search(rf"default '{text}'\)", _help_of(operator, flag)), flag
+        assert re.search(rf"\(default {text}\)", _help_of(plugin, flag)), flag

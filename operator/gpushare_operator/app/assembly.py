@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
 import kopf
 import structlog
 from prometheus_client import CollectorRegistry
 
-from gpushare_operator.app import heap, observability
+from gpushare_operator.app import heap, metrics, serving
 from gpushare_operator.app.looplag import LoopLagMonitor
 from gpushare_operator.app.settings import Settings
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import models
+from gpushare_operator.core.rollouts import Counts
 from gpushare_operator.kube import connection, listing
 from gpushare_operator.kube.connection import ApiHandle
 from gpushare_operator.kube.election import LeaseElector, LeaseTimings
@@ -67,8 +68,8 @@ class Assembly:
         self.state = ClusterState()
         self.state.dirty.cap = s.write_backoff_cap
         self.registry = CollectorRegistry()
-        self.telemetry = observability.PrometheusTelemetry(self.registry)
-        self.registry.register(observability.StateCollector(self))
+        self.telemetry = metrics.PrometheusTelemetry(self.registry)
+        self.registry.register(metrics.StateCollector(MetricsReadings(self)))
         self.loop_lag = LoopLagMonitor(registry=self.registry)
         configuration = handle.configuration
         self.gate = LeaseElector(
@@ -112,7 +113,7 @@ class Assembly:
             policy_max_wait=s.policy_status_max_delay,
         )
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._http: observability.Servers | None = None
+        self._http: serving.Servers | None = None
         self._primed = False
 
     def _informers(self) -> list[Informer]:
@@ -160,7 +161,9 @@ class Assembly:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._http = await observability.serve(self, self.registry)
+        self._http = await serving.serve(
+            settings=self.settings, health=self, registry=self.registry, handle=self.handle
+        )
         self._spawn("loop-lag", self.loop_lag.run())
         self._spawn("bootstrap", self._run())
 
@@ -274,3 +277,41 @@ class Assembly:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+class MetricsReadings:
+    """metrics.Readings of an Assembly: the one place that knows which part keeps what the
+    gauges show.  Read at scrape time, so the parts built after it (the writer) are there."""
+
+    def __init__(self, assembly: Assembly) -> None:
+        self._assembly = assembly
+
+    def cache_sizes(self) -> Iterable[tuple[str, int]]:
+        state = self._assembly.state
+        return (
+            ("Node", len(state.nodes)),
+            ("Pod", len(state.usage.pods)),
+            ("GPUSharingPolicy", len(state.policies)),
+            ("GPUNodeState", len(state.node_states)),
+        )
+
+    def write_backlog(self) -> int:
+        return self._assembly.writer.backlog
+
+    def is_leader(self) -> bool:
+        return self._assembly.gate.is_leader()
+
+    def policies(self) -> Iterable[str]:
+        return self._assembly.state.policies.keys()
+
+    def rendered_status(self, policy: str) -> Mapping[str, Any] | None:
+        return self._assembly.reconciler.memory.rendered_policies.get(policy)
+
+    def rollout_counts(self, policy: str) -> Counts:
+        return self._assembly.reconciler.book.counts(policy)
+
+    def unavailable_nodes(self) -> int:
+        return self._assembly.reconciler.book.unavailable()
+
+    def max_unavailable_nodes(self) -> int:
+        return self._assembly.reconciler.book.cluster_budget()

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from gpushare_operator.core import flagvalues
+from gpushare_operator.core import defaults, flagvalues
 
 LogFormat = Literal["json", "console"]
 
@@ -71,12 +71,15 @@ def _positive_int(text: str) -> int:
 def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]) -> None:
     """Declare every ``run`` flag with its ``GPUSHARE_*`` environment default."""
 
-    def flag(name: str, default: str, help_text: str, kind: object = str) -> None:
+    def flag(name: str, default: str | float, help_text: str, kind: object = str) -> None:
+        # As a user would type it (75, not 75.0): the environment's values are text too.
+        text = default if isinstance(default, str) else f"{default:g}"
+        described = f"{help_text} (env {_env_name(name)}; default {text!r})"
         parser.add_argument(
             f"--{name}",
-            default=_env_default(env, name, default),
+            default=_env_default(env, name, text),
             type=kind,  # type: ignore[arg-type]
-            help=f"{help_text} (env {_env_name(name)}; default {default!r})",
+            help=described.replace("%", "%%"),  # argparse %-formats help: '10%' would break it
         )
 
     flag(
@@ -84,9 +87,13 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]
         env.get("POD_NAMESPACE", "gpushare-system"),
         "namespace of the Lease and Events",
     )
-    flag("device-plugin-namespace", "gpu-operator", "namespace of the device-plugin ConfigMap")
     flag(
-        "device-plugin-configmap", "gpushare-device-plugin-configs", "device-plugin ConfigMap name"
+        "device-plugin-namespace",
+        defaults.DEVICE_PLUGIN_NAMESPACE,
+        "namespace of the device-plugin ConfigMap",
+    )
+    flag(
+        "device-plugin-configmap", defaults.DEVICE_PLUGIN_CONFIGMAP, "device-plugin ConfigMap name"
     )
     flag("http-port", "8080", "plain-HTTP port for /healthz and /readyz", _positive_int)
     flag(
@@ -111,46 +118,64 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]
     )
     flag("metrics-key-file", "", "PEM private key of --metrics-cert-file")
     flag("identity", socket.gethostname(), "this replica's identity in the Lease")
-    flag("write-qps", "100", "sustained API writes per second", flagvalues.rate)
+    flag("write-qps", defaults.WRITE_QPS, "sustained API writes per second", flagvalues.rate)
     flag("write-burst", "200", "API writes allowed in a burst", _positive_int)
-    flag("write-concurrency", "16", "API writes in flight at once", _positive_int)
+    flag(
+        "write-concurrency",
+        defaults.WRITE_CONCURRENCY,
+        "API writes in flight at once",
+        _positive_int,
+    )
     flag(
         "policy-status-max-delay",
-        "60",
+        defaults.POLICY_STATUS_MAX_DELAY,
         "seconds a policy status may wait for its nodes to settle",
         flagvalues.seconds,
     )
     flag(
         "write-backoff-cap",
-        "300",
+        defaults.WRITE_BACKOFF_CAP,
         "seconds a failing write's retry back-off grows to at most",
         flagvalues.seconds,
     )
     flag(
         "config-propagation-delay",
-        "75",
+        defaults.CONFIG_PROPAGATION_DELAY,
         "seconds before a new config key is put on nodes",
         flagvalues.seconds,
     )
     flag(
-        "config-key-grace-period", "300", "seconds an unused config key is kept", flagvalues.seconds
+        "config-key-grace-period",
+        defaults.CONFIG_KEY_GRACE_PERIOD,
+        "seconds an unused config key is kept",
+        flagvalues.seconds,
     )
     flag(
         "mismatch-timeout",
-        "300",
+        defaults.MISMATCH_TIMEOUT,
         "seconds Applied may last before it is a Mismatch",
         flagvalues.seconds,
     )
     flag(
         "max-unavailable",
-        "10%",
+        defaults.MAX_UNAVAILABLE,
         "GPU nodes that may be between a config label change and Verified at once, over all"
         " policies: a count or a percentage of GPU nodes (rounded down, at least 1)",
         flagvalues.max_unavailable,
     )
-    flag("lease-duration", "15", "leader Lease duration in seconds", flagvalues.rate)
-    flag("renew-deadline", "10", "seconds the leader may go without renewing", flagvalues.rate)
-    flag("retry-period", "2", "seconds between Lease attempts", flagvalues.rate)
+    flag(
+        "lease-duration",
+        defaults.LEASE_DURATION,
+        "leader Lease duration in seconds",
+        flagvalues.rate,
+    )
+    flag(
+        "renew-deadline",
+        defaults.RENEW_DEADLINE,
+        "seconds the leader may go without renewing",
+        flagvalues.rate,
+    )
+    flag("retry-period", defaults.RETRY_PERIOD, "seconds between Lease attempts", flagvalues.rate)
     parser.add_argument(
         "--log-format",
         choices=["json", "console"],

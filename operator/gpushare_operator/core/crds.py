@@ -15,7 +15,7 @@ from typing import Any, Final, TypedDict
 
 from pydantic import BaseModel
 
-from gpushare_operator.core import models, rewrites
+from gpushare_operator.core import models, rewrittenlabels
 
 Schema = dict[str, Any]
 
@@ -106,16 +106,19 @@ REQUIREMENT_RULES: Final = (
     ),
 )
 # One rule per label that gpushare's own configuration rewrites, so each refusal names its key.
-_PRODUCT: Final = cel_string(rewrites.GPU_PRODUCT)
-_SHARED: Final = cel_string(rewrites.SHARED_SUFFIX)
+_PRODUCT: Final = cel_string(rewrittenlabels.GPU_PRODUCT)
+_SHARED: Final = cel_string(rewrittenlabels.SHARED_SUFFIX)
 _SHARED_PRODUCT_MESSAGE: Final = (
-    f"a selector value ending in {rewrites.SHARED_SUFFIX} for {rewrites.GPU_PRODUCT} is refused:"
-    f" {rewrites.SHARED_PRODUCT_WHY}"
+    f"a selector value ending in {rewrittenlabels.SHARED_SUFFIX}"
+    f" for {rewrittenlabels.GPU_PRODUCT} is refused: {rewrittenlabels.SHARED_PRODUCT_WHY}"
 )
 STABLE_MATCH_LABELS_RULES: Final = (
     *(
-        _rule(f"!({cel_string(key)} in self)", f"matchLabels: {rewrites.rewritten_key_error(key)}")
-        for key in rewrites.REWRITTEN_LABELS
+        _rule(
+            f"!({cel_string(key)} in self)",
+            f"matchLabels: {rewrittenlabels.rewritten_key_error(key)}",
+        )
+        for key in rewrittenlabels.REWRITTEN_LABELS
     ),
     _rule(
         f"!({_PRODUCT} in self) || !self[{_PRODUCT}].endsWith({_SHARED})",
@@ -124,8 +127,8 @@ STABLE_MATCH_LABELS_RULES: Final = (
 )
 STABLE_REQUIREMENT_RULES: Final = (
     *(
-        _rule(f"self.key != {cel_string(key)}", str(rewrites.rewritten_key_error(key)))
-        for key in rewrites.REWRITTEN_LABELS
+        _rule(f"self.key != {cel_string(key)}", str(rewrittenlabels.rewritten_key_error(key)))
+        for key in rewrittenlabels.REWRITTEN_LABELS
     ),
     _rule(
         f"self.key != {_PRODUCT} || !has(self.values)"

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpushare_operator.core import devconfigs, nodestates
+from gpushare_operator.core import defaults, devconfigs, nodestates
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import (
     CONFIG_LABEL,
@@ -32,7 +32,7 @@ from gpushare_operator.core.nodes import (
     NodeRecord,
 )
 from gpushare_operator.core.policies import CompiledPolicy
-from gpushare_operator.core.rewrites import base_product
+from gpushare_operator.core.rewrittenlabels import base_product
 
 GOVERNED: Final = "Governed"
 UNSUPPORTED: Final = "Unsupported"
@@ -163,8 +163,8 @@ class RolloutPace:
     restart, then GPU Feature Discovery relabelling the node).
     """
 
-    propagation_delay: float = 75.0
-    write_qps: float = 100.0
+    propagation_delay: float = defaults.CONFIG_PROPAGATION_DELAY
+    write_qps: float = defaults.WRITE_QPS
     verify_seconds: float = DEFAULT_VERIFY_SECONDS
 
     def batch_seconds(self, nodes: int) -> float:

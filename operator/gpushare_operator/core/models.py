@@ -32,13 +32,15 @@ from pydantic import (
 )
 from pydantic.json_schema import WithJsonSchema
 
+from gpushare_operator.core import defaults
+
 # One implementation of the label syntax, shared with the selector compiler.
 from gpushare_operator.core.labels import dns_subdomain_error as dns_subdomain_error
 from gpushare_operator.core.labels import is_valid_label_key as is_valid_label_key
 from gpushare_operator.core.labels import is_valid_label_value as is_valid_label_value
 from gpushare_operator.core.labels import label_key_error as label_key_error
 from gpushare_operator.core.labels import label_value_error as label_value_error
-from gpushare_operator.core.rewrites import rewritten_key_error, shared_product_error
+from gpushare_operator.core.rewrittenlabels import rewritten_key_error, shared_product_error
 
 # The one field manager of every write (server-side apply owns fields by it).
 FIELD_MANAGER: Final = "gpushare-operator"
@@ -283,7 +285,7 @@ class RolloutState(enum.StrEnum):
 class RolloutSpec(_Model):
     """How a change of the policy reaches its nodes: in budgeted batches, a canary first."""
 
-    maxUnavailable: IntOrPercent = "10%"
+    maxUnavailable: IntOrPercent = defaults.ROLLOUT_MAX_UNAVAILABLE
     """Nodes that may be between their config label change and Verified at once: a number, or
     a percentage of the nodes the policy governs (rounded down, at least 1)."""
     canary: Annotated[StrictInt, Field(ge=0, le=MAX_ROLLOUT_NODES)] = 1

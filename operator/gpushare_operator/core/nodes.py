@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpushare_operator.core.labelsets import LabelSet
-from gpushare_operator.core.rewrites import base_product
+from gpushare_operator.core.rewrittenlabels import base_product
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 POLICY_LABEL = "gpushare.dev/policy"

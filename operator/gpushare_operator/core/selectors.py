@@ -11,7 +11,7 @@ every ``matchExpressions`` entry must hold; ``NotIn`` and ``DoesNotExist`` hold 
 absent. Two deliberate differences: a missing (``None``) selector selects every node, like ``{}``,
 because an omitted ``nodeSelector`` in a policy means "every GPU node"; and a value for
 ``nvidia.com/gpu.product`` also matches that value with GPU Feature Discovery's ``-SHARED``
-suffix, because GFD appends it once the policy's own sharing is in force (see ``rewrites``).
+suffix, because GFD appends it once the policy's own sharing is in force (see ``rewrittenlabels``).
 The suffixed value is folded into the precomputed value set, so matching costs nothing more.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gpushare_operator.core import rewrites
+from gpushare_operator.core import rewrittenlabels
 from gpushare_operator.core.labels import label_key_error, label_value_error
 
 EQUALS: Final = "Equals"  # a matchLabels pair; not accepted in matchExpressions
@@ -73,8 +73,8 @@ def _must_rank(r: Requirement) -> int:
 
 
 def _values(r: Requirement) -> frozenset[str | None]:
-    if r.key == rewrites.GPU_PRODUCT:
-        return frozenset((*r.values, *(v + rewrites.SHARED_SUFFIX for v in r.values)))
+    if r.key == rewrittenlabels.GPU_PRODUCT:
+        return frozenset((*r.values, *(v + rewrittenlabels.SHARED_SUFFIX for v in r.values)))
     return frozenset(r.values)
 
 
@@ -141,11 +141,11 @@ EVERYTHING: Final = CompiledSelector()
 
 def rewritten_label_error(selector: CompiledSelector) -> str | None:
     """Why a policy may not use this selector: it names a label that gpushare's own
-    configuration makes the GPU agents rewrite (see ``rewrites``); None when it is fine."""
+    configuration makes the GPU agents rewrite (see ``rewrittenlabels``); None when it is fine."""
     for requirement in selector.requirements:
-        problem = rewrites.rewritten_key_error(requirement.key)
+        problem = rewrittenlabels.rewritten_key_error(requirement.key)
         for value in requirement.values:
-            problem = problem or rewrites.shared_product_error(requirement.key, value)
+            problem = problem or rewrittenlabels.shared_product_error(requirement.key, value)
         if problem is not None:
             return problem
     return None

@@ -31,6 +31,8 @@ import random
 from collections.abc import Callable, Collection, Iterable
 from typing import Final
 
+from gpushare_operator.core import defaults
+
 Key = tuple[str, str]  # (kind, name)
 
 NODE: Final = "node"
@@ -39,7 +41,6 @@ CONFIG: Final = "config"
 CONFIG_KEY: Final = (CONFIG, "")
 
 DEFAULT_BASE: Final = 0.005
-DEFAULT_CAP: Final = 300.0
 
 
 class WorkQueue:
@@ -49,7 +50,7 @@ class WorkQueue:
         clock: Callable[[], float],
         rng: random.Random | None = None,
         base: float = DEFAULT_BASE,
-        cap: float = DEFAULT_CAP,
+        cap: float = defaults.WRITE_BACKOFF_CAP,
     ) -> None:
         self._clock = clock
         self._rng = rng or random.Random()

@@ -29,6 +29,7 @@ import aiohttp
 import structlog
 from kubernetes_asyncio import client
 
+from gpushare_operator.core import defaults
 from gpushare_operator.kube import http
 
 log = structlog.get_logger(__name__)
@@ -38,9 +39,9 @@ FAILURES = (http.ApiError, aiohttp.ClientError, OSError, TimeoutError)
 
 @dataclass(frozen=True, slots=True)
 class LeaseTimings:
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
+    lease_duration: float = defaults.LEASE_DURATION
+    renew_deadline: float = defaults.RENEW_DEADLINE
+    retry_period: float = defaults.RETRY_PERIOD
 
     def __post_init__(self) -> None:
         if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:

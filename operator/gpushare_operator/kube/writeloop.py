@@ -22,6 +22,7 @@ import structlog
 from kubernetes_asyncio import client
 
 from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.core import defaults
 from gpushare_operator.core.workqueue import NODE, POLICY, Key
 from gpushare_operator.kube.configuring import ConfigMapRef, ConfigMapWrites
 from gpushare_operator.kube.events import EventRecorder
@@ -48,8 +49,6 @@ __all__ = ["ConfigMapRef", "WriteLoop"]
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_CONCURRENCY = 16  # writes in flight; the token bucket sets the rate
-DEFAULT_POLICY_MAX_WAIT = 60.0  # seconds a policy status waits for its nodes to settle
 ROUND_FAILED_PAUSE = 5.0  # seconds to wait after a turn failed outright (a bug, not the API)
 _PLAN_KIND = {"node": "node", "policy": "policy", "config": "configmap"}  # the metric's label
 
@@ -66,8 +65,8 @@ class WriteLoop:
         recorder: EventRecorder,
         config: ConfigMapRef,
         telemetry: Telemetry | None = None,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        policy_max_wait: float = DEFAULT_POLICY_MAX_WAIT,
+        concurrency: int = defaults.WRITE_CONCURRENCY,
+        policy_max_wait: float = defaults.POLICY_STATUS_MAX_DELAY,
     ) -> None:
         self._state = state
         self._queue = state.dirty

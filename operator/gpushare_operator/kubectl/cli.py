@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from gpushare_operator import __version__
-from gpushare_operator.core import flagvalues
+from gpushare_operator.core import defaults, flagvalues
 from gpushare_operator.core.forecasts import DEFAULT_VERIFY_SECONDS, POOL_LABELS, RolloutPace
 from gpushare_operator.kube import connection, reading
 from gpushare_operator.kubectl import cluster, explain, manifests, output, planview, status
@@ -58,13 +58,14 @@ def _connection_options(*, suppress: bool) -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--device-plugin-namespace",
-        default=default("gpu-operator"),
-        help="namespace of the operator's device-plugin ConfigMap (default gpu-operator)",
+        default=default(defaults.DEVICE_PLUGIN_NAMESPACE),
+        help="namespace of the operator's device-plugin ConfigMap"
+        f" (default {defaults.DEVICE_PLUGIN_NAMESPACE})",
     )
     group.add_argument(
         "--device-plugin-configmap",
-        default=default("gpushare-device-plugin-configs"),
-        help="its name (default gpushare-device-plugin-configs)",
+        default=default(defaults.DEVICE_PLUGIN_CONFIGMAP),
+        help=f"its name (default {defaults.DEVICE_PLUGIN_CONFIGMAP})",
     )
     group.add_argument(
         "-v",
@@ -101,23 +102,23 @@ def _add_plan(commands: Any, common: argparse.ArgumentParser) -> None:
     plan.add_argument(
         "--max-unavailable",
         type=flagvalues.max_unavailable,
-        default="10%",
+        default=defaults.MAX_UNAVAILABLE,
         help="the operator's --max-unavailable: GPU nodes changing at once over all policies"
-        " (default 10%%)",
+        " (default %(default)s)",
     )
     plan.add_argument(
         "--config-propagation-delay",
         type=flagvalues.seconds,
-        default=75.0,
+        default=defaults.CONFIG_PROPAGATION_DELAY,
         metavar="SECONDS",
         help="the operator's --config-propagation-delay: the wait before a new config key is"
-        " used (default 75)",
+        " used (default %(default)g)",
     )
     plan.add_argument(
         "--write-qps",
         type=flagvalues.rate,
-        default=100.0,
-        help="the operator's --write-qps (default 100)",
+        default=defaults.WRITE_QPS,
+        help="the operator's --write-qps (default %(default)g)",
     )
     plan.add_argument(
         "--verify-seconds",

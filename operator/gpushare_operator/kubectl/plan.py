@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from gpushare_operator.core import defaults
 from gpushare_operator.core.forecasts import POOL_LABELS, UNMANAGED, RolloutPace
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.kubectl import cluster, manifests
@@ -29,7 +30,7 @@ class PlanOptions:
     files: Sequence[str] = ()
     deletions: Sequence[str] = ()
     target: cluster.Target = field(default_factory=cluster.Target)
-    max_unavailable: int | str = "10%"
+    max_unavailable: int | str = defaults.MAX_UNAVAILABLE
     pace: RolloutPace = field(default_factory=RolloutPace)
     pool_labels: Sequence[str] = POOL_LABELS
     trace: Trace = field(default_factory=Trace)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.core import devconfigs, rollouts
+from gpushare_operator.core import defaults, devconfigs, rollouts
 from gpushare_operator.core.forecasts import (
     GOVERNED,
     POOL_LABELS,
@@ -44,8 +44,8 @@ from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_operator.reconcile.rollouts import CLUSTER, Step
 
 # The operator's defaults for what the plan does not depend on.
-KEY_GRACE_PERIOD = 300.0
-MISMATCH_TIMEOUT = 300.0
+KEY_GRACE_PERIOD = defaults.CONFIG_KEY_GRACE_PERIOD
+MISMATCH_TIMEOUT = defaults.MISMATCH_TIMEOUT
 _HELD_STEPS = (Step.WAITING, Step.BLOCKED, Step.PREPARING)
 
 
@@ -136,7 +136,7 @@ class Forecaster:
     def __init__(
         self,
         *,
-        max_unavailable: int | str = "10%",
+        max_unavailable: int | str = defaults.MAX_UNAVAILABLE,
         pace: RolloutPace | None = None,
         pool_labels: Sequence[str] = POOL_LABELS,
     ) -> None:

@@ -4,7 +4,7 @@ docs/architecture.md promises that a Node event costs little more than decoding 
 touches no index and schedules no write, that a cached node is a 1-2 KiB record, and that a
 selector change re-matches thousands of nodes in milliseconds.  This benchmark holds the code to
 those promises on realistic bodies (``testing.bodies``: ~16 KB of JSON per GPU node) by feeding
-pre-encoded watch-event lines through the informer's real ``_handle_line`` into the real
+pre-encoded watch-event lines through the read path's real ``_handle_line`` into the real
 ``ClusterState``, and the same lines through :mod:`benchmarks.naive`, the pattern the design's
 anchors fixed.  Both must end with the same node → policies mapping, or the run fails.
 
@@ -43,7 +43,7 @@ from gpushare_operator.cache.sinks import NodeSink
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core.nodes import GPU_COUNT, GPU_PRODUCT, MIG_STRATEGY
 from gpushare_operator.core.policies import compile_policy
-from gpushare_operator.kube.informer import Informer, Target
+from gpushare_operator.kube.reading import Collection, Reader
 from gpushare_operator.reconcile.planner import Planner, Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing import writepath
@@ -211,7 +211,7 @@ def build_workload(nodes: int, policies: int) -> Workload:
 
 
 def ours(policies: Sequence[Body]) -> tuple[ClusterState, Handler]:
-    """A fresh ClusterState holding the policies, and the informer's real line handler into it."""
+    """A fresh ClusterState holding the policies, and the informers' real line handler into it."""
     state = ClusterState()
     for body in policies:
         state.upsert_policy(body)
@@ -219,12 +219,12 @@ def ours(policies: Sequence[Body]) -> tuple[ClusterState, Handler]:
     if invalid:
         raise RuntimeError(f"benchmark policies do not compile: {invalid}")
     drain(state)
-    informer = Informer(
+    reader = Reader(
         api=cast(Any, None),  # _handle_line never touches the API
-        target=Target(path="/api/v1/nodes", kind="Node"),
+        collection=Collection(path="/api/v1/nodes", kind="Node"),
         sink=NodeSink(state),
     )
-    return state, informer._handle_line
+    return state, reader._handle_line
 
 
 def naive(policies: Sequence[Body]) -> NaiveController:

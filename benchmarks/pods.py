@@ -4,7 +4,7 @@ docs/architecture.md promises that pods are projected at ingest into slim record
 for a shared GPU resource are kept at all) and that usage is incremental: a pod event moves its own
 contribution and nothing sums over all pods. This benchmark holds the code to that on realistic
 bodies (``testing.bodies``: ~8 KB of JSON per pod, managedFields included), fed as pre-encoded
-watch-event lines through the informer's real ``_handle_line`` into a real ``ClusterState`` that
+watch-event lines through the read path's real ``_handle_line`` into a real ``ClusterState`` that
 already holds thousands of GPU nodes and a few policies, so that pods land on governed nodes and the
 per-policy counters move.
 
@@ -48,7 +48,7 @@ from benchmarks.naive_pods import NaivePodCache, Totals
 from gpushare_operator.cache.sinks import NodeSink, PodSink
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core.nodes import GPU_RESOURCE, SHARED_RESOURCE
-from gpushare_operator.kube.informer import Informer, Target
+from gpushare_operator.kube.reading import Collection, Reader
 from gpushare_testing.bodies import Body, watch_event_line
 from gpushare_testing.podbodies import plain_pod, shared_gpu_pod
 
@@ -203,19 +203,19 @@ def ours(work: Workload, pods: Sequence[bytes] = ()) -> tuple[ClusterState, Hand
     state = ClusterState()
     for body in work.policies:
         state.upsert_policy(body)
-    node_handler = _handler(Target(path="/api/v1/nodes", kind="Node"), NodeSink(state))
+    node_handler = _handler(Collection(path="/api/v1/nodes", kind="Node"), NodeSink(state))
     for line in work.nodes:
         node_handler(line)
-    handle = _handler(Target(path="/api/v1/pods", kind="Pod"), PodSink(state))
+    handle = _handler(Collection(path="/api/v1/pods", kind="Pod"), PodSink(state))
     for line in pods:
         handle(line)
     drain(state)
     return state, handle
 
 
-def _handler(target: Target, sink: NodeSink | PodSink) -> Handler:
-    informer = Informer(api=cast(Any, None), target=target, sink=sink)  # never touches the API
-    return informer._handle_line
+def _handler(collection: Collection, sink: NodeSink | PodSink) -> Handler:
+    reader = Reader(api=cast(Any, None), collection=collection, sink=sink)  # never touches the API
+    return reader._handle_line
 
 
 def our_totals(state: ClusterState) -> Totals:

@@ -2,11 +2,11 @@
 
 ``python -m benchmarks.scale.relist --mode paged|streaming --pid kube-apiserver=N --pid etcd=M``
 runs in a fresh process (a fresh ``ClusterState`` and heap, so neither mode inherits the other's
-cache or allocator arenas): it builds the pod informer as ``app.assembly`` does (same ``Target``,
-same ``PodSink``), lists until ``synced``, and prints one JSON line with the wall time, its own
-CPU and peak-RSS growth, and the API server's and etcd's CPU over the same window, read from
-``/proc/<pid>/stat`` as ``run.Sampler`` does (reading them in this process keeps the window
-exactly the listing, not this process's imports and start-up).
+cache or allocator arenas): it builds the pod informer as ``app.assembly`` does (the same
+``Collection``, the same ``PodSink``), lists until ``synced``, and prints one JSON line with the
+wall time, its own CPU and peak-RSS growth, and the API server's and etcd's CPU over the same
+window, read from ``/proc/<pid>/stat`` as ``run.Sampler`` does (reading them in this process
+keeps the window exactly the listing, not this process's imports and start-up).
 
 This is a direct full list in each mode, not one forced by a 410 Gone: the informer's re-list
 after a Gone goes through the same ``_list_then_watch``, so the listing measured is the same.
@@ -71,7 +71,7 @@ async def measure(mode: str, pids: Mapping[str, int], kubeconfig: str | None) ->
     async with handle:
         state = ClusterState()
         sink = CountingPodSink(state)
-        informer = Informer(api=handle.api, target=PODS, sink=sink, streaming=MODES[mode])
+        informer = Informer(api=handle.api, collection=PODS, sink=sink, streaming=MODES[mode])
         # VmHWM is reset to the current RSS here (write "5" to clear_refs), so the peak below
         # is the listing's, not the imports'; where that is refused the growth is an upper bound.
         _reset_peak()

@@ -24,7 +24,9 @@ from gpushare_operator.cache.sinks import NodeSink
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core.nodes import GPU_PRESENT, NodeRecord, project_node
 from gpushare_operator.kube import connection, http
-from gpushare_operator.kube.informer import Gone, Informer, LineSplitter, Sink, Target
+from gpushare_operator.kube.informer import Informer
+from gpushare_operator.kube.reading import Collection, Gone, Sink
+from gpushare_operator.kube.streams import LineSplitter
 from gpushare_testing import bodies, controlplane, writepath
 from gpushare_testing.controlplane import ControlPlane
 from tests.waiting import eventually
@@ -67,8 +69,8 @@ class Nodes:
     def name(self, role: str) -> str:
         return f"inf-{self.tag}-{role}"
 
-    def target(self, *, page_size: int = 500) -> Target:
-        return Target(
+    def collection(self, *, page_size: int = 500) -> Collection:
+        return Collection(
             path=NODES, kind="Node", label_selector=f"{TAG}={self.tag}", page_size=page_size
         )
 
@@ -241,7 +243,7 @@ async def test_a_paged_list_syncs_every_node(
     monkeypatch.setattr(http, "request", recording_request)
     state = ClusterState()
     informer = Informer(
-        api=api, target=nodes.target(page_size=2), sink=NodeSink(state), streaming=False
+        api=api, collection=nodes.collection(page_size=2), sink=NodeSink(state), streaming=False
     )
     async with running(informer):
         assert sorted(state.nodes) == sorted(names)
@@ -269,7 +271,7 @@ async def test_watch_follows_labels_deletions_and_ignores_cpu_nodes_and_heartbea
     listed_cpu = _name_of(await nodes.plain("cpu1"))
     state = ClusterState()
     sink = RecordingSink(NodeSink(state))
-    informer = Informer(api=api, target=nodes.target(), sink=sink)
+    informer = Informer(api=api, collection=nodes.collection(), sink=sink)
     async with running(informer):
         assert sorted(state.nodes) == sorted([first, second])
         assert listed_cpu in sink.relists[0]  # listed, and dropped by the cache
@@ -380,7 +382,7 @@ async def test_a_stale_watch_is_gone_and_the_relist_replaces_the_cache(
     state = ClusterState()
     sink = NodeSink(state)
 
-    first = Informer(api=api, target=nodes.target(), sink=sink)
+    first = Informer(api=api, collection=nodes.collection(), sink=sink)
     async with running(first):
         assert sorted(state.nodes) == sorted(names)
     stopped_at = first.resource_version
@@ -393,7 +395,7 @@ async def test_a_stale_watch_is_gone_and_the_relist_replaces_the_cache(
     assert await compact_etcd(uncached_plane) > int(stopped_at) + 1
 
     # Resuming from where the first informer stopped is answered with 410 Gone ...
-    second = Informer(api=api, target=nodes.target(), sink=sink)
+    second = Informer(api=api, collection=nodes.collection(), sink=sink)
     second.resource_version = stopped_at
     with pytest.raises(Gone):
         await asyncio.wait_for(second._watch_until_gone(), timeout=30)
@@ -449,7 +451,7 @@ async def test_run_relists_after_gone_and_keeps_watching(
     monkeypatch.setattr(http, "request", compacted_after_first_list)
     state = ClusterState()
     sink = RecordingSink(NodeSink(state))
-    informer = Informer(api=api, target=nodes.target(), sink=sink, streaming=False)
+    informer = Informer(api=api, collection=nodes.collection(), sink=sink, streaming=False)
     async with running(informer):
 
         async def relisted() -> bool:
@@ -505,7 +507,9 @@ async def test_an_expired_continue_token_restarts_the_list_from_scratch(
     monkeypatch.setattr(http, "request", compacted_after_first_page)
     state = ClusterState()
     sink = RecordingSink(NodeSink(state))
-    informer = Informer(api=api, target=nodes.target(page_size=2), sink=sink, streaming=False)
+    informer = Informer(
+        api=api, collection=nodes.collection(page_size=2), sink=sink, streaming=False
+    )
     async with running(informer):
         assert sorted(state.nodes) == names[1:]
 
@@ -536,7 +540,7 @@ async def test_records_from_the_api_server_are_slim(api: client.ApiClient, nodes
     assert created["metadata"]["managedFields"]  # the API server keeps them on every Node
     assert len(created["status"]["images"]) == 40
     state = ClusterState()
-    informer = Informer(api=api, target=nodes.target(), sink=NodeSink(state))
+    informer = Informer(api=api, collection=nodes.collection(), sink=NodeSink(state))
     async with running(informer):
         record = state.nodes[name]
 

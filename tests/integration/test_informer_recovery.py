@@ -1,5 +1,6 @@
-"""The informer's read path on the real API server: streaming lists from the watch cache, and an
-informer that outlives whatever goes wrong (a poisoned object, a 429)."""
+"""The read path on the real API server: streaming lists from the watch cache, paged lists where
+the server has none, the same for the informer and the kubectl plugin, and an informer that
+outlives whatever goes wrong (a poisoned object, a 429)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from kubernetes_asyncio import client
 from gpushare_operator.cache.sinks import NodeSink
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.kube import connection, http
-from gpushare_operator.kube.informer import Informer, Sink
+from gpushare_operator.kube.informer import Informer
+from gpushare_operator.kube.reading import Sink
+from gpushare_operator.kubectl import cluster
 from gpushare_testing import controlplane
 from gpushare_testing.controlplane import ControlPlane
 from tests.integration.test_informer import NODES, TAG, Nodes, RecordingSink, running
@@ -103,7 +106,7 @@ async def test_the_first_list_streams_from_the_watch_cache_and_goes_on_watching(
     names = sorted([str((await nodes.gpu(f"s{i}"))["metadata"]["name"]) for i in range(3)])
     state = ClusterState()
     sink = RecordingSink(NodeSink(state))
-    informer = Informer(api=nodes.api, target=nodes.target(), sink=sink)
+    informer = Informer(api=nodes.api, collection=nodes.collection(), sink=sink)
     async with running(informer):
         assert sorted(state.nodes) == names
         assert informer.list_mode == "streaming"
@@ -138,7 +141,9 @@ async def test_a_server_without_streaming_lists_gets_paged_lists(
     nodes = legacy_nodes
     names = sorted([str((await nodes.gpu(f"l{i}"))["metadata"]["name"]) for i in range(3)])
     state = ClusterState()
-    informer = Informer(api=nodes.api, target=nodes.target(page_size=2), sink=NodeSink(state))
+    informer = Informer(
+        api=nodes.api, collection=nodes.collection(page_size=2), sink=NodeSink(state)
+    )
     async with running(informer):
         assert sorted(state.nodes) == names
         assert informer.list_mode == "paged"
@@ -173,14 +178,16 @@ async def test_a_watch_the_server_keeps_refusing_ends_in_a_relist(
     nodes = legacy_nodes
     victim, kept = [str((await nodes.gpu(r))["metadata"]["name"]) for r in ("v", "k")]
     state = ClusterState()
-    first = Informer(api=nodes.api, target=nodes.target(), sink=NodeSink(state))
+    first = Informer(api=nodes.api, collection=nodes.collection(), sink=NodeSink(state))
     async with running(first):
         assert sorted(state.nodes) == sorted([victim, kept])
     await nodes.delete(victim)
     await asyncio.to_thread(legacy_plane.compact_etcd)
 
     # Resuming from where the first one stopped: refused again and again, then given up on ...
-    second = Informer(api=nodes.api, target=nodes.target(), sink=NodeSink(state), max_backoff=0.2)
+    second = Informer(
+        api=nodes.api, collection=nodes.collection(), sink=NodeSink(state), max_backoff=0.2
+    )
     second.resource_version = first.resource_version
     with pytest.raises(http.ApiError) as refused:
         await asyncio.wait_for(second._watch_until_gone(), timeout=30)
@@ -189,6 +196,110 @@ async def test_a_watch_the_server_keeps_refusing_ends_in_a_relist(
     # ... so that run() lists afresh, and the deletion reaches the cache.
     async with running(second):
         assert sorted(state.nodes) == [kept]
+
+
+# -- one read path: the informer and the kubectl plugin -----------------------------------------
+
+
+async def _plugin_reads_nodes(plane: ControlPlane, state: ClusterState) -> None:
+    """What ``kubectl gpushare plan`` does to read the nodes, on this test's nodes only."""
+    plugin_target = cluster.Target(kubeconfig=str(plane.admin_kubeconfig))
+    async with cluster.connected(plugin_target) as api:
+        await cluster.load_fleet(api, state, pods=False, node_states=False)
+
+
+@pytest.mark.parametrize("reader", ["informer", "plugin"])
+async def test_an_expired_continue_token_restarts_the_paged_list_of_informer_and_plugin_alike(
+    reader: str, legacy_plane: ControlPlane, legacy_nodes: Nodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the first and the second page, a node of the first page is deleted, another
+    changed and etcd compacted: the continue token has expired (410).  Both readers start the
+    list over, and the replace semantics leave the deleted node out."""
+    nodes = legacy_nodes
+    names = sorted([str((await nodes.gpu(f"c{i}"))["metadata"]["name"]) for i in range(5)])
+    victim, bumped = names[0], names[-1]  # the API server lists in name order
+    real_request = http.request
+    calls: list[tuple[dict[str, str], int]] = []  # (query, HTTP status) of each page asked
+
+    async def compacted_after_first_page(
+        api: client.ApiClient,
+        *,
+        method: str,
+        path: str,
+        query: Sequence[tuple[str, str]] = (),
+        **kw: Any,
+    ) -> Any:
+        if method != "GET" or path != NODES:
+            return await real_request(api, method=method, path=path, query=query, **kw)
+        try:
+            answer = await real_request(api, method=method, path=path, query=query, **kw)
+        except http.ApiError as exc:
+            calls.append((dict(query), exc.status))
+            raise
+        calls.append((dict(query), 200))
+        if len(calls) == 1:
+            await nodes.delete(victim)
+            await nodes.label(bumped, {"gpushare.dev/team": "bump"})
+            await asyncio.to_thread(legacy_plane.compact_etcd)
+        return answer
+
+    monkeypatch.setattr(http, "request", compacted_after_first_page)
+    collection = nodes.collection(page_size=2)
+    state = ClusterState()
+    if reader == "informer":
+        informer = Informer(api=nodes.api, collection=collection, sink=NodeSink(state))
+        async with running(informer):
+            assert informer.list_mode == "paged"
+    else:
+        monkeypatch.setattr(cluster, "NODE_LIST", collection)
+        await _plugin_reads_nodes(legacy_plane, state)
+
+    assert sorted(state.nodes) == names[1:]
+    assert state.nodes[bumped].labels["gpushare.dev/team"] == "bump"
+    assert [status for _, status in calls[:3]] == [200, 410, 200]
+    assert "continue" in calls[1][0]  # the expired token
+    assert "continue" not in calls[2][0]  # the list started over
+
+    async def reads() -> list[tuple[str, dict[str, str], int]]:
+        found = _reads_of(legacy_plane, nodes.tag)
+        return found if len(found) >= 3 else []
+
+    refused, first_page, expired = (await eventually(reads, what="the reads in the audit log"))[:3]
+    # Streaming first, refused by this server, then the same paged list.
+    assert (refused[0], refused[1]["sendInitialEvents"], refused[2]) == ("watch", "true", 422)
+    assert [(verb, status) for verb, _, status in (first_page, expired)] == [
+        ("list", 200),
+        ("list", 410),
+    ]
+
+
+async def test_the_plugin_lists_with_the_informers_request_and_stops_at_the_list_end(
+    audited_plane: ControlPlane, audited_nodes: Nodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One streaming list each, asked in the same words; the informer's goes on as its watch,
+    the plugin's ends at the bookmark that closes the list (the plugin returns at once)."""
+    nodes = audited_nodes
+    names = sorted([str((await nodes.gpu(f"p{i}"))["metadata"]["name"]) for i in range(3)])
+    informed, read = ClusterState(), ClusterState()
+    informer = Informer(api=nodes.api, collection=nodes.collection(), sink=NodeSink(informed))
+    async with running(informer):
+        monkeypatch.setattr(cluster, "NODE_LIST", nodes.collection())
+        started = time.monotonic()
+        await _plugin_reads_nodes(audited_plane, read)
+        took = time.monotonic() - started
+    assert sorted(read.nodes) == sorted(informed.nodes) == names
+    assert took < 10, took  # not held open until the server's watch timeout
+
+    async def reads() -> list[tuple[str, dict[str, str], int]]:
+        found = _reads_of(audited_plane, nodes.tag)
+        return found if len(found) >= 2 else []
+
+    found = await eventually(reads, what="both reads in the audit log")
+    assert [(verb, status) for verb, _, status in found] == [("watch", 200), ("watch", 200)]
+    informers_query, plugins_query = found[0][1], found[1][1]
+    assert plugins_query == informers_query
+    assert plugins_query["sendInitialEvents"] == "true"
+    assert "resourceVersion" not in plugins_query
 
 
 # -- recovery -----------------------------------------------------------------------------------
@@ -244,7 +355,7 @@ async def test_a_poisoned_object_neither_kills_the_informer_nor_leaves_the_cache
     state, telemetry = ClusterState(), CountingTelemetry()
     informer = Informer(
         api=nodes.api,
-        target=nodes.target(),
+        collection=nodes.collection(),
         sink=PoisonedSink(NodeSink(state)),
         telemetry=telemetry,
         max_backoff=0.5,
@@ -313,7 +424,9 @@ async def test_a_429_is_waited_out_as_long_as_retry_after_says(
 
     monkeypatch.setattr(http, "request", throttled_once)
     state = ClusterState()
-    informer = Informer(api=nodes.api, target=nodes.target(), sink=NodeSink(state), streaming=False)
+    informer = Informer(
+        api=nodes.api, collection=nodes.collection(), sink=NodeSink(state), streaming=False
+    )
     started = time.monotonic()
     async with running(informer):
         assert name in state.nodes
@@ -342,7 +455,7 @@ async def test_a_streaming_list_yields_to_the_loop(nodes: Nodes) -> None:
 
     ticking = asyncio.create_task(ticker(), name="ticker")
     try:
-        informer = Informer(api=nodes.api, target=nodes.target(), sink=NodeSink(state))
+        informer = Informer(api=nodes.api, collection=nodes.collection(), sink=NodeSink(state))
         async with running(informer):
             assert len(state.nodes) == 40
     finally:

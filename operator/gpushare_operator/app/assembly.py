@@ -18,11 +18,11 @@ from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import models
 from gpushare_operator.core.rollouts import Counts
-from gpushare_operator.kube import connection, listing
+from gpushare_operator.kube import connection, reading
 from gpushare_operator.kube.connection import ApiHandle
 from gpushare_operator.kube.election import LeaseElector, LeaseTimings
 from gpushare_operator.kube.events import EventRecorder, ObjectRef
-from gpushare_operator.kube.informer import Informer, Sink, Target
+from gpushare_operator.kube.informer import Informer
 from gpushare_operator.kube.ratelimit import TokenBucket
 from gpushare_operator.kube.writeloop import ConfigMapRef, WriteLoop
 from gpushare_operator.reconcile.planner import Timings
@@ -32,13 +32,14 @@ log = structlog.get_logger(__name__)
 
 LEASE_NAME = "gpushare-operator"
 POLICIES_PATH = f"/apis/{models.GROUP}/{models.VERSION}/{models.POLICY_PLURAL}"
+POLICIES = reading.Collection(path=POLICIES_PATH, kind=models.POLICY_KIND, page_size=500)
 NODE_STATES_PATH = f"/apis/{models.GROUP}/{models.VERSION}/{models.NODE_STATE_PLURAL}"
 # Finished pods hold no slots; with this server-side selector, a pod that finishes arrives as
 # DELETED, and the 50,000 pods of a big cluster's history are never listed at all.
 # Events of what the operator only reads are taken in batches: fewer, bigger reads halve the
 # CPU of a storm of heartbeats, for at most this much latency (docs/reading.md).
 READ_ONLY_BATCH_WINDOW = 0.25
-PODS = Target(
+PODS = reading.Collection(
     path="/api/v1/pods",
     kind="Pod",
     field_selector="status.phase!=Succeeded,status.phase!=Failed",
@@ -118,23 +119,24 @@ class Assembly:
 
     def _informers(self) -> list[Informer]:
         s, api, telemetry = self.settings, self.handle.api, self.telemetry
-        configmap = Target(
+        configmap = reading.Collection(
             path=f"/api/v1/namespaces/{s.device_plugin_namespace}/configmaps",
             kind="ConfigMap",
             field_selector=f"metadata.name={s.device_plugin_configmap}",
             forbidden_is_empty=True,  # until the chart's Role exists there; the writer says so
             keep_managed_fields=True,  # who owns each key (one small object)
         )
-        targets: list[tuple[Target, Sink]] = [
-            (
-                Target(path="/api/v1/nodes", kind="Node", batch_window=READ_ONLY_BATCH_WINDOW),
-                NodeSink(self.state),
-            ),
-            (Target(path=NODE_STATES_PATH, kind="GPUNodeState"), NodeStateSink(self.state)),
+        nodes = reading.Collection(
+            path="/api/v1/nodes", kind="Node", batch_window=READ_ONLY_BATCH_WINDOW
+        )
+        node_states = reading.Collection(path=NODE_STATES_PATH, kind="GPUNodeState")
+        read: list[tuple[reading.Collection, reading.Sink]] = [
+            (nodes, NodeSink(self.state)),
+            (node_states, NodeStateSink(self.state)),
             (configmap, ConfigMapSink(self.state)),
             (PODS, PodSink(self.state)),  # last: on_new_resource re-lists it
         ]
-        return [Informer(api=api, target=t, sink=k, telemetry=telemetry) for t, k in targets]
+        return [Informer(api=api, collection=c, sink=k, telemetry=telemetry) for c, k in read]
 
     def connection_info(self) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(**self.handle.credentials())
@@ -183,7 +185,7 @@ class Assembly:
         backoff = 0.5
         while True:
             try:
-                items = await listing.list_all(self.handle.api, path=POLICIES_PATH)
+                items = await reading.list_all(self.handle.api, POLICIES)
             except Exception as exc:  # any failure: log, back off, retry
                 log.warning(
                     "cannot list policies; retrying",
@@ -222,7 +224,7 @@ class Assembly:
             await asyncio.sleep(POLICY_RESYNC_PERIOD)
             known = {name: p.uid for name, p in self.state.policies.items()}
             try:
-                items = await listing.list_all(self.handle.api, path=POLICIES_PATH)
+                items = await reading.list_all(self.handle.api, POLICIES)
             except Exception as exc:  # the next round tries again
                 log.warning("policy resync failed", kind=models.POLICY_KIND, error=str(exc))
                 continue

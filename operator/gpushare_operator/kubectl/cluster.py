@@ -1,9 +1,10 @@
 """Reading the cluster into the operator's own ``ClusterState``, through the operator's sinks.
 
 Policies come first, as in the operator: they say which resources pods are kept for.  Nodes,
-GPUNodeStates and pods are then read at once, each as a streaming list, and every object goes
-through the same sink the operator's informers feed, so it is kept as the same slim record
-(non-GPU nodes and pods asking for no shared GPU resource are dropped as they arrive).
+GPUNodeStates and pods are then read at once, each through the operator's own read path
+(kube/reading.py: a streaming list where the server has it), and every object goes through the
+same sink the operator's informers feed, so it is kept as the same slim record (non-GPU nodes
+and pods asking for no shared GPU resource are dropped as they arrive).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
@@ -25,6 +26,12 @@ NODE_STATES = f"{API}/{models.NODE_STATE_PLURAL}"
 NODES = "/api/v1/nodes"
 # As the operator's pod informer: finished pods hold no slots and are never read.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+POLICY_LIST = reading.Collection(path=POLICIES, kind=models.POLICY_KIND, page_size=250)
+NODE_LIST = reading.Collection(path=NODES, kind="Node", page_size=100)
+NODE_STATE_LIST = reading.Collection(path=NODE_STATES, kind=models.NODE_STATE_KIND, page_size=250)
+POD_LIST = reading.Collection(
+    path="/api/v1/pods", kind="Pod", field_selector=LIVE_PODS, page_size=250
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +59,7 @@ async def connected(target: Target) -> AsyncIterator[reading.Api]:
 
 
 async def load_policies(api: reading.Api, state: ClusterState) -> list[dict[str, Any]]:
-    items = await reading.list_items(api, POLICIES)
+    items = await reading.list_all(api, POLICY_LIST)
     for item in items:
         state.upsert_policy(item)
     return items
@@ -78,13 +85,11 @@ async def load_fleet(
     api: reading.Api, state: ClusterState, *, pods: bool = True, node_states: bool = True
 ) -> None:
     """Every GPU node, and (by default) every GPUNodeState and every live pod, in parallel."""
-    reads = [reading.list_into(api, reading.Collection(NODES, page_size=100), NodeSink(state))]
+    reads = [reading.list_into(api, NODE_LIST, NodeSink(state))]
     if node_states:
-        reads.append(reading.list_into(api, reading.Collection(NODE_STATES), NodeStateSink(state)))
+        reads.append(reading.list_into(api, NODE_STATE_LIST, NodeStateSink(state)))
     if pods:
-        pod_list = reading.Collection(
-            "/api/v1/pods", field_selector=LIVE_PODS, worth_decoding=_asks_for(state)
-        )
+        pod_list = replace(POD_LIST, worth_decoding=_asks_for(state))
         reads.append(reading.list_into(api, pod_list, PodSink(state)))
     await asyncio.gather(*reads)
 
@@ -105,7 +110,6 @@ async def load_node(api: reading.Api, state: ClusterState, name: str) -> dict[st
     node_state = await reading.get(api, f"{NODE_STATES}/{name}")
     if node_state is not None:
         state.upsert_node_state(node_state)
-    selector = f"spec.nodeName={name},{LIVE_PODS}"
-    pod_list = reading.Collection("/api/v1/pods", field_selector=selector)
+    pod_list = replace(POD_LIST, field_selector=f"spec.nodeName={name},{LIVE_PODS}")
     await reading.list_into(api, pod_list, PodSink(state))
     return body

@@ -37,8 +37,14 @@ async def explain_node(target: cluster.Target, name: str) -> dict[str, Any]:
         await cluster.load_configmap(api, state, target)
         if await cluster.load_node(api, state, name) is None:
             raise UnknownNode(f'node "{name}" not found')
-        events = await reading.list_items(
-            api, "/api/v1/events", field_selector=f"involvedObject.name={name}"
+        events = await reading.list_all(
+            api,
+            reading.Collection(
+                path="/api/v1/events",
+                kind="Event",
+                field_selector=f"involvedObject.name={name}",
+                page_size=250,
+            ),
         )
     record = state.nodes.get(name)
     if record is None:

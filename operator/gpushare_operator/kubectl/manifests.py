@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from gpushare_operator.core import models
-from gpushare_operator.kube import http, reading
+from gpushare_operator.kube import dryrun, http, reading
 from gpushare_operator.kubectl.cluster import POLICIES
 
 
@@ -126,8 +126,8 @@ async def _dry_run_apply(api: reading.Api, document: Mapping[str, Any]) -> Plann
     path = f"{POLICIES}/{name}"
     current = await reading.get(api, path)
     if current is None:
-        return Planned(name, "create", None, await reading.dry_run_create(api, POLICIES, document))
-    answer = await reading.dry_run_replace(api, path, _replacement(document, current))
+        return Planned(name, "create", None, await dryrun.create(api, POLICIES, document))
+    answer = await dryrun.replace(api, path, _replacement(document, current))
     return Planned(name, "update", current, answer)
 
 
@@ -137,7 +137,7 @@ async def _dry_run_delete(api: reading.Api, name: str) -> Planned:
     if current is None:
         body = {"reason": "NotFound", "message": f'{models.POLICY_KIND} "{name}" not found'}
         raise http.ApiError(status=404, reason="Not Found", body=body)
-    answer = await reading.dry_run_delete(api, path)
+    answer = await dryrun.delete(api, path)
     if not (answer.get("metadata") or {}).get("deletionTimestamp"):
         # No finalizer holds it (the operator never ran): the operator meets the deletion all
         # the same, and releases what the policy governed.

@@ -9,18 +9,18 @@ from hypothesis import strategies as st
 
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import nodestates, rollouts
-from gpushare_operator.core.forecasts import (
+from gpushare_operator.core.models import NodePhase
+from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.kubectl.forecast import Forecaster
+from gpushare_operator.kubectl.standings import (
     GOVERNED,
     UNMANAGED,
     UNSUPPORTED,
     RolloutPace,
     pool_of,
     settled_body,
-    target_of,
+    standing_of,
 )
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
-from gpushare_operator.reconcile.forecast import Forecaster
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from tests.unit.test_planner import node, policy
@@ -86,7 +86,7 @@ def test_the_target_is_what_the_published_status_says() -> None:
     state.upsert_node(node("n", count="2"))
     planner = Reconciler(state, timings=Timings(75, 300, 300), max_unavailable="10%").planner
     decision = planner.decide(state.nodes["n"])
-    target = target_of(state.nodes["n"], decision)
+    target = standing_of(state.nodes["n"], decision)
     status = nodestates.render_status(
         record=state.nodes["n"], decision=decision, previous=None, now="t"
     )

@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.core.forecasts import RolloutPace
 from gpushare_operator.kubectl import cli, explain, manifests, output, planview
+from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_operator.kubectl.plan import PlanOptions, report
-from gpushare_operator.reconcile.forecast import Forecaster
+from gpushare_operator.kubectl.standings import RolloutPace
 from tests.unit.test_forecast import converged, pod
 from tests.unit.test_planner import node, policy
 

@@ -20,10 +20,10 @@ import aiohttp
 
 from gpushare_operator import __version__
 from gpushare_operator.core import defaults, flagvalues
-from gpushare_operator.core.forecasts import DEFAULT_VERIFY_SECONDS, POOL_LABELS, RolloutPace
 from gpushare_operator.kube import connection, reading
 from gpushare_operator.kubectl import cluster, explain, manifests, output, planview, status
 from gpushare_operator.kubectl.plan import EXIT_ERROR, PlanError, PlanOptions, make_plan
+from gpushare_operator.kubectl.standings import DEFAULT_VERIFY_SECONDS, POOL_LABELS, RolloutPace
 
 PROG = "kubectl gpushare"
 EPILOG = """\

@@ -14,12 +14,12 @@ from typing import Any
 
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import nodestates, resolution
-from gpushare_operator.core.forecasts import POOL_LABELS, pool_of, target_of
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.kube import reading
 from gpushare_operator.kubectl import cluster
 from gpushare_operator.kubectl.output import Style, slots, table
+from gpushare_operator.kubectl.standings import POOL_LABELS, pool_of, standing_of
 from gpushare_operator.kubectl.status import new_planner
 
 EVENTS_SHOWN = 10
@@ -50,7 +50,7 @@ async def explain_node(target: cluster.Target, name: str) -> dict[str, Any]:
     if record is None:
         raise UnknownNode(f'node "{name}" is not a GPU node: gpushare leaves it alone')
     decision = planner.decide(record)
-    target_now = target_of(record, decision)
+    target_now = standing_of(record, decision)
     published = state.node_states.get(name) or {}
     return {
         "node": name,

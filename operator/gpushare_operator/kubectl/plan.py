@@ -2,7 +2,7 @@
 
 Steps: read the manifests; dry-run each through the API server (any refusal: exit 1, in the
 API server's words); read the cluster into the operator's state; forecast with the operator's
-planner and rollout book (``reconcile.forecast``); report.  Exit 2 when the plan would leave a
+planner and rollout book (``kubectl.forecast``); report.  Exit 2 when the plan would leave a
 node overcommitted or Unsupported, so that a pipeline can stop there; 0 otherwise.
 """
 
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from gpushare_operator.core import defaults
-from gpushare_operator.core.forecasts import POOL_LABELS, UNMANAGED, RolloutPace
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.kubectl import cluster, manifests
+from gpushare_operator.kubectl.forecast import Forecast, Forecaster
 from gpushare_operator.kubectl.output import Trace
-from gpushare_operator.reconcile.forecast import Forecast, Forecaster
+from gpushare_operator.kubectl.standings import POOL_LABELS, UNMANAGED, RolloutPace
 
 EXIT_CLEAN, EXIT_ERROR, EXIT_BLOCKED = 0, 1, 2
 _SPEC_FIELDS = ("strategy", "replicas", "priority", "nodeSelector", "resourceName", "paused")

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.core.forecasts import POOL_LABELS, pool_of, target_of
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.kubectl import cluster
+from gpushare_operator.kubectl.forecast import KEY_GRACE_PERIOD, MISMATCH_TIMEOUT
 from gpushare_operator.kubectl.output import Style, slots, table
-from gpushare_operator.reconcile.forecast import KEY_GRACE_PERIOD, MISMATCH_TIMEOUT
+from gpushare_operator.kubectl.standings import POOL_LABELS, pool_of, standing_of
 from gpushare_operator.reconcile.planner import Planner, Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 
@@ -94,7 +94,7 @@ def _nodes(planner: Planner, name: str) -> list[dict[str, Any]]:
     for node in sorted(state.index.nodes_of(name)):
         record = state.nodes[node]
         decision = planner.decide(record)
-        target = target_of(record, decision)
+        target = standing_of(record, decision)
         published = state.node_states.get(node) or {}
         ready = next(
             (c for c in published.get("conditions") or () if c.get("type") == "Ready"), None

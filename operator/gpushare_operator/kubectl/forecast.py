@@ -4,7 +4,7 @@
 informers feed, then ``run`` upserts the planned policies into that same state and asks:
 
 - each node's standing before and after, from ``Planner.decide`` and the status it would
-  render (``core.forecasts.target_of``): who governs it, with which key and capacity;
+  render (``kubectl.standings.standing_of``): who governs it, with which key and capacity;
 - whose pods would hold more slots than the new config advertises (``core.rollouts.misfit``);
 - the rollout, by replaying the operator's own ``RolloutBook``: its gate and its admissions
   (fresh nodes at once, canary first and alone, ``maxUnavailable``, the cluster-wide budget,
@@ -24,20 +24,20 @@ from typing import Any
 
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import defaults, devconfigs, rollouts
-from gpushare_operator.core.forecasts import (
-    GOVERNED,
-    POOL_LABELS,
-    UNSUPPORTED,
-    NodeTarget,
-    RolloutPace,
-    pool_of,
-    settled_body,
-    target_of,
-)
 from gpushare_operator.core.nodes import GPU_RESOURCE
 from gpushare_operator.core.pods import PodRecord
 from gpushare_operator.core.policies import compile_policy
 from gpushare_operator.core.workqueue import CONFIG, NODE, POLICY
+from gpushare_operator.kubectl.standings import (
+    GOVERNED,
+    POOL_LABELS,
+    UNSUPPORTED,
+    NodeStanding,
+    RolloutPace,
+    pool_of,
+    settled_body,
+    standing_of,
+)
 from gpushare_operator.reconcile import admissions
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
@@ -63,8 +63,8 @@ class ManualClock:
 class NodeChange:
     name: str
     pool: str
-    before: NodeTarget
-    after: NodeTarget
+    before: NodeStanding
+    after: NodeStanding
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +104,8 @@ class Budget:
 @dataclass
 class Forecast:
     planned: list[str]
-    before: dict[str, NodeTarget]  # every GPU node, under the policies as they are
-    after: dict[str, NodeTarget]  # every GPU node, with the planned policies in force
+    before: dict[str, NodeStanding]  # every GPU node, under the policies as they are
+    after: dict[str, NodeStanding]  # every GPU node, with the planned policies in force
     pools: dict[str, str]  # node -> pool
     changes: list[NodeChange]
     misfits: list[Misfit]
@@ -168,9 +168,9 @@ class Forecaster:
                 resource = devconfigs.advertised_resource(compiled.sharing)
                 self.state.tracked_resources.add(resource)
 
-    def targets(self) -> dict[str, NodeTarget]:
+    def targets(self) -> dict[str, NodeStanding]:
         planner = self.planner
-        return {name: target_of(r, planner.decide(r)) for name, r in self.state.nodes.items()}
+        return {name: standing_of(r, planner.decide(r)) for name, r in self.state.nodes.items()}
 
     def pool(self, node: str) -> str:
         record = self.state.nodes.get(node)

@@ -1,9 +1,9 @@
 """What a planned change would leave on each node, and how long its rollout would take.
 
-Pure pieces of ``kubectl gpushare plan`` (``reconcile.forecast`` runs them against the
+Pure pieces of ``kubectl gpushare plan`` (``kubectl.forecast`` runs them against the
 operator's own state and planner):
 
-- ``target_of``: a node's standing under a decision, read off the very status the operator
+- ``standing_of``: a node's standing under a decision, read off the very status the operator
   would publish (``nodestates.render_status``), so that the plan's capacity is the number the
   GPUNodeState will show, by construction;
 - ``settled_body``: the node as NVIDIA's agents leave it once a config is in force (config
@@ -56,7 +56,7 @@ DEFAULT_VERIFY_SECONDS: Final = 60.0
 
 
 @dataclass(frozen=True, slots=True)
-class NodeTarget:
+class NodeStanding:
     """What a node's GPUNodeState says about its configuration (not its progress)."""
 
     policy: str | None
@@ -80,7 +80,7 @@ class NodeTarget:
         return {key: value for key, value in out.items() if value is not None}
 
 
-def target_of(record: NodeRecord, decision: nodestates.NodeDecision) -> NodeTarget:
+def standing_of(record: NodeRecord, decision: nodestates.NodeDecision) -> NodeStanding:
     """The node's standing, from the status the operator would render for ``decision``."""
     status = nodestates.render_status(record=record, decision=decision, previous=None, now="")
     policy = decision.policy
@@ -94,7 +94,7 @@ def target_of(record: NodeRecord, decision: nodestates.NodeDecision) -> NodeTarg
         standing = UNMANAGED
     else:
         standing = GOVERNED
-    return NodeTarget(
+    return NodeStanding(
         policy=status.get("policy"),
         config_key=status.get("configKey"),
         standing=standing,

@@ -19,9 +19,9 @@ from gpushare_operator.app.assembly import STOP_MARGIN, Assembly
 from gpushare_operator.app.settings import parse_settings
 from gpushare_operator.kube import http
 from gpushare_operator.kube.connection import ApiHandle
-from tests.unit.fakeapi import FakeApi
-from tests.unit.test_planner import node, policy
-from tests.waiting import eventually
+from gpushare_testing.builders import node, policy
+from gpushare_testing.fakeapi import FakeApi
+from gpushare_testing.waiting import eventually
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/gpushare-operator"
 NODES = 24

@@ -15,8 +15,7 @@ from gpushare_operator.core.forecasts import RolloutPace
 from gpushare_operator.kubectl import cli, explain, manifests, output, planview
 from gpushare_operator.kubectl.plan import PlanOptions, report
 from gpushare_operator.reconcile.forecast import Forecaster
-from tests.unit.test_forecast import converged, pod
-from tests.unit.test_planner import node, policy
+from gpushare_testing.builders import converged, node, pod, policy
 
 # -- manifests -------------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from gpushare_operator.core.pods import (
     total,
 )
 from gpushare_testing import podbodies
+from gpushare_testing.builders import drain
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
@@ -461,12 +462,6 @@ def test_pod_events_mark_their_node_and_policy_dirty() -> None:
     state.upsert_pod(pod_body("v", node=None))  # unbound and new: no counter moved
     state.upsert_pod(podbodies.plain_pod(name="web", node="n1"))
     assert not state.dirty.nodes and not state.dirty.policies
-
-
-def drain(state: ClusterState) -> None:
-    queue = state.dirty
-    while queue.pop_node() is not None or queue.pop_policy() is not None or queue.pop_config():
-        pass
 
 
 def test_new_resource_asks_for_a_relist_once_and_the_relist_recovers_its_pods() -> None:

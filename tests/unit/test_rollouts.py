@@ -13,7 +13,7 @@ from gpushare_operator.core import listpatches, rollouts
 from gpushare_operator.core.models import GPUSharingPolicySpec, RolloutSpec, RolloutState
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.reconcile.planner import FINALIZER, Planner, Timings
-from tests.unit.test_planner import Clock, node, policy
+from gpushare_testing.builders import Clock, node, policy
 
 # -- arithmetic ------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from gpushare_operator.cache.state import TOMBSTONE_SECONDS, ClusterState
 from gpushare_operator.core.devconfigs import render_default_text
 from gpushare_operator.reconcile.planner import Planner, Timings
 from gpushare_testing import podbodies
-from tests.unit.test_planner import Clock, node, policy, sync_config
+from gpushare_testing.builders import Clock, node, policy, sync_config
 
 # `make test` runs a tenth of the size; `make soak` (GPUSHARE_SOAK=1) the whole of it.
 FULL = os.environ.get("GPUSHARE_SOAK") == "1"

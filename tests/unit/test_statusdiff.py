@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import statusdiff
 from gpushare_operator.reconcile.planner import Planner, Timings
-from tests.unit.test_planner import Clock, node, policy, sync_config
+from gpushare_testing.builders import Clock, node, policy, sync_config
 
 WRITTEN = {
     "phase": "Pending",

@@ -22,9 +22,9 @@ from gpushare_operator.kube.inflight import InFlight
 from gpushare_operator.kube.ratelimit import TokenBucket
 from gpushare_operator.kube.writer import ConfigTarget, Writer
 from gpushare_operator.reconcile.planner import Planner, Timings
+from gpushare_testing.builders import node, policy
 from gpushare_testing.gates import AlwaysLeader
-from tests.unit.test_planner import node, policy
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
 NODES = 24
 

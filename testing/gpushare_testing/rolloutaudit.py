@@ -14,8 +14,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpushare_testing import apiobjects as h
 from gpushare_testing.controlplane import ADMIN_USER, ControlPlane
-from tests.integration import helpers as h
 
 
 def moment(event: Mapping[str, Any]) -> float:

@@ -277,7 +277,7 @@ async def test_apiserver_restart_reconnects_converges_and_writes_nothing_twice(
             slots={"capacity": 48, "allocated": 2},
         )
         await sim.wait_idle()
-        end = await quiet(plane)
+        end = len(await quiet(plane, [op], namespace=namespace))
 
         assert op.proc.poll() is None, "the operator died with the apiserver"
         # It reconnected: its watches broke (or their first attempt failed) and came back...

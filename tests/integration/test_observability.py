@@ -343,6 +343,7 @@ async def test_readyz_waits_for_every_cache_and_healthz_does_not(
 
     [refused, *_] = await eventually(refusals, what="the Pod list to be refused")
     assert "403" in str(refused.get("error")), refused
+    # By design a span, not a condition: "never ready" is watched for 3 s of its list retries.
     deadline = time.monotonic() + 3.0
     while time.monotonic() < deadline:
         assert await get(operator, "/readyz") == (503, "caches not synced\n")

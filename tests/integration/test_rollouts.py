@@ -2,7 +2,7 @@
 
 The simulator plays the device plugin's restart window (allocatable 0 for 2 s) and GFD; every
 claim about how many nodes changed at once is read from the API server's audit log
-(``rollout_audit``), never from the operator's own account.
+(``gpushare_testing.rolloutaudit``), never from the operator's own account.
 """
 
 from __future__ import annotations

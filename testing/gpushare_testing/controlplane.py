@@ -40,6 +40,7 @@ from gpushare_testing.components import (
     scheduler_args,
 )
 from gpushare_testing.kubeconfigs import write_kubeconfig
+from gpushare_testing.paths import ROOT
 
 logger = logging.getLogger(__name__)
 
@@ -53,15 +54,14 @@ def default_bin_dir() -> Path:
     env = os.environ.get("GPUSHARE_CONTROLPLANE_BIN")
     if env:
         return Path(env)
-    root = Path(__file__).resolve().parents[2]  # testing/gpushare_testing/ -> the repository
-    versions = (root / "tests/controlplane/versions.mk").read_text()
+    versions = (ROOT / "tests/controlplane/versions.mk").read_text()
     pins = dict(
         line.split(" := ", 1)
         for line in versions.splitlines()
         if " := " in line and "$" not in line
     )
     return (
-        root
+        ROOT
         / ".cache/controlplane"
         / f"{pins['KUBERNETES_VERSION']}-etcd{pins['ETCD_VERSION']}"
         / "bin"

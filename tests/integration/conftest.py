@@ -1,26 +1,29 @@
-"""Integration tests: every one of them talks to the real local control plane."""
+"""Integration tests: every one of them talks to the real local control plane.
+
+Fixtures only: what tests share beyond them lives in ``gpushare_testing``, which tests import.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
+import yaml
 from kubernetes_asyncio import client
 
 from gpushare_operator.kube import connection
-from gpushare_testing.controlplane import ControlPlane, free_port
+from gpushare_testing.apiobjects import OPERATOR_USER, create_namespace, unique
+from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.crdinstall import install_crds, kubectl, relaxed_policy_crd
+from gpushare_testing.helm import Helm
+from gpushare_testing.operators import OperatorFactory, RunningOperator, spawn
+from gpushare_testing.paths import CHART, CRDS
+from gpushare_testing.replicas import TIMING_FLAGS, USERS, Replicas, delete_lease
+from gpushare_testing.scraping import Scraper, bind_metrics_reader, unbind_metrics_reader
 from gpushare_testing.simulator import GpuClusterSimulator
-from tests.waiting import eventually
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -49,56 +52,6 @@ async def namespace(kube_api: client.ApiClient) -> AsyncIterator[str]:
     await core.delete_namespace(name)
 
 
-@dataclass
-class RunningOperator:
-    """``python -m gpushare_operator run`` in a child process, as users run it."""
-
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    user: str
-    http_port: int
-    metrics_port: int = 0  # plain HTTP (--metrics-insecure) unless the test asked otherwise
-
-    def logs(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def log_lines(self) -> list[dict[str, Any]]:
-        lines = []
-        for line in self.logs().splitlines():
-            with contextlib.suppress(ValueError):
-                lines.append(json.loads(line))
-        return lines
-
-    async def wait_synced(self, *, timeout: float = 60.0) -> None:
-        async def synced() -> bool:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"operator exited {self.proc.returncode}:\n{self.logs()}")
-            return "caches synced" in self.logs()
-
-        await eventually(synced, timeout=timeout, what="operator caches to sync")
-
-    def stop(self, *, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                raise AssertionError(f"operator ignored {sig} for {timeout} s") from None
-        return int(self.proc.returncode)
-
-
-OperatorFactory = Callable[..., Awaitable[RunningOperator]]
-OPERATOR_NAMESPACE = "gpushare-system"  # the operator's Lease lives here
-
-
-def _ensure_namespace(plane: ControlPlane, name: str) -> None:
-    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    status, raw = plane.request("POST", "/api/v1/namespaces", body=body)
-    assert status in (201, 409), raw
-
-
 @pytest.fixture
 async def start_operator(
     control_plane: ControlPlane, tmp_path: Path
@@ -108,37 +61,20 @@ async def start_operator(
 
     async def start(
         *args: str,
-        user: str = "gpushare-operator",
+        user: str = OPERATOR_USER,
         groups: tuple[str, ...] = ("system:masters",),
         kubeconfig: Path | None = None,
         wait: bool = True,
     ) -> RunningOperator:
-        config = kubeconfig or control_plane.kubeconfig_for_user(user, groups=groups)
-        _ensure_namespace(control_plane, OPERATOR_NAMESPACE)
-        port, metrics_port = free_port(), free_port()
-        log_path = tmp_path / f"operator-{len(started)}.log"
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(config),
-            "GPUSHARE_CONFIG_PROPAGATION_DELAY": "1",
+        running = spawn(
+            control_plane,
+            tmp_path / f"operator-{len(started)}.log",
+            *args,
+            user=user,
+            groups=groups,
+            kubeconfig=kubeconfig,
             # No cluster-wide pacing unless a test asks (test_rollouts does).
-            "GPUSHARE_MAX_UNAVAILABLE": "100%",
-            "GPUSHARE_HTTP_PORT": str(port),
-            "GPUSHARE_NAMESPACE": OPERATOR_NAMESPACE,
-            # Tests scrape over plain HTTP; test_observability passes --no-metrics-insecure.
-            "GPUSHARE_METRICS_PORT": str(metrics_port),
-            "GPUSHARE_METRICS_INSECURE": "true",
-        }
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once; we never wait here
-                [sys.executable, "-m", "gpushare_operator", "run", "--log-format", "json", *args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-            )
-        running = RunningOperator(
-            proc=proc, log_path=log_path, user=user, http_port=port, metrics_port=metrics_port
+            env={"GPUSHARE_MAX_UNAVAILABLE": "100%"},
         )
         started.append(running)
         if wait:
@@ -147,34 +83,49 @@ async def start_operator(
 
     yield start
     for running in started:
+        running.resume()
         running.stop()
         print(f"--- operator log {running.log_path} ---\n{running.logs()[-20000:]}")
 
 
-ROOT = Path(__file__).resolve().parents[2]
+@pytest.fixture
+def start_replicas(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    start_operator: OperatorFactory,
+) -> Callable[..., Awaitable[Replicas]]:
+    """Start two replicas, ``a`` and ``b`` (``gpushare_testing.replicas``), with short Lease
+    timings and ``args``, once the last test's Lease is gone; returns them synced."""
+
+    async def start(*args: str) -> Replicas:
+        since = datetime.now(UTC)
+        delete_lease(control_plane)
+        running: dict[str, RunningOperator] = {}
+        for identity, user in USERS.items():
+            running[identity] = await start_operator(
+                "--device-plugin-namespace",
+                namespace,
+                "--identity",
+                identity,
+                *TIMING_FLAGS,
+                *args,
+                user=user,
+                wait=False,
+            )
+        for operator in running.values():
+            await operator.wait_synced()
+        return Replicas(
+            plane=control_plane, sim=sim, namespace=namespace, since=since, running=running
+        )
+
+    return start
 
 
 @pytest.fixture(scope="session")
 def crds_installed(control_plane: ControlPlane) -> None:
     """Install crds/ with the real kubectl, as users do, and wait for them to be served."""
-    kubectl = [
-        str(control_plane.bin_dir / "kubectl"),
-        "--kubeconfig",
-        str(control_plane.admin_kubeconfig),
-    ]
-    subprocess.run([*kubectl, "apply", "-f", str(ROOT / "crds")], check=True, capture_output=True)
-    subprocess.run(
-        [
-            *kubectl,
-            "wait",
-            "--for=condition=established",
-            "--timeout=60s",
-            "crd/gpusharingpolicies.gpushare.dev",
-            "crd/gpunodestates.gpushare.dev",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    install_crds(control_plane)
 
 
 @pytest.fixture
@@ -225,3 +176,63 @@ async def pods_ns(sim: GpuClusterSimulator, namespace: str) -> AsyncIterator[str
             f"/api/v1/namespaces/{namespace}/pods", params={"gracePeriodSeconds": "0"}
         )
         assert status == 200, body
+
+
+@pytest.fixture
+def relaxed_crd(control_plane: ControlPlane, tmp_path: Path) -> Iterator[None]:
+    """The policy CRD of an older release (``crdinstall.relaxed_policy_crd``), until the test
+    ends and the current CRDs are put back."""
+    path = tmp_path / "relaxed.yaml"
+    path.write_text(yaml.safe_dump(relaxed_policy_crd()))
+    kubectl(control_plane, "apply", "-f", str(path))
+    try:
+        yield
+    finally:
+        kubectl(control_plane, "apply", "-f", str(CRDS))
+
+
+@pytest.fixture
+def helm(control_plane: ControlPlane, tmp_path: Path) -> Helm:
+    return Helm.for_plane(control_plane, tmp_path / "helm")
+
+
+@pytest.fixture
+def namespaces(control_plane: ControlPlane) -> Iterator[list[str]]:
+    """Namespaces a test creates (``apiobjects.create_namespace``); deleted afterwards."""
+    created: list[str] = []
+    yield created
+    for name in created:
+        control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture
+def plugin_namespace(control_plane: ControlPlane, namespaces: list[str]) -> str:
+    """The device plugin's namespace (``gpu-operator`` in a real cluster)."""
+    return create_namespace(control_plane, namespaces, "plugin")
+
+
+@pytest.fixture
+def release(helm: Helm, namespace: str, plugin_namespace: str) -> Iterator[str]:
+    """The chart installed (no kubelet here: its pods never run, its RBAC is what counts)."""
+    name = unique("rbac")
+    helm.run(
+        "install",
+        name,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--set",
+        f"devicePlugin.namespace={plugin_namespace}",
+    )
+    yield name
+    helm.run("uninstall", name, "--namespace", namespace, "--wait", "--timeout", "60s")
+
+
+@pytest.fixture
+def metrics_reader(control_plane: ControlPlane, namespace: str) -> Iterator[Scraper]:
+    """A ServiceAccount bound to the chart's metrics-reader ClusterRole."""
+    scraper, role = bind_metrics_reader(control_plane, namespace, f"mr-{uuid.uuid4().hex[:6]}")
+    try:
+        yield scraper
+    finally:
+        unbind_metrics_reader(control_plane, role)

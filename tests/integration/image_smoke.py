@@ -24,15 +24,14 @@ from typing import Any
 
 import pytest
 
+from gpushare_testing import apiobjects as h
+from gpushare_testing.apiobjects import create_namespace
 from gpushare_testing.controlplane import ControlPlane, free_port
+from gpushare_testing.helm import Helm
+from gpushare_testing.paths import CHART
+from gpushare_testing.scraping import fetch
 from gpushare_testing.simulator import GpuClusterSimulator
-from tests.integration import helpers as h
-from tests.integration.scraping import fetch
-from tests.integration.test_chart import CHART, Helm, helm
-from tests.integration.test_chart_install import create_namespace, namespaces
-from tests.waiting import eventually
-
-__all__ = ["helm", "namespaces"]  # fixtures, used by name
+from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 

@@ -17,16 +17,11 @@ from typing import Any
 
 import pytest
 
+from gpushare_testing import apiobjects as h
 from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.operators import OperatorFactory
 from gpushare_testing.simulator import GpuClusterSimulator
-from tests.integration import helpers as h
-from tests.integration.conftest import OperatorFactory
-from tests.integration.test_rbac import (  # noqa: F401 - fixtures
-    helm,
-    plugin_namespace,
-    release,
-)
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
@@ -66,8 +61,8 @@ def _node_patch_verbs(plane: ControlPlane, role: str, *, allow: bool) -> None:
 async def test_refused_node_writes_back_off_and_recover(
     control_plane: ControlPlane,
     namespace: str,
-    plugin_namespace: str,  # noqa: F811
-    release: str,  # noqa: F811
+    plugin_namespace: str,
+    release: str,
     start_operator: OperatorFactory,
 ) -> None:
     account = f"{release}-gpushare-operator"

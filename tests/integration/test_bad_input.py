@@ -6,63 +6,17 @@ back, exactly as when a cluster upgrades its CRDs over objects written under an 
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
 import pytest
-import yaml
 
-from gpushare_operator.core import crds
+from gpushare_testing import apiobjects as h
 from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.crdinstall import create_until_accepted
+from gpushare_testing.operators import OperatorFactory
+from gpushare_testing.quiet import quiet
 from gpushare_testing.simulator import GpuClusterSimulator
-from tests.integration import helpers as h
-from tests.integration.conftest import ROOT, OperatorFactory
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
-
-POLICY_CRD = ROOT / "crds" / "gpushare.dev_gpusharingpolicies.yaml"
-
-
-def _relaxed(crd: dict[str, Any]) -> dict[str, Any]:
-    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    schema["properties"]["replicas"].pop("maximum")
-    selector = schema["properties"]["nodeSelector"]["properties"]
-    selector["matchExpressions"]["items"].pop("x-kubernetes-validations")
-    # An older CRD without the rules that refuse labels our own configuration rewrites.
-    stable = [dict(rule) for rule in crds.STABLE_MATCH_LABELS_RULES]
-    rules = selector["matchLabels"]["x-kubernetes-validations"]
-    selector["matchLabels"]["x-kubernetes-validations"] = [r for r in rules if r not in stable]
-    return crd
-
-
-def _kubectl(plane: ControlPlane, *args: str) -> None:
-    command = [str(plane.bin_dir / "kubectl"), "--kubeconfig", str(plane.admin_kubeconfig), *args]
-    subprocess.run(command, check=True, capture_output=True)
-
-
-@pytest.fixture
-def relaxed_crd(control_plane: ControlPlane, tmp_path: Path) -> Iterator[None]:
-    path = tmp_path / "relaxed.yaml"
-    path.write_text(yaml.safe_dump(_relaxed(yaml.safe_load(POLICY_CRD.read_text()))))
-    _kubectl(control_plane, "apply", "-f", str(path))
-    try:
-        yield
-    finally:
-        _kubectl(control_plane, "apply", "-f", str(ROOT / "crds"))
-
-
-async def _create_until_accepted(sim: GpuClusterSimulator, body: dict[str, Any]) -> None:
-    """A changed CRD takes a moment to be served; until then the old schema still refuses."""
-
-    async def attempt() -> int:
-        status, _ = await sim.client.post(f"{h.API}/gpusharingpolicies", body)
-        return int(status)
-
-    await eventually(attempt, until=lambda s: s in (201, 409), timeout=30, what="relaxed CRD")
 
 
 async def test_policies_that_slipped_past_admission(
@@ -86,9 +40,9 @@ async def test_policies_that_slipped_past_admission(
     created = [too_many, bad_selector, rewritten]
     created = [body["metadata"]["name"] for body in created]
     try:
-        await _create_until_accepted(sim, too_many)
-        await _create_until_accepted(sim, bad_selector)
-        await _create_until_accepted(sim, rewritten)
+        await create_until_accepted(sim.client, too_many)
+        await create_until_accepted(sim.client, bad_selector)
+        await create_until_accepted(sim.client, rewritten)
         running = await start_operator("--device-plugin-namespace", namespace)
 
         spec_policy = await eventually(
@@ -128,7 +82,8 @@ async def test_policies_that_slipped_past_admission(
             )
             assert all(e["type"] == "Warning" for e in events if e["reason"] == "InvalidPolicy")
 
-        await asyncio.sleep(2)  # anything the operator would wrongly do to the node, it does now
+        # Anything the operator would wrongly do to the node, it has done once it is quiet.
+        await quiet(control_plane, [running], namespace=namespace)
         assert not h.writes_to(h.operator_writes(control_plane), resource="nodes", name=name)
         labels = (await h.node(sim.client, name))["metadata"]["labels"]
         assert h.CONFIG_LABEL not in labels
@@ -150,8 +105,8 @@ async def test_a_broken_update_leaves_the_nodes_as_they_were(
     body = h.policy(h.unique("edited"), pool=pool, replicas=4)
     policy = body["metadata"]["name"]
     try:
-        await _create_until_accepted(sim, body)
-        await start_operator("--device-plugin-namespace", namespace)
+        await create_until_accepted(sim.client, body)
+        operator = await start_operator("--device-plugin-namespace", namespace)
         working = await eventually(
             lambda: h.get_policy(sim.client, policy),
             until=lambda b: (b.get("status") or {}).get("verifiedNodes") == 1,
@@ -172,7 +127,7 @@ async def test_a_broken_update_leaves_the_nodes_as_they_were(
         assert broken["status"]["observedGeneration"] == 2
         assert broken["status"]["configKey"] == key
 
-        await asyncio.sleep(2)  # a release of the node would happen by now
+        await quiet(control_plane, [operator], namespace=namespace)  # a release would show
         labels = (await h.node(sim.client, name))["metadata"]["labels"]
         assert labels[h.CONFIG_LABEL] == key
         assert labels[h.POLICY_LABEL] == policy

@@ -19,30 +19,25 @@ import asyncio
 import collections
 import contextlib
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from gpushare_testing import bodies, podbodies
-from gpushare_testing.controlplane import ControlPlane, free_port
+from gpushare_testing import apiobjects as h
+from gpushare_testing.auditlog import AuditEvent, describe, write_key
+from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.crdinstall import install_crds
+from gpushare_testing.gpupods import create_pod, delete_pod
+from gpushare_testing.operators import OPERATOR_NAMESPACE, RunningOperator, spawn
+from gpushare_testing.quiet import quiet
 from gpushare_testing.simulator import GpuClusterSimulator
-from tests.integration import helpers as h
-from tests.integration.conftest import OPERATOR_NAMESPACE, RunningOperator
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
-ROOT = Path(__file__).resolve().parents[2]
-AuditEvent = dict[str, Any]
-WriteKey = tuple[str, str, str]  # (resource, name, subresource or "")
 CHAOS_ARGS = (
     "--watch-cache=false",
     "--etcd-compaction-interval=0",
@@ -64,19 +59,7 @@ def plane() -> Iterator[ControlPlane]:
     chaos = ControlPlane(extra_apiserver_args=CHAOS_ARGS)
     chaos.start()
     try:
-        kubectl = [str(chaos.bin_dir / "kubectl"), "--kubeconfig", str(chaos.admin_kubeconfig)]
-        subprocess.run([*kubectl, "apply", "-f", str(ROOT / "crds")], check=True)
-        subprocess.run(
-            [
-                *kubectl,
-                "wait",
-                "--for=condition=established",
-                "--timeout=60s",
-                "crd/gpusharingpolicies.gpushare.dev",
-                "crd/gpunodestates.gpushare.dev",
-            ],
-            check=True,
-        )
+        install_crds(chaos)
         body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}}
         status, raw = chaos.request("POST", "/api/v1/namespaces", body=body)
         assert status in (201, 409), raw
@@ -143,39 +126,12 @@ async def operator(
     A frozen (SIGSTOPped) operator is thawed first; a killed one is left as it is.  Its log
     tail is printed (pytest shows it when the test fails).
     """
-    config = plane.kubeconfig_for_user(h.OPERATOR_USER, groups=("system:masters",))
-    port, metrics_port = free_port(), free_port()
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(config),
-        "GPUSHARE_NAMESPACE": OPERATOR_NAMESPACE,
-        "GPUSHARE_CONFIG_PROPAGATION_DELAY": "1",
-        "GPUSHARE_HTTP_PORT": str(port),
-        "GPUSHARE_METRICS_PORT": str(metrics_port),
-        "GPUSHARE_METRICS_INSECURE": "true",
-    }
-    command = [sys.executable, "-m", "gpushare_operator", "run", "--log-format", "json"]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once; we never wait here
-            [*command, "--identity", IDENTITY, *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
-    running = RunningOperator(
-        proc=proc,
-        log_path=log_path,
-        user=h.OPERATOR_USER,
-        http_port=port,
-        metrics_port=metrics_port,
-    )
+    running = spawn(plane, log_path, "--identity", IDENTITY, *args)
     try:
         await running.wait_synced()
         yield running
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)
+        running.resume()
         running.stop()
         print(f"--- operator log {log_path} ---\n{running.logs()[-20000:]}")
 
@@ -187,7 +143,7 @@ async def restart_apiserver(plane: ControlPlane, *, down_for: float = 0.0) -> No
     started = time.monotonic()
     plane.restart_apiserver(down_for=down_for)
     print(f"kube-apiserver restarted in {time.monotonic() - started:.1f} s")
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # by design: the loop's own sockets, not the operator, are waited on
 
 
 def log_records(running: RunningOperator, event: str) -> list[dict[str, Any]]:
@@ -199,36 +155,15 @@ def kinds_logged(running: RunningOperator, *events: str) -> set[str]:
     return {str(r.get("kind")) for e in events for r in log_records(running, e)}
 
 
-async def cached(running: RunningOperator) -> dict[str, float]:
-    """``gpushare_cache_objects`` by kind: what the operator's caches hold right now."""
-    url = f"http://127.0.0.1:{running.metrics_port}/metrics"
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        assert response.status == 200
-        text = await response.text()
-    for family in text_string_to_metric_families(text):
-        if family.name == "gpushare_cache_objects":
-            return {s.labels["kind"]: s.value for s in family.samples}
-    raise AssertionError(f"no gpushare_cache_objects in /metrics:\n{text}")
-
-
 async def wait_cached(running: RunningOperator, **expected: float) -> None:
     await eventually(
-        lambda: cached(running),
+        running.cached,
         until=lambda sizes: all(sizes.get(k) == v for k, v in expected.items()),
         what=f"the operator's caches to hold {expected}",
     )
 
 
 # -- the audit log -------------------------------------------------------------------------------
-
-
-def audit(plane: ControlPlane) -> list[AuditEvent]:
-    """Every complete audit line so far (one being written right now is left for later)."""
-    if not plane.audit_log_path.exists():
-        return []
-    text = plane.audit_log_path.read_text()
-    complete = text[: text.rfind("\n") + 1]
-    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def is_change(event: AuditEvent) -> bool:
@@ -240,65 +175,10 @@ def is_change(event: AuditEvent) -> bool:
 
 
 def changes_since(plane: ControlPlane, mark: int) -> list[AuditEvent]:
-    return [e for e in audit(plane)[mark:] if is_change(e)]
-
-
-def write_key(event: AuditEvent) -> WriteKey:
-    ref = event["objectRef"]
-    return (str(ref.get("resource")), str(ref.get("name")), str(ref.get("subresource") or ""))
-
-
-def describe(events: list[AuditEvent]) -> str:
-    return "\n".join(
-        f"{e['requestReceivedTimestamp']} {e['verb']} {'/'.join(write_key(e))}"
-        f" -> {(e.get('responseStatus') or {}).get('code')}"
-        for e in events
-    )
-
-
-async def quiet(plane: ControlPlane, *, seconds: float = 2.0, timeout: float = 60.0) -> int:
-    """Wait until the operator has changed nothing for ``seconds``; returns the audit length."""
-    deadline = time.monotonic() + timeout
-    events = audit(plane)
-    count, since = sum(map(is_change, events)), time.monotonic()
-    while time.monotonic() - since < seconds:
-        assert time.monotonic() < deadline, "the operator never stopped writing"
-        await asyncio.sleep(0.25)
-        events = audit(plane)
-        now = sum(map(is_change, events))
-        if now != count:
-            count, since = now, time.monotonic()
-    return len(events)
+    return [e for e in plane.audit_events()[mark:] if is_change(e)]
 
 
 # -- cluster state -------------------------------------------------------------------------------
-
-
-def pod_manifest(name: str, *, namespace: str, node: str, count: int) -> dict[str, Any]:
-    """A realistic inference pod asking for ``count`` nvidia.com/gpu, bound to ``node``."""
-    body = podbodies.shared_gpu_pod(
-        name=name,
-        node=node,
-        namespace=namespace,
-        resource=bodies.GPU_RESOURCE,
-        count=count,
-        managed_fields=False,
-    )
-    metadata = {k: body["metadata"][k] for k in ("name", "namespace", "labels", "annotations")}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": body["spec"]}
-
-
-async def create_pod(
-    sim: GpuClusterSimulator, namespace: str, name: str, node: str, *, count: int
-) -> None:
-    manifest = pod_manifest(name, namespace=namespace, node=node, count=count)
-    await h.ok(sim.client, "POST", f"/api/v1/namespaces/{namespace}/pods", manifest)
-
-
-async def delete_pod(sim: GpuClusterSimulator, namespace: str, name: str) -> None:
-    path = f"/api/v1/namespaces/{namespace}/pods/{name}"
-    status, body = await sim.client.delete(path, params={"gracePeriodSeconds": "0"})
-    assert status == 200, body
 
 
 async def wait_state(
@@ -368,7 +248,7 @@ async def test_apiserver_restart_reconnects_converges_and_writes_nothing_twice(
         await wait_policy(sim, pa, matchedNodes=3, verifiedNodes=3)
         body = await wait_policy(sim, pb, matchedNodes=2, verifiedNodes=2)
         pb_key = body["status"]["configKey"]
-        mark = await quiet(plane)
+        mark = len(await quiet(plane, [op], namespace=namespace))
 
         await restart_apiserver(plane, down_for=DOWN_FOR)
         # At once, likely before the operator's backoff has reconnected it: a node moves to
@@ -397,7 +277,7 @@ async def test_apiserver_restart_reconnects_converges_and_writes_nothing_twice(
             slots={"capacity": 48, "allocated": 2},
         )
         await sim.wait_idle()
-        end = await quiet(plane)
+        end = len(await quiet(plane, [op], namespace=namespace))
 
         assert op.proc.poll() is None, "the operator died with the apiserver"
         # It reconnected: its watches broke (or their first attempt failed) and came back...
@@ -416,8 +296,8 @@ async def test_apiserver_restart_reconnects_converges_and_writes_nothing_twice(
         assert leadership[-1] == "leadership acquired", leadership
         await wait_cached(op, Node=5, Pod=1, GPUNodeState=5, GPUSharingPolicy=2)
 
-    writes = [e for e in audit(plane)[mark:end] if is_change(e)]
-    report = describe(writes)
+    writes = [e for e in plane.audit_events()[mark:end] if is_change(e)]
+    report = "\n".join(describe(writes))
     counts = collections.Counter(map(write_key, writes))
     # The moved node: its two labels, applied once, naming pool B's policy and config.
     label_writes = [e for e in writes if write_key(e) == ("nodes", moved, "")]
@@ -480,7 +360,7 @@ async def test_compacted_watch_relists_and_drops_what_was_deleted_meanwhile(
             sim, policy, matchedNodes=4, verifiedNodes=4, slots={"capacity": 128, "allocated": 3}
         )
         await wait_cached(op, Node=4, Pod=2, GPUNodeState=4)
-        await quiet(plane)
+        await quiet(plane, [op], namespace=namespace)
 
         # Freeze the operator, so that it cannot see what happens next; the apiserver restart
         # ends its watch connections, so nothing reaches it later through an old socket either.
@@ -556,12 +436,14 @@ async def test_operator_killed_mid_burst_converges_with_no_label_lost_or_doubled
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait(timeout=10)
     assert first.proc.returncode == -signal.SIGKILL
-    await asyncio.sleep(1)  # anything the dead process had sent has been served by now
+    # The API server goes on serving what a client sent before it died; no signal says when it
+    # is done, so this one waits a second (the requests take milliseconds).
+    await asyncio.sleep(1)
     before = await labelled(sim, policy)
     assert 0 < len(before) < count, f"the kill was not mid-way: {len(before)} of {count} labelled"
     states_before = {n for n in names if await h.node_state(sim.client, n) is not None}
     print(f"killed with {len(before)} of {count} nodes labelled, {len(states_before)} states")
-    mark = len(audit(plane))
+    mark = len(plane.audit_events())
 
     # Restarted as a container restarts in its pod: same identity, so no Lease to wait out.
     async with operator(plane, tmp_path / "second.log", *dp) as second:
@@ -579,7 +461,7 @@ async def test_operator_killed_mid_burst_converges_with_no_label_lost_or_doubled
         )
         key = body["status"]["configKey"]
         await sim.wait_idle()
-        end = await quiet(plane)
+        end = len(await quiet(plane, [second], namespace=namespace))
         assert second.proc.poll() is None
 
     for name in names:
@@ -597,8 +479,8 @@ async def test_operator_killed_mid_burst_converges_with_no_label_lost_or_doubled
 
     # The restarted operator applied labels exactly to the nodes the first one had not reached,
     # once each, and created only the GPUNodeStates that did not exist yet.
-    writes = [e for e in audit(plane)[mark:end] if is_change(e)]
-    report = describe(writes)
+    writes = [e for e in plane.audit_events()[mark:end] if is_change(e)]
+    report = "\n".join(describe(writes))
     label_writes = collections.Counter(
         e["objectRef"]["name"] for e in writes if write_key(e)[0] == "nodes"
     )

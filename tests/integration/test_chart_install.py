@@ -11,55 +11,24 @@ process converges.
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import yaml
 
+from gpushare_testing import apiobjects as h
+from gpushare_testing.apiobjects import create_namespace
 from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.crdinstall import kubectl
+from gpushare_testing.helm import INSTANCE, Helm
+from gpushare_testing.operators import OperatorFactory
+from gpushare_testing.paths import CHART
 from gpushare_testing.simulator import GpuClusterSimulator
-from tests.integration import helpers as h
-from tests.integration.conftest import OperatorFactory
-from tests.integration.test_chart import CHART, INSTANCE, Helm, helm
-from tests.waiting import eventually
-
-__all__ = ["helm"]  # a fixture, used by name
+from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
 CRDS = ("gpusharingpolicies.gpushare.dev", "gpunodestates.gpushare.dev")
-
-
-@pytest.fixture
-def namespaces(control_plane: ControlPlane) -> Iterator[list[str]]:
-    """Namespaces a test creates (``create_namespace``); deleted afterwards."""
-    created: list[str] = []
-    yield created
-    for name in created:
-        control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
-
-
-def create_namespace(plane: ControlPlane, created: list[str], prefix: str) -> str:
-    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    status, raw = plane.request("POST", "/api/v1/namespaces", body=body)
-    assert status == 201, raw
-    created.append(name)
-    return name
-
-
-def kubectl(plane: ControlPlane, *args: str, stdin: str | None = None) -> str:
-    result = subprocess.run(
-        [str(plane.bin_dir / "kubectl"), "--kubeconfig", str(plane.admin_kubeconfig), *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 def test_rendered_manifests_pass_server_side_dry_run(

@@ -16,7 +16,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpushare_operator.kube import connection
 from gpushare_testing.controlplane import ControlPlane
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
 
 async def _collect_configmap_events(

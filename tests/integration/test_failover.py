@@ -16,167 +16,30 @@ times are measured from the freeze, when the leader stopped renewing (the strict
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import signal
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing import apiobjects as h
+from gpushare_testing.auditlog import describe, is_lease, received, seconds, succeeded
+from gpushare_testing.operators import OPERATOR_NAMESPACE
+from gpushare_testing.replicas import (
+    LEASE_DURATION,
+    RENEW_DEADLINE,
+    RETRY_PERIOD,
+    TAKEOVER_AFTER_RELEASE,
+    Replicas,
+    report,
+)
 from gpushare_testing.simulator import GpuClusterSimulator
-from tests.integration import helpers as h
-from tests.integration.conftest import OPERATOR_NAMESPACE, OperatorFactory, RunningOperator
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
-logger = logging.getLogger(__name__)
-
-LEASE_PATH = (
-    f"/apis/coordination.k8s.io/v1/namespaces/{OPERATOR_NAMESPACE}/leases/gpushare-operator"
-)
-LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 6.0, 4.0, 1.0
-TIMING_FLAGS = (
-    "--lease-duration",
-    f"{LEASE_DURATION:g}",
-    "--renew-deadline",
-    f"{RENEW_DEADLINE:g}",
-    "--retry-period",
-    f"{RETRY_PERIOD:g}",
-)
-USERS = {"a": "gpushare-a", "b": "gpushare-b"}  # Lease identity -> client-certificate user
-TAKEOVER_AFTER_RELEASE = 3.0  # seconds from SIGTERM of the leader to the follower leading
-AuditEvent = dict[str, Any]
-
-
-def report(message: str) -> None:
-    """A measured figure: in the test's output (-s or on failure) and in the INFO log."""
-    print(message)
-    logger.info(message)
-
-
-# -- the audit log -------------------------------------------------------------------------------
-
-
-def received(event: AuditEvent) -> datetime:
-    return datetime.fromisoformat(event["requestReceivedTimestamp"])
-
-
-def code(event: AuditEvent) -> int:
-    return int((event.get("responseStatus") or {}).get("code") or 0)
-
-
-def succeeded(event: AuditEvent) -> bool:
-    return 200 <= code(event) < 300
-
-
-def is_lease(event: AuditEvent) -> bool:
-    return bool(event["objectRef"].get("resource") == "leases")
-
-
-def describe(events: list[AuditEvent]) -> list[str]:
-    """One line per write, for assertion messages."""
-    return [
-        f"{e['requestReceivedTimestamp']} {e['verb']} {e['objectRef'].get('resource')}"
-        f"/{e['objectRef'].get('name')}"
-        f"{'/' + e['objectRef']['subresource'] if e['objectRef'].get('subresource') else ''}"
-        f" in {e['objectRef'].get('namespace') or '-'}"
-        f" -> {code(e)}"
-        for e in events
-    ]
-
-
-def seconds(later: datetime, earlier: datetime) -> float:
-    return (later - earlier).total_seconds()
-
-
-# -- two replicas --------------------------------------------------------------------------------
-
-
-@dataclass
-class Replicas:
-    """Replicas ``a`` and ``b`` of one test, and what the API server saw them do."""
-
-    plane: ControlPlane
-    sim: GpuClusterSimulator
-    since: datetime  # this test's start: audit events before it belong to other tests
-    running: dict[str, RunningOperator]
-
-    def writes(self, identity: str, *, after: datetime | None = None) -> list[AuditEvent]:
-        start = after or self.since
-        events = h.operator_writes(self.plane, user=USERS[identity])
-        return sorted((e for e in events if received(e) >= start), key=received)
-
-    def lease_wins(self, identity: str, *, after: datetime | None = None) -> list[AuditEvent]:
-        """Successful Lease writes: acquisitions, renewals and (on shutdown) the release."""
-        return [e for e in self.writes(identity, after=after) if is_lease(e) and succeeded(e)]
-
-    async def holder(self) -> str:
-        status, body = await self.sim.client.get(LEASE_PATH)
-        if status != 200:
-            return ""
-        return str((body.get("spec") or {}).get("holderIdentity") or "")
-
-    async def wait_holder(self, identity: str, *, timeout: float) -> None:
-        await eventually(
-            self.holder,
-            until=lambda held: held == identity,
-            timeout=timeout,
-            interval=0.05,
-            what=f"the Lease to be held by {identity}",
-        )
-
-    async def roles(self) -> tuple[str, str]:
-        """(leader, follower), once one of the two holds the Lease."""
-        leader = await eventually(
-            self.holder,
-            until=lambda held: held in self.running,
-            timeout=LEASE_DURATION + 10,
-            what="a leader",
-        )
-        follower = next(identity for identity in self.running if identity != leader)
-        return leader, follower
-
-
-def delete_lease(plane: ControlPlane) -> None:
-    """Lease objects outlive tests (one control plane per session): start from none."""
-    status, raw = plane.request("DELETE", LEASE_PATH)
-    assert status in (200, 404), raw
-
-
-@pytest.fixture
-def replicas_factory(
-    control_plane: ControlPlane,
-    sim: GpuClusterSimulator,
-    namespace: str,
-    start_operator: OperatorFactory,
-) -> Callable[[], Awaitable[Replicas]]:
-    async def start() -> Replicas:
-        since = datetime.now(UTC)
-        delete_lease(control_plane)
-        running: dict[str, RunningOperator] = {}
-        for identity, user in USERS.items():
-            running[identity] = await start_operator(
-                "--device-plugin-namespace",
-                namespace,
-                "--identity",
-                identity,
-                *TIMING_FLAGS,
-                user=user,
-                wait=False,
-            )
-        for operator in running.values():
-            await operator.wait_synced()
-        return Replicas(plane=control_plane, sim=sim, since=since, running=running)
-
-    return start
+StartReplicas = Callable[..., Awaitable[Replicas]]
 
 
 @dataclass
@@ -198,30 +61,10 @@ async def fleet(sim: GpuClusterSimulator, created: list[str]) -> Fleet:
     return Fleet(pool=pool, policy=policy, members=members, spare=spare)
 
 
-def phase_of(state: dict[str, Any] | None) -> str | None:
-    phase = (state or {}).get("status", {}).get("phase")
-    return None if phase is None else str(phase)
-
-
-async def wait_phase(
-    sim: GpuClusterSimulator, node: str, phase: str, *, replicas: int | None = None
-) -> None:
-    def reached(state: dict[str, Any] | None) -> bool:
-        if phase_of(state) != phase:
-            return False
-        return replicas is None or (state or {})["status"].get("replicas") == replicas
-
-    await eventually(
-        lambda: h.node_state(sim.client, node),
-        until=reached,
-        what=f"{node} to be {phase}" + ("" if replicas is None else f" with {replicas} replicas"),
-    )
-
-
 async def converged(sim: GpuClusterSimulator, f: Fleet) -> str:
     """Wait for every member Verified and the policy's status to say so; returns its key."""
     for node in f.members:
-        await wait_phase(sim, node, "Verified")
+        await h.wait_phase(sim, node, "Verified")
     body = await eventually(
         lambda: h.get_policy(sim.client, f.policy),
         until=lambda b: (b.get("status") or {}).get("verifiedNodes") == len(f.members),
@@ -248,64 +91,16 @@ async def wait_label(
     )
 
 
-async def settle(replicas: Replicas, identity: str, *, quiet: float = 2.0) -> None:
-    """Until the simulator is idle and ``identity`` has written nothing for ``quiet`` seconds."""
-    await replicas.sim.wait_idle()
-
-    def changes() -> int:
-        return len([e for e in replicas.writes(identity) if not is_lease(e)])
-
-    deadline = time.monotonic() + 30
-    count, changed = changes(), time.monotonic()
-    while time.monotonic() - changed < quiet:
-        assert time.monotonic() < deadline, "the leader never stopped writing"
-        await asyncio.sleep(0.25)
-        now = changes()
-        if now != count:
-            count, changed = now, time.monotonic()
-
-
-async def exited(operator: RunningOperator, *, timeout: float = 30) -> int:
-    """The exit code, waiting without blocking the event loop (the simulator runs on it)."""
-
-    async def returncode() -> int | None:
-        return operator.proc.poll()
-
-    result = await eventually(
-        returncode, until=lambda rc: rc is not None, timeout=timeout, what="the operator to exit"
-    )
-    assert result is not None
-    return result
-
-
-def resume(operator: RunningOperator) -> None:
-    """SIGCONT a possibly frozen operator, so that nothing is left stopped behind a test."""
-    if operator.proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            operator.proc.send_signal(signal.SIGCONT)
-
-
-async def leader_gauge(operator: RunningOperator) -> float:
-    url = f"http://127.0.0.1:{operator.metrics_port}/metrics"
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        assert response.status == 200
-        text = await response.text()
-    for family in text_string_to_metric_families(text):
-        if family.name == "gpushare_leader":
-            return float(family.samples[0].value)
-    raise AssertionError(f"no gpushare_leader in /metrics:\n{text}")
-
-
 # -- the scenarios -------------------------------------------------------------------------------
 
 
 async def test_only_the_leader_ever_writes(
     sim: GpuClusterSimulator,
     policies: list[str],
-    replicas_factory: Callable[[], Awaitable[Replicas]],
+    start_replicas: StartReplicas,
 ) -> None:
     f = await fleet(sim, policies)
-    replicas = await replicas_factory()
+    replicas = await start_replicas()
     leader, follower = await replicas.roles()
     report(f"leader {leader}, follower {follower}")
     await converged(sim, f)
@@ -314,8 +109,8 @@ async def test_only_the_leader_ever_writes(
     await h.patch_policy(sim.client, f.policy, {"replicas": 2})
     await sim.relabel(f.spare, {"pool": f.pool})
     for node in [*f.members, f.spare]:
-        await wait_phase(sim, node, "Verified", replicas=2)
-    await settle(replicas, leader)
+        await h.wait_phase(sim, node, "Verified", replicas=2)
+    await replicas.quiet(leader)
 
     assert await replicas.holder() == leader
     led = replicas.writes(leader)
@@ -335,13 +130,13 @@ async def test_only_the_leader_ever_writes(
 async def test_sigkill_follower_takes_over_and_finishes_pending_work(
     sim: GpuClusterSimulator,
     policies: list[str],
-    replicas_factory: Callable[[], Awaitable[Replicas]],
+    start_replicas: StartReplicas,
 ) -> None:
     f = await fleet(sim, policies)
-    replicas = await replicas_factory()
+    replicas = await start_replicas()
     leader, follower = await replicas.roles()
     key = await converged(sim, f)
-    await settle(replicas, leader, quiet=RETRY_PERIOD)
+    await replicas.quiet(leader)
     dying = replicas.running[leader]
 
     frozen_at = datetime.now(UTC)
@@ -351,14 +146,14 @@ async def test_sigkill_follower_takes_over_and_finishes_pending_work(
         await sim.relabel(f.spare, {"pool": f.pool})
         await sim.relabel(f.members[0], {"pool": h.unique("elsewhere")})
         dying.proc.send_signal(signal.SIGKILL)
-        assert await exited(dying) == -signal.SIGKILL
+        assert await dying.exited() == -signal.SIGKILL
     finally:
-        resume(dying)
+        dying.resume()
 
     await wait_label(sim, f.spare, key, timeout=LEASE_DURATION + 10)
     await wait_label(sim, f.members[0], None)
-    await wait_phase(sim, f.spare, "Verified")
-    await wait_phase(sim, f.members[0], "Unmanaged")
+    await h.wait_phase(sim, f.spare, "Verified")
+    await h.wait_phase(sim, f.members[0], "Unmanaged")
 
     [last_renewal] = replicas.lease_wins(leader)[-1:]
     takeover = replicas.lease_wins(follower)[0]
@@ -390,10 +185,10 @@ async def test_sigkill_follower_takes_over_and_finishes_pending_work(
 async def test_sigterm_releases_the_lease_and_the_follower_leads_at_once(
     sim: GpuClusterSimulator,
     policies: list[str],
-    replicas_factory: Callable[[], Awaitable[Replicas]],
+    start_replicas: StartReplicas,
 ) -> None:
     f = await fleet(sim, policies)
-    replicas = await replicas_factory()
+    replicas = await start_replicas()
     leader, follower = await replicas.roles()
     key = await converged(sim, f)
     stopping = replicas.running[leader]
@@ -402,11 +197,11 @@ async def test_sigterm_releases_the_lease_and_the_follower_leads_at_once(
     terminated_at = datetime.now(UTC)
     stopping.proc.send_signal(signal.SIGTERM)
     await replicas.wait_holder(follower, timeout=TAKEOVER_AFTER_RELEASE + 5)
-    assert await exited(stopping) == 0
+    assert await stopping.exited() == 0
     assert "lease released" in stopping.logs()
 
     await wait_label(sim, f.spare, key)
-    await wait_phase(sim, f.spare, "Verified")
+    await h.wait_phase(sim, f.spare, "Verified")
 
     # The leaving leader's last Lease write is its release; it may renew while it drains.
     [*_, release] = replicas.lease_wins(leader, after=terminated_at)
@@ -433,13 +228,13 @@ async def test_sigterm_releases_the_lease_and_the_follower_leads_at_once(
 async def test_sigstop_past_the_lease_fences_the_old_leader(
     sim: GpuClusterSimulator,
     policies: list[str],
-    replicas_factory: Callable[[], Awaitable[Replicas]],
+    start_replicas: StartReplicas,
 ) -> None:
     f = await fleet(sim, policies)
-    replicas = await replicas_factory()
+    replicas = await start_replicas()
     leader, follower = await replicas.roles()
     key = await converged(sim, f)
-    await settle(replicas, leader, quiet=RETRY_PERIOD)
+    await replicas.quiet(leader)
     frozen = replicas.running[leader]
 
     frozen_at = datetime.now(UTC)
@@ -459,9 +254,17 @@ async def test_sigstop_past_the_lease_fences_the_old_leader(
         # And a change after it woke, with its informers running again.
         await sim.relabel(f.members[0], {"pool": f.pool})
         await wait_label(sim, f.members[0], key)
-        await asyncio.sleep(3 * RETRY_PERIOD)  # a few elector rounds of the woken replica
+
+        # Within a few elector rounds the woken replica knows it follows; once both are quiet,
+        # everything either wrote is in the audit log.
+        async def rejoined() -> bool:
+            lost = any(line.get("event") == "leadership lost" for line in frozen.log_lines())
+            return lost and await frozen.leader_gauge() == 0
+
+        await eventually(rejoined, timeout=3 * RETRY_PERIOD + 5, what=f"{leader} to follow")
+        await replicas.quiet(leader, follower)
     finally:
-        resume(frozen)
+        frozen.resume()
 
     [last_renewal] = [e for e in replicas.lease_wins(leader) if received(e) < frozen_at][-1:]
     taken = received(replicas.lease_wins(follower)[0])
@@ -476,8 +279,8 @@ async def test_sigstop_past_the_lease_fences_the_old_leader(
     # It rejoined as a follower: alive, the Lease stays with the other, and it says so.
     assert frozen.proc.poll() is None
     assert await replicas.holder() == follower
-    assert await leader_gauge(frozen) == 0
-    assert await leader_gauge(replicas.running[follower]) == 1
+    assert await frozen.leader_gauge() == 0
+    assert await replicas.running[follower].leader_gauge() == 1
     assert any(line.get("event") == "leadership lost" for line in frozen.log_lines())
     # The relabels were written by the new leader.
     new_writes = replicas.writes(follower, after=frozen_at)
@@ -498,22 +301,22 @@ async def test_sigstop_past_the_lease_fences_the_old_leader(
 async def test_resync_after_takeover_writes_nothing_when_the_cluster_matches(
     sim: GpuClusterSimulator,
     policies: list[str],
-    replicas_factory: Callable[[], Awaitable[Replicas]],
+    start_replicas: StartReplicas,
 ) -> None:
     f = await fleet(sim, policies)
     await sim.relabel(f.spare, {"pool": f.pool})  # three managed nodes
-    replicas = await replicas_factory()
+    replicas = await start_replicas()
     leader, follower = await replicas.roles()
     await converged(sim, Fleet(f.pool, f.policy, [*f.members, f.spare], f.spare))
-    await settle(replicas, leader)
+    await replicas.quiet(leader)
 
     terminated_at = datetime.now(UTC)
     replicas.running[leader].proc.send_signal(signal.SIGTERM)
     await replicas.wait_holder(follower, timeout=TAKEOVER_AFTER_RELEASE + 5)
-    assert await exited(replicas.running[leader]) == 0
+    assert await replicas.running[leader].exited() == 0
     taken = received(replicas.lease_wins(follower)[0])
-    # The resync runs at once on gaining leadership: give it well over what it needs.
-    await asyncio.sleep(3 * RETRY_PERIOD)
+    # The resync runs at once on gaining leadership: everything it wrote is in the log by quiet.
+    await replicas.quiet(follower)
     successor = replicas.running[follower]
     assert any(line.get("event") == "leadership acquired" for line in successor.log_lines())
 
@@ -530,4 +333,4 @@ async def test_resync_after_takeover_writes_nothing_when_the_cluster_matches(
         f"SIGTERM): {len(changes)} writes, {len(leadership_events)} leadership Event(s)"
     )
     assert changes == [], describe(changes)
-    assert await leader_gauge(successor) == 1
+    assert await successor.leader_gauge() == 1

@@ -7,19 +7,20 @@ config manager.  Label writes are counted in the API server's audit log.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 import yaml
 
+from gpushare_testing import apiobjects as h
 from gpushare_testing import bodies
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.demo import POOLS, _create_pools
+from gpushare_testing.operators import OperatorFactory
+from gpushare_testing.paths import ROOT
+from gpushare_testing.quiet import quiet
 from gpushare_testing.simulator import GpuClusterSimulator
-from tests.integration import helpers as h
-from tests.integration.conftest import ROOT, OperatorFactory
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
@@ -80,7 +81,7 @@ async def test_a_product_selected_policy_keeps_its_nodes_through_gfd_cycles(
         "matchExpressions": [{"key": PRODUCT, "operator": "In", "values": ["NVIDIA-A10G"]}]
     }
     await h.add_policy(sim, policies, body)
-    await start_operator("--device-plugin-namespace", namespace)
+    operator = await start_operator("--device-plugin-namespace", namespace)
 
     await _rolled_out(sim, nodes, name, shared=True)  # GFD rewrote the product: still ours
     state = await h.node_state(sim.client, nodes[0])
@@ -92,7 +93,8 @@ async def test_a_product_selected_policy_keeps_its_nodes_through_gfd_cycles(
     await _rolled_out(sim, nodes, name, shared=True)
     await h.patch_policy(sim.client, name, {"strategy": "MPS", "replicas": 3})
     await _rolled_out(sim, nodes, name, shared=True)
-    await asyncio.sleep(3)  # a flap would relabel by now
+    await sim.wait_idle()
+    await quiet(control_plane, [operator], namespace=namespace)  # a flap would have relabelled
     assert {node: _label_writes(control_plane, node) for node in nodes} == dict.fromkeys(nodes, 4)
     status = (await h.get_policy(sim.client, name))["status"]
     assert (status["matchedNodes"], status["verifiedNodes"]) == (3, 3)
@@ -150,21 +152,23 @@ async def test_the_restart_window_is_no_mismatch(
             seen: set[str | None] = set()
             zero_seen = False
 
-            async def watch() -> bool:
+            async def watch(replicas: int) -> bool:
                 nonlocal zero_seen
                 for node in nodes:
                     seen.add(_phase(await h.node_state(sim.client, node)))
                     body = await h.node(sim.client, node)
                     if body["status"].get("allocatable", {}).get("nvidia.com/gpu") == "0":
                         zero_seen = True
-                phases = [_phase(await h.node_state(sim.client, n)) for n in nodes]
-                return phases == ["Verified"] * len(nodes)
+                states = [await h.node_state(sim.client, n) for n in nodes]
+                return all(
+                    _phase(s) == "Verified" and (s or {})["status"].get("replicas") == replicas
+                    for s in states
+                )
 
-            await eventually(watch, timeout=60, interval=0.1, what="both nodes Verified")
+            await eventually(lambda: watch(4), timeout=60, what="both nodes Verified")
             await h.patch_policy(sim.client, name, {"replicas": 3})
             seen.clear()
-            await asyncio.sleep(0.5)
-            await eventually(watch, timeout=60, interval=0.1, what="the change Verified")
+            await eventually(lambda: watch(3), timeout=60, what="the change Verified")
             assert zero_seen, "the simulated device plugin never restarted"
             assert "Mismatch" not in seen
             for node in nodes:

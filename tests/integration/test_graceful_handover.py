@@ -17,27 +17,19 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gpushare_testing.controlplane import ControlPlane
-from gpushare_testing.simulator import GpuClusterSimulator
-from tests.integration import helpers as h
-from tests.integration.conftest import OperatorFactory, RunningOperator
-from tests.integration.test_failover import (
-    TAKEOVER_AFTER_RELEASE,
-    TIMING_FLAGS,
-    USERS,
+from gpushare_testing import apiobjects as h
+from gpushare_testing.auditlog import (
     AuditEvent,
-    Replicas,
-    delete_lease,
+    completed,
     describe,
-    exited,
     is_lease,
     received,
-    report,
     seconds,
     succeeded,
-    wait_phase,
 )
-from tests.waiting import eventually
+from gpushare_testing.replicas import TAKEOVER_AFTER_RELEASE, Replicas, report
+from gpushare_testing.simulator import GpuClusterSimulator
+from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
@@ -49,45 +41,12 @@ NODES = 200
 WRITE_FLAGS = ("--write-qps", "150", "--write-burst", "16")
 
 
-def completed(event: AuditEvent) -> datetime:
-    return datetime.fromisoformat(event["stageTimestamp"])
-
-
-@pytest.fixture
-def slow_writers(
-    control_plane: ControlPlane,
-    sim: GpuClusterSimulator,
-    namespace: str,
-    start_operator: OperatorFactory,
-) -> Callable[[], Awaitable[Replicas]]:
-    async def start() -> Replicas:
-        since = datetime.now(UTC)
-        delete_lease(control_plane)
-        running: dict[str, RunningOperator] = {}
-        for identity, user in USERS.items():
-            running[identity] = await start_operator(
-                "--device-plugin-namespace",
-                namespace,
-                "--identity",
-                identity,
-                *TIMING_FLAGS,
-                *WRITE_FLAGS,
-                user=user,
-                wait=False,
-            )
-        for operator in running.values():
-            await operator.wait_synced()
-        return Replicas(plane=control_plane, sim=sim, since=since, running=running)
-
-    return start
-
-
 async def test_sigterm_during_a_burst_no_old_write_lands_after_the_new_leaders_first(
     sim: GpuClusterSimulator,
     policies: list[str],
-    slow_writers: Callable[[], Awaitable[Replicas]],
+    start_replicas: Callable[..., Awaitable[Replicas]],
 ) -> None:
-    replicas = await slow_writers()
+    replicas = await start_replicas(*WRITE_FLAGS)
     leader, follower = await replicas.roles()
     pool = h.unique("burst")
     members = await sim.create_gpu_nodes(pool=pool, count=NODES, gpus=4)
@@ -109,9 +68,9 @@ async def test_sigterm_during_a_burst_no_old_write_lands_after_the_new_leaders_f
     terminated_at = datetime.now(UTC)
     stopping.proc.send_signal(signal.SIGTERM)
     await replicas.wait_holder(follower, timeout=TAKEOVER_AFTER_RELEASE + 5)
-    assert await exited(stopping) == 0
+    assert await stopping.exited() == 0
     for node in members:  # the new leader finishes the burst
-        await wait_phase(sim, node, "Verified")
+        await h.wait_phase(sim, node, "Verified")
 
     old = [e for e in replicas.writes(leader) if not is_lease(e)]
     # The last Lease write after the signal is the release (it renews while it drains).

@@ -22,8 +22,8 @@ from gpushare_operator.kube.reading import Sink
 from gpushare_operator.kubectl import cluster
 from gpushare_testing import controlplane
 from gpushare_testing.controlplane import ControlPlane
-from tests.integration.test_informer import NODES, TAG, Nodes, RecordingSink, running
-from tests.waiting import eventually
+from gpushare_testing.informers import NODES, TAG, Nodes, RecordingSink, running
+from gpushare_testing.waiting import eventually
 
 POISON = "gpushare.dev/poison"
 

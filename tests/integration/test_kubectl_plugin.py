@@ -23,13 +23,13 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
+from gpushare_testing import apiobjects as h
 from gpushare_testing import bodies
 from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.gpupods import create_pod, wait_node_usage
+from gpushare_testing.operators import OperatorFactory
 from gpushare_testing.simulator import GpuClusterSimulator
-from tests.integration import helpers as h
-from tests.integration.conftest import OperatorFactory
-from tests.integration.test_usage import create_pod, wait_node_usage
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 

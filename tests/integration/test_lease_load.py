@@ -16,10 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 import os
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
@@ -29,30 +26,23 @@ from typing import Any
 import aiohttp
 import pytest
 from benchmarks.scale import cluster
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare_testing import podbodies
-from gpushare_testing.controlplane import ControlPlane, free_port
+from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.operators import spawn
 from gpushare_testing.rawclient import RawClient
-from tests.waiting import eventually
-
-logger = logging.getLogger(__name__)
+from gpushare_testing.replicas import LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD, USERS, report
+from gpushare_testing.waiting import eventually
 
 SOAK = os.environ.get("GPUSHARE_SOAK") == "1"
 NODES, PODS = (3_400, 50_000) if SOAK else (700, 10_000)
-LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 6.0, 4.0, 1.0
-USER = "gpushare-a"
+USER = USERS["a"]
 # A fifth of the pods ask for LATE_RESOURCE's shared slots: untracked until the last policy
 # advertises them, whose creation makes the pod informer re-list; the cache grows by exactly
 # those pods when it is done.
 LATE_RESOURCE = "nvidia.com/a100"
 LATE_EVERY = 5
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{cluster.OPERATOR_NAMESPACE}/leases"
-
-
-def report(message: str) -> None:
-    print(message)
-    logger.info(message)
 
 
 def stamp(text: str) -> float:
@@ -73,55 +63,6 @@ def own_plane() -> Iterator[ControlPlane]:
 async def admin(own_plane: ControlPlane) -> AsyncIterator[RawClient]:
     async with RawClient(kubeconfig=own_plane.admin_kubeconfig) as client:
         yield client
-
-
-class Operator:
-    """``python -m gpushare_operator run`` against ``plane``, as user ``gpushare-a``."""
-
-    def __init__(self, plane: ControlPlane, log_path: Path, *args: str) -> None:
-        self.port = free_port()  # /metrics, over plain HTTP as in the other integration tests
-        self.log_path = log_path
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(plane.kubeconfig_for_user(USER, groups=("system:masters",))),
-            "GPUSHARE_CONFIG_PROPAGATION_DELAY": "1",
-            "GPUSHARE_HTTP_PORT": str(free_port()),
-            "GPUSHARE_METRICS_PORT": str(self.port),
-            "GPUSHARE_METRICS_INSECURE": "true",
-            "GPUSHARE_NAMESPACE": cluster.OPERATOR_NAMESPACE,
-        }
-        with log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gpushare_operator", "run", "--log-format=json", *args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-            )
-
-    def logs(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    async def metrics(self) -> dict[str, float]:
-        url = f"http://127.0.0.1:{self.port}/metrics"
-        async with aiohttp.ClientSession() as session, session.get(url) as response:
-            text = await response.text()
-        out: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-                out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-        return out
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        print(f"--- operator log ---\n{self.logs()[-10000:]}")
 
 
 class LeaseHistory:
@@ -221,7 +162,7 @@ async def test_renewals_keep_their_period_under_a_write_backlog_and_a_pod_relist
 
     history = LeaseHistory()
     watcher = asyncio.create_task(history.follow(admin), name="lease-watch")
-    operator = Operator(
+    operator = spawn(
         own_plane,
         tmp_path / "operator.log",
         "--identity=a",
@@ -231,6 +172,7 @@ async def test_renewals_keep_their_period_under_a_write_backlog_and_a_pod_relist
         f"--retry-period={RETRY_PERIOD:g}",
         "--write-qps=5",
         "--write-burst=5",
+        user=USER,
     )
     try:
 
@@ -253,7 +195,7 @@ async def test_renewals_keep_their_period_under_a_write_backlog_and_a_pod_relist
         cached = (await operator.metrics())["gpushare_cache_objects{kind=Pod}"]
         report(f"leading; {depth:.0f} objects queued to write, {cached:.0f} pods cached")
 
-        await asyncio.sleep(5 * RETRY_PERIOD)  # renewals with the writer saturated alone
+        await asyncio.sleep(5 * RETRY_PERIOD)  # by design: renewals sampled, writer saturated
         relist_at = time.time()
         late = pool_policy("late", "nowhere", resourceName=LATE_RESOURCE)
         await cluster.create_policies(admin, [late])
@@ -269,13 +211,14 @@ async def test_renewals_keep_their_period_under_a_write_backlog_and_a_pod_relist
             what="the re-list",
         )
         relisted_at = time.time()
-        await asyncio.sleep(3 * RETRY_PERIOD)  # and a few renewals after it
+        await asyncio.sleep(3 * RETRY_PERIOD)  # by design: a few renewals sampled after it
         end = time.time()
         final = await operator.metrics()
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
         operator.stop()
+        print(f"--- operator log ---\n{operator.logs()[-10000:]}")
 
     gaps = history.gaps(start=led_at, end=end)
     audited = audit_renewals(own_plane, start=led_at, end=end)

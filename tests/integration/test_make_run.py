@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpushare_testing.controlplane import ControlPlane, free_port
-from tests.integration.conftest import ROOT
+from gpushare_testing.paths import ROOT
 
 NAMESPACE = "gpushare-make-run"
 IDENTITY = "make-run-operator"

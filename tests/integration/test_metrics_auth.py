@@ -15,16 +15,13 @@ import pytest
 
 from gpushare_testing import certs
 from gpushare_testing.controlplane import ControlPlane
-from tests.integration.conftest import OperatorFactory
-from tests.integration.scraping import (
+from gpushare_testing.operators import OperatorFactory
+from gpushare_testing.scraping import (
     Scraper,
     ca_context,
     fetch,
     make_service_account,
-    metrics_reader,
 )
-
-__all__ = ["metrics_reader"]  # a fixture, used by name
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 

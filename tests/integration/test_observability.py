@@ -21,23 +21,19 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpushare_testing import apiobjects as h
 from gpushare_testing import podbodies
 from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.operators import OperatorFactory, RunningOperator
+from gpushare_testing.replicas import LEASE_PATH
+from gpushare_testing.scraping import Scraper, fetch
 from gpushare_testing.simulator import GpuClusterSimulator
-from tests.integration import helpers as h
-from tests.integration.conftest import OPERATOR_NAMESPACE, OperatorFactory, RunningOperator
-from tests.integration.scraping import Scraper, fetch, metrics_reader
-from tests.waiting import eventually
-
-__all__ = ["metrics_reader"]  # a fixture, used by name
+from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
 logger = logging.getLogger(__name__)
 
-LEASE_PATH = (
-    f"/apis/coordination.k8s.io/v1/namespaces/{OPERATOR_NAMESPACE}/leases/gpushare-operator"
-)
 # Every family the issue lists (counters by their family name, without ``_total``).
 FAMILIES = {
     "gpushare_events_ingested": "counter",
@@ -347,6 +343,7 @@ async def test_readyz_waits_for_every_cache_and_healthz_does_not(
 
     [refused, *_] = await eventually(refusals, what="the Pod list to be refused")
     assert "403" in str(refused.get("error")), refused
+    # By design a span, not a condition: "never ready" is watched for 3 s of its list retries.
     deadline = time.monotonic() + 3.0
     while time.monotonic() < deadline:
         assert await get(operator, "/readyz") == (503, "caches not synced\n")

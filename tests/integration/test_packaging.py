@@ -19,7 +19,7 @@ import venv
 from pathlib import Path
 
 from gpushare_testing.controlplane import ControlPlane, free_port
-from tests.integration.conftest import ROOT
+from gpushare_testing.paths import ROOT
 
 
 def _stages(dockerfile: str) -> list[list[str]]:

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from gpushare_operator.cache.state import ClusterState
+from gpushare_testing import apiobjects as h
 from gpushare_testing.simulator import GpuClusterSimulator
-from tests.integration import helpers as h
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 

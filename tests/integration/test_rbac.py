@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import functools
 import re
-import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpushare_testing import apiobjects as h
 from gpushare_testing import podbodies
 from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.helm import Helm
+from gpushare_testing.operators import OperatorFactory, RunningOperator
 from gpushare_testing.simulator import GpuClusterSimulator, RawClient
-from tests.integration import helpers as h
-from tests.integration.conftest import OperatorFactory, RunningOperator
-from tests.integration.test_chart import CHART, Helm
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
@@ -41,39 +38,6 @@ ALLOWED_WRITES = {
     ("leases", "", "create"),
     ("leases", "", "update"),
 }
-
-
-@pytest.fixture
-def helm(control_plane: ControlPlane, tmp_path: Path) -> Helm:
-    return Helm.for_plane(control_plane, tmp_path / "helm")
-
-
-@pytest.fixture
-async def plugin_namespace(control_plane: ControlPlane) -> AsyncIterator[str]:
-    """The device plugin's namespace (``gpu-operator`` in a real cluster)."""
-    name = f"plugin-{uuid.uuid4().hex[:8]}"
-    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    status, raw = control_plane.request("POST", "/api/v1/namespaces", body=body)
-    assert status == 201, raw
-    yield name
-    control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
-
-
-@pytest.fixture
-def release(helm: Helm, namespace: str, plugin_namespace: str) -> Iterator[str]:
-    """The chart installed (no kubelet here: its pods never run, its RBAC is what counts)."""
-    name = h.unique("rbac")
-    helm.run(
-        "install",
-        name,
-        str(CHART),
-        "--namespace",
-        namespace,
-        "--set",
-        f"devicePlugin.namespace={plugin_namespace}",
-    )
-    yield name
-    helm.run("uninstall", name, "--namespace", namespace, "--wait", "--timeout", "60s")
 
 
 def pod_body(name: str, *, node: str, namespace: str, count: int) -> dict[str, Any]:

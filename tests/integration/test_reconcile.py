@@ -6,16 +6,16 @@ simulator playing the NVIDIA config manager and GPU Feature Discovery.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 
+from gpushare_testing import apiobjects as h
 from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.operators import OperatorFactory
+from gpushare_testing.quiet import quiet
 from gpushare_testing.simulator import GpuClusterSimulator
-from tests.integration import helpers as h
-from tests.integration.conftest import OperatorFactory
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
@@ -321,6 +321,7 @@ async def test_heartbeats_and_resync_write_nothing(
     # A restarted operator resyncs from its caches and finds nothing to do.
     user = "gpushare-operator-second"
     second = await start_operator("--device-plugin-namespace", namespace, user=user)
+    seen = await second.events_ingested("Node")
     for round_ in range(5):
         for name in names:
             heartbeat = {
@@ -341,8 +342,13 @@ async def test_heartbeats_and_resync_write_nothing(
             )
             assert status == 200
     await sim.wait_idle()
-    # Give the heartbeats time to reach the operator; any write they caused would be audited.
-    await asyncio.sleep(3)
+    await eventually(
+        lambda: second.events_ingested("Node"),
+        until=lambda count: count >= seen + 5 * len(names),
+        what="the operator to see every heartbeat",
+    )
+    # Once it is quiet, any write the heartbeats (or its resync) caused is in the audit log.
+    await quiet(control_plane, [second], namespace=namespace)
     assert second.proc.poll() is None
     # Its own Lease and the leadership Event aside, the new leader wrote nothing.
     writes = [

@@ -2,7 +2,7 @@
 
 The simulator plays the device plugin's restart window (allocatable 0 for 2 s) and GFD; every
 claim about how many nodes changed at once is read from the API server's audit log
-(``rollout_audit``), never from the operator's own account.
+(``gpushare_testing.rolloutaudit``), never from the operator's own account.
 """
 
 from __future__ import annotations
@@ -19,22 +19,16 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpushare_testing import apiobjects as h
+from gpushare_testing import rolloutaudit as audit
 from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.crdinstall import create_until_accepted
+from gpushare_testing.gpupods import create, create_pod, delete_pod, small_pod
+from gpushare_testing.operators import OperatorFactory, RunningOperator
+from gpushare_testing.quiet import quiet
+from gpushare_testing.replicas import USERS, Replicas
 from gpushare_testing.simulator import GpuClusterSimulator
-from tests.integration import helpers as h
-from tests.integration import rollout_audit as audit
-from tests.integration import test_scheduling as scheduling
-from tests.integration.conftest import OperatorFactory, RunningOperator
-from tests.integration.test_bad_input import _create_until_accepted, relaxed_crd  # noqa: F401
-from tests.integration.test_failover import (  # noqa: F401
-    USERS,
-    Replicas,
-    exited,
-    leader_gauge,
-    replicas_factory,
-)
-from tests.integration.test_usage import create_pod, delete_pod
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
@@ -184,7 +178,8 @@ async def test_a_failed_canary_halts_the_rollout_until_the_node_recovers(
     assert (rollout["failedNodes"], rollout["updatedNodes"]) == (1, 0)
     halted = h.condition((await h.get_policy(sim.client, name))["status"], "RolloutHalted")
     assert halted["status"] == "True" and canary in halted["message"]
-    await asyncio.sleep(3)  # a rollout that went on would have changed more nodes by now
+    # A rollout that went on would have changed more nodes before the operator fell quiet.
+    await quiet(control_plane, [operator], namespace=namespace)
     changed = audit.label_writes(control_plane, nodes, since=since)
     assert [node for _, node, _ in changed] == [canary], "exactly the canary changed"
     assert ("Warning", "RolloutHalted") in await reasons(sim, name)
@@ -326,12 +321,12 @@ async def submit_gpu_pods(
     """One pod a GPU slot every ``every`` seconds, for the pool's nodes (tolerating the other
     manager's taint, not ours), until cancelled."""
     for index in itertools.count():
-        body = scheduling.pod(f"during-{index}", gpus=1, selector={"pool": pool})
+        body = small_pod(f"during-{index}", gpus=1, selector={"pool": pool})
         body["spec"]["tolerations"] = [
             {"key": "example.com/dedicated", "operator": "Equal", "value": "ml"}
         ]
-        await scheduling.create(sim, namespace, body)
-        await asyncio.sleep(every)
+        await create(sim, namespace, body)
+        await asyncio.sleep(every)  # paces the load: one pod every `every` seconds
 
 
 async def test_deleting_a_policy_releases_its_nodes_under_budget_and_the_finalizer_goes_last(
@@ -393,13 +388,13 @@ async def test_a_new_leader_continues_the_rollout_within_its_budget(
     control_plane: ControlPlane,
     sim: GpuClusterSimulator,
     policies: list[str],
-    replicas_factory: Callable[[], Awaitable[Replicas]],  # noqa: F811
+    start_replicas: Callable[[], Awaitable[Replicas]],
 ) -> None:
     pool = h.unique("handover")
     nodes = await sim.create_gpu_nodes(pool=pool, count=12, gpus=1)
     name = h.unique("handover")
     await h.add_policy(sim, policies, paced(name, pool=pool, maxUnavailable=2, canary=1))
-    replicas = await replicas_factory()
+    replicas = await start_replicas()
     leader, follower = await replicas.roles()
     await all_verified(sim, nodes, name)
     users = list(USERS.values())
@@ -416,7 +411,7 @@ async def test_a_new_leader_continues_the_rollout_within_its_budget(
     )
     dying = replicas.running[leader]
     dying.proc.send_signal(signal.SIGKILL)  # mid-rollout: some nodes still restarting
-    assert await exited(dying) == -signal.SIGKILL
+    assert await dying.exited() == -signal.SIGKILL
     key = await all_verified(sim, nodes, name, timeout=180)
 
     windows = audit.unavailable_windows(
@@ -432,7 +427,7 @@ async def test_a_new_leader_keeps_the_last_good_spec_of_a_broken_policy(
     control_plane: ControlPlane,
     sim: GpuClusterSimulator,
     namespace: str,
-    relaxed_crd: None,  # noqa: F811
+    relaxed_crd: None,
     start_operator: OperatorFactory,
 ) -> None:
     pool = h.unique("kept")
@@ -440,7 +435,7 @@ async def test_a_new_leader_keeps_the_last_good_spec_of_a_broken_policy(
     body = h.policy(h.unique("kept"), pool=pool, replicas=4)
     name = body["metadata"]["name"]
     try:
-        await _create_until_accepted(sim, body)
+        await create_until_accepted(sim.client, body)
         first = await start_operator("--device-plugin-namespace", namespace)
         key = await all_verified(sim, nodes, name)
         await h.patch_policy(sim.client, name, {"replicas": 100})  # the relaxed CRD allows it
@@ -455,10 +450,8 @@ async def test_a_new_leader_keeps_the_last_good_spec_of_a_broken_policy(
 
         restarted = time.time()
         second = await start_operator("--device-plugin-namespace", namespace)  # API only
-        await eventually(
-            lambda: leader_gauge(second), until=lambda v: v == 1, what="the new one leading"
-        )
-        await asyncio.sleep(4)  # a release would have happened by now
+        await eventually(second.leader_gauge, until=lambda v: v == 1, what="the new one leading")
+        await quiet(control_plane, [second], namespace=namespace)  # a release would show by now
         for node in nodes:
             labels = (await h.node(sim.client, node))["metadata"]["labels"]
             assert (labels[h.CONFIG_LABEL], labels[h.POLICY_LABEL]) == (key, name)

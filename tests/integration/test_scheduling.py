@@ -11,43 +11,15 @@ from typing import Any
 
 import yaml
 
+from gpushare_testing import apiobjects as h
 from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.gpupods import create, read, small_pod
 from gpushare_testing.simulator import GpuClusterSimulator
-from tests.integration import helpers as h
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
 GPU = "nvidia.com/gpu"
 CONFIGMAP = "gpushare-device-plugin-configs"
 TAINT = {"key": "example.com/maintenance", "value": "true", "effect": "NoSchedule"}
-
-
-def pod(
-    name: str,
-    *,
-    gpus: int,
-    node: str | None = None,
-    selector: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """A small pod asking for ``gpus`` nvidia.com/gpu (as a limit, the usual way to ask)."""
-    container = {
-        "name": "cuda",
-        "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
-        "resources": {"limits": {GPU: str(gpus)}, "requests": {"cpu": "100m"}},
-    }
-    spec: dict[str, Any] = {"containers": [container]}
-    if node is not None:
-        spec["nodeName"] = node
-    if selector is not None:
-        spec["nodeSelector"] = selector
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
-
-
-async def create(sim: GpuClusterSimulator, namespace: str, body: dict[str, Any]) -> None:
-    await h.ok(sim.client, "POST", f"/api/v1/namespaces/{namespace}/pods", body)
-
-
-async def read(sim: GpuClusterSimulator, namespace: str, name: str) -> dict[str, Any]:
-    return dict(await h.ok(sim.client, "GET", f"/api/v1/namespaces/{namespace}/pods/{name}"))
 
 
 def phase(pod: dict[str, Any]) -> str:
@@ -84,7 +56,7 @@ async def test_the_scheduler_places_a_gpu_pod_where_there_are_gpus_and_it_runs(
     pool = h.unique("sched")
     [cpu_only] = await sim.create_gpu_nodes(pool=pool, count=1, prefix=f"{pool}-cpu", gpus=0)
     [gpu_node] = await sim.create_gpu_nodes(pool=pool, count=1, prefix=f"{pool}-gpu", gpus=2)
-    await create(sim, pods_ns, pod("trainer", gpus=1, selector={"pool": pool}))
+    await create(sim, pods_ns, small_pod("trainer", gpus=1, selector={"pool": pool}))
 
     running = await wait_phase(sim, pods_ns, "trainer", "Running")
     assert running["spec"]["nodeName"] == gpu_node != cpu_only
@@ -118,7 +90,7 @@ async def test_a_pod_asking_for_more_gpus_than_any_node_has_stays_pending(
 ) -> None:
     pool = h.unique("big")
     await sim.create_gpu_nodes(pool=pool, count=2, gpus=8)
-    await create(sim, pods_ns, pod("huge", gpus=9, selector={"pool": pool}))
+    await create(sim, pods_ns, small_pod("huge", gpus=9, selector={"pool": pool}))
 
     pending = await wait_unschedulable(sim, pods_ns, "huge")
     assert f"Insufficient {GPU}" in scheduled(pending)["message"]
@@ -133,7 +105,7 @@ async def test_a_no_schedule_taint_keeps_the_scheduler_off_until_it_goes(
     [node] = await sim.create_gpu_nodes(pool=pool, count=1, gpus=4)
     await h.ok(sim.client, "PATCH", f"/api/v1/nodes/{node}", {"spec": {"taints": [TAINT]}})
     selector = {"kubernetes.io/hostname": node}
-    await create(sim, pods_ns, pod("waits", gpus=1, selector=selector))
+    await create(sim, pods_ns, small_pod("waits", gpus=1, selector=selector))
 
     pending = await wait_unschedulable(sim, pods_ns, "waits")
     assert "untolerated taint" in scheduled(pending)["message"]
@@ -161,7 +133,7 @@ async def test_a_pod_bound_while_the_device_plugin_serves_nothing_is_rejected(
         until=lambda n: n["status"]["allocatable"][GPU] == "0" and bool(sim.plugin_failures),
         what=f"{node}'s plugin to crash-loop",
     )
-    await create(sim, pods_ns, pod("unlucky", gpus=1, node=node))
+    await create(sim, pods_ns, small_pod("unlucky", gpus=1, node=node))
 
     failed = await wait_phase(sim, pods_ns, "unlucky", "Failed")
     assert failed["status"]["reason"] == "UnexpectedAdmissionError"
@@ -175,9 +147,9 @@ async def test_a_bound_pod_that_does_not_fit_beside_the_running_ones_is_rejected
     sim: GpuClusterSimulator, pods_ns: str
 ) -> None:
     [node] = await sim.create_gpu_nodes(pool=h.unique("full"), count=1, gpus=2)
-    await create(sim, pods_ns, pod("first", gpus=2, node=node))
+    await create(sim, pods_ns, small_pod("first", gpus=2, node=node))
     await wait_phase(sim, pods_ns, "first", "Running")
-    await create(sim, pods_ns, pod("second", gpus=1, node=node))
+    await create(sim, pods_ns, small_pod("second", gpus=1, node=node))
 
     failed = await wait_phase(sim, pods_ns, "second", "Failed")
     assert failed["status"]["reason"] == "UnexpectedAdmissionError"
@@ -194,5 +166,5 @@ async def test_a_bound_pod_that_does_not_fit_beside_the_running_ones_is_rejected
         f"/api/v1/namespaces/{pods_ns}/pods/first/status",
         {"status": {"phase": "Succeeded"}},
     )
-    await create(sim, pods_ns, pod("third", gpus=2, node=node))
+    await create(sim, pods_ns, small_pod("third", gpus=2, node=node))
     await wait_phase(sim, pods_ns, "third", "Running")

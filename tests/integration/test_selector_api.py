@@ -28,7 +28,7 @@ from hypothesis import example, given, settings
 
 from gpushare_operator.core.selectors import compile_selector
 from gpushare_testing.controlplane import ControlPlane
-from tests.strategies import KEY_POOL, RARE_VALUES, VALUE_POOL, selectors
+from gpushare_testing.strategies import KEY_POOL, RARE_VALUES, VALUE_POOL, selectors
 
 FLEET_SIZE = 40
 FLEET_SEED = 20250303

@@ -21,7 +21,7 @@ import yaml
 from gpushare_testing import bodies
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.simulator import GpuClusterSimulator, RawClient, WatchLines
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
 CONFIG = "nvidia.com/device-plugin.config"
 PRODUCT = "nvidia.com/gpu.product"

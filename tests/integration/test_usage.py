@@ -16,12 +16,23 @@ from typing import Any
 
 import pytest
 
+from gpushare_testing import apiobjects as h
 from gpushare_testing import podbodies
 from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.gpupods import (
+    bind,
+    create_pod,
+    delete_pod,
+    node_state,
+    node_usage,
+    read_pod,
+    set_phase,
+    wait_node_usage,
+)
+from gpushare_testing.operators import OperatorFactory
+from gpushare_testing.quiet import quiet
 from gpushare_testing.simulator import GpuClusterSimulator
-from tests.integration import helpers as h
-from tests.integration.conftest import OperatorFactory
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
@@ -30,107 +41,9 @@ SHARED = "nvidia.com/gpu.shared"
 # Passes the CRD's resourceName rule and the device plugin's (nvidia.com/ + a DNS subdomain),
 # and no policy in the cluster advertises it until the test creates one.
 MIG = "nvidia.com/mig-1g.10gb"
-_PROBES = ("livenessProbe", "readinessProbe", "startupProbe", "lifecycle")
-
-
-# -- pods as the scheduler and kubelet would leave them --------------------------------------
-
-
-def pod_manifest(
-    name: str,
-    *,
-    namespace: str,
-    node: str | None,
-    resource: str = GPU,
-    count: int = 1,
-    init_count: int = 0,
-    sidecar_count: int = 0,
-) -> dict[str, Any]:
-    """A realistic inference pod (``podbodies.shared_gpu_pod``) as a user would submit it.
-
-    Server-set fields go (uid, timestamps, status, managedFields), and so does the owner
-    reference: its ReplicaSet does not exist and the garbage collector would delete the pod.
-    Regular init containers may not have probes; sidecars (restartable ones) may.
-    """
-    body = podbodies.shared_gpu_pod(
-        name=name,
-        node=node,
-        namespace=namespace,
-        resource=resource,
-        count=count,
-        init_count=init_count,
-        sidecar_count=sidecar_count,
-        managed_fields=False,
-    )
-    metadata = {k: body["metadata"][k] for k in ("name", "namespace", "labels", "annotations")}
-    spec = body["spec"]
-    for container in spec.get("initContainers") or ():
-        if container.get("restartPolicy") != "Always":
-            for field in _PROBES:
-                container.pop(field, None)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
-
-
-async def create_pod(
-    sim: GpuClusterSimulator, namespace: str, name: str, node: str | None, **options: Any
-) -> dict[str, Any]:
-    manifest = pod_manifest(name, namespace=namespace, node=node, **options)
-    created = dict(await h.ok(sim.client, "POST", f"/api/v1/namespaces/{namespace}/pods", manifest))
-    assert created["spec"].get("nodeName") == node
-    return created
-
-
-async def read_pod(sim: GpuClusterSimulator, namespace: str, name: str) -> dict[str, Any]:
-    return dict(await h.ok(sim.client, "GET", f"/api/v1/namespaces/{namespace}/pods/{name}"))
-
-
-async def set_phase(sim: GpuClusterSimulator, namespace: str, name: str, phase: str) -> None:
-    path = f"/api/v1/namespaces/{namespace}/pods/{name}/status"
-    await h.ok(sim.client, "PATCH", path, {"status": {"phase": phase}})
-
-
-async def bind(sim: GpuClusterSimulator, namespace: str, name: str, node: str) -> None:
-    """Bind a pending pod as the scheduler does: through the binding subresource."""
-    binding = {
-        "apiVersion": "v1",
-        "kind": "Binding",
-        "metadata": {"name": name, "namespace": namespace},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-    }
-    await h.ok(sim.client, "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", binding)
-
-
-async def delete_pod(sim: GpuClusterSimulator, namespace: str, name: str) -> None:
-    path = f"/api/v1/namespaces/{namespace}/pods/{name}"
-    status, body = await sim.client.delete(path, params={"gracePeriodSeconds": "0"})
-    assert status == 200, body
 
 
 # -- what the operator publishes -------------------------------------------------------------
-
-
-async def node_state(sim: GpuClusterSimulator, node: str) -> dict[str, Any]:
-    """The node's GPUNodeState, or {} while there is none."""
-    return await h.node_state(sim.client, node) or {}
-
-
-def node_usage(state: dict[str, Any]) -> tuple[int, int] | None:
-    status = state.get("status") or {}
-    if "slots" not in status:
-        return None
-    return int(status["slots"]["allocated"]), int(status["pods"])
-
-
-async def wait_node_usage(
-    sim: GpuClusterSimulator, node: str, allocated: int, pods: int, *, timeout: float = 30
-) -> dict[str, Any]:
-    """Wait until the GPUNodeState shows ``allocated`` slots held by ``pods`` pods."""
-    return await eventually(
-        lambda: node_state(sim, node),
-        until=lambda s: node_usage(s) == (allocated, pods),
-        timeout=timeout,
-        what=f"{node} to show {allocated} slots in {pods} pods",
-    )
 
 
 async def wait_verified(sim: GpuClusterSimulator, *nodes: str) -> None:
@@ -426,9 +339,14 @@ async def test_a_new_resource_name_counts_pods_that_already_exist(
     await create_pod(sim, pods_ns, "early", node, resource=MIG, count=2)
     running = await start_operator("--device-plugin-namespace", namespace)
     # Seen through the watch, still skipped.
+    seen = await running.events_ingested("Pod")
     await create_pod(sim, pods_ns, "later", node, resource=MIG, count=1)
     await create_pod(sim, pods_ns, "shared", node, resource=SHARED, count=1)
-    await asyncio.sleep(1)
+    await eventually(
+        lambda: running.events_ingested("Pod"),
+        until=lambda count: count >= seen + 2,
+        what="the operator to see both pods through its watch",
+    )
 
     policy = h.unique("mig")
     await h.add_policy(sim, policies, h.policy(policy, pool=pool, replicas=4, resourceName=MIG))
@@ -463,7 +381,7 @@ async def test_a_burst_of_pod_events_is_few_status_writes(
     await h.add_policy(sim, policies, h.policy(policy, pool=pool, replicas=4))
     names = [f"burst-{index:02d}" for index in range(20)]
     await asyncio.gather(*(create_pod(sim, pods_ns, name, node) for name in names))
-    await start_operator("--device-plugin-namespace", namespace)  # default write rate
+    operator = await start_operator("--device-plugin-namespace", namespace)  # default write rate
     await expect(sim, nodes={node: (20, 20)}, policies={policy: 20})
     await eventually(
         lambda: node_state(sim, node),
@@ -475,20 +393,27 @@ async def test_a_burst_of_pod_events_is_few_status_writes(
         until=lambda b: (b.get("status") or {}).get("verifiedNodes") == 1,
         what=f"{policy} to count the node verified",
     )
-    await asyncio.sleep(1.5)  # nothing is left to write; any write now would be a stray one
+    # Nothing is left to write once it is quiet; any write after that would be a stray one.
+    await quiet(control_plane, [operator], namespace=namespace)
 
     # Pending -> Running changes no published number: no write at all.
     before = status_writes(control_plane, node)
     policy_before = status_writes(control_plane, policy, resource="gpusharingpolicies")
+    seen = await operator.events_ingested("Pod")
     await asyncio.gather(*(set_phase(sim, pods_ns, name, "Running") for name in names))
-    await asyncio.sleep(2)
+    await eventually(
+        lambda: operator.events_ingested("Pod"),
+        until=lambda count: count >= seen + len(names),
+        what="the operator to see every pod Running",
+    )
+    await quiet(control_plane, [operator], namespace=namespace)
     assert status_writes(control_plane, node) == before
     assert status_writes(control_plane, policy, resource="gpusharingpolicies") == policy_before
 
     # Running -> Succeeded for all 20 at once: 20 pod events, each changing the allocation.
     await asyncio.gather(*(set_phase(sim, pods_ns, name, "Succeeded") for name in names))
     await expect(sim, nodes={node: (0, 0)}, policies={policy: 0})
-    await asyncio.sleep(2)
+    await quiet(control_plane, [operator], namespace=namespace)
     writes = status_writes(control_plane, node) - before
     # Why so few: a pod event only marks the node dirty. The writer lets a burst settle for
     # 0.2 s after waking, renders the node from the ledger, and renders it again once it holds

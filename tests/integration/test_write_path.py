@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
+from gpushare_testing import apiobjects as h
 from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.operators import OperatorFactory
+from gpushare_testing.paths import CRDS
+from gpushare_testing.quiet import quiet
 from gpushare_testing.simulator import GpuClusterSimulator
-from tests.integration import helpers as h
-from tests.integration.conftest import ROOT, OperatorFactory
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
@@ -107,9 +109,7 @@ def previous_crds(control_plane: ControlPlane) -> Any:
     try:
         yield
     finally:
-        subprocess.run(
-            [*kubectl, "apply", "-f", str(ROOT / "crds")], check=True, capture_output=True
-        )
+        subprocess.run([*kubectl, "apply", "-f", str(CRDS)], check=True, capture_output=True)
 
 
 async def test_previous_crds_are_reported_not_fought(
@@ -124,7 +124,9 @@ async def test_previous_crds_are_reported_not_fought(
     nodes = await sim.create_gpu_nodes(pool=pool, count=2)
     name = h.unique("old")
     await h.add_policy(sim, policies, h.policy(name, pool=pool))
-    await start_operator("--device-plugin-namespace", namespace, "--config-propagation-delay", "5")
+    operator = await start_operator(
+        "--device-plugin-namespace", namespace, "--config-propagation-delay", "5"
+    )
     body = await eventually(
         lambda: h.get_policy(sim.client, name),
         until=lambda b: h.condition(b.get("status"), "SchemaOutdated").get("status") == "True",
@@ -150,7 +152,8 @@ async def test_previous_crds_are_reported_not_fought(
     policy_before = len(
         h.writes_to(h.operator_writes(control_plane), resource="gpusharingpolicies", name=name)
     )
-    await asyncio.sleep(10)  # a rewrite loop would show here: each echo looks like drift
+    # A rewrite loop (each echo looking like drift) would never let the operator fall quiet.
+    await quiet(control_plane, [operator], namespace=namespace)
     assert {node: len(_status_writes(control_plane, node)) for node in nodes} == before
     # ConfigNotWritten, WaitingForConfigPropagation, once more before the drop was sure,
     # Applied, Verified: then nothing.
@@ -200,7 +203,7 @@ async def test_a_foreign_key_is_never_fought_over(
     for round_ in range(25):
         target = pool_b if round_ % 2 == 0 else pool_a
         await asyncio.gather(*(sim.relabel(node, {"pool": target}) for node in nodes))
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # paces the swaps: the operator sees each, not only the last
     for node in nodes:
         await _verified(sim, node)
     data = await h.config_data(sim.client, namespace)

@@ -7,18 +7,11 @@ import itertools
 import pytest
 
 from gpushare_operator.kube.backoff import Backoff, retry_after_seconds
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from gpushare_testing.builders import Clock
 
 
 def test_delays_double_up_to_the_cap_and_are_stretched_by_the_jitter() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     backoff = Backoff(initial=0.2, cap=3.0, jitter=0.5, clock=clock, rng=lambda: 1.0)
     delays = []
     for _ in range(7):
@@ -34,7 +27,7 @@ def test_jitter_spreads_delays_between_base_and_base_plus_jitter() -> None:
 
 
 def test_the_sequence_starts_over_only_after_a_quiet_spell() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     backoff = Backoff(initial=0.2, cap=30.0, jitter=0.0, reset_after=60.0, clock=clock)
     assert [backoff.next() for _ in range(3)] == pytest.approx([0.2, 0.4, 0.8])
     clock.now += 59.0  # failing again within the spell: keeps growing

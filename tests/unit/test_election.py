@@ -13,18 +13,11 @@ from kubernetes_asyncio import client
 
 from gpushare_operator.kube import election, http
 from gpushare_operator.kube.election import LeaseElector, LeaseTimings
-from tests.unit.fakeapi import FakeApi
-from tests.waiting import eventually
+from gpushare_testing.builders import Clock
+from gpushare_testing.fakeapi import FakeApi
+from gpushare_testing.waiting import eventually
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/gpushare-operator"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -66,7 +59,7 @@ def test_timings_must_nest() -> None:
 
 
 async def test_first_comer_creates_and_leads(api: FakeApi) -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     a, b = elector("a", clock), elector("b", clock)
     await a._try_acquire_or_renew(clock())
     await b._try_acquire_or_renew(clock())
@@ -76,7 +69,7 @@ async def test_first_comer_creates_and_leads(api: FakeApi) -> None:
 
 
 async def test_gate_closes_at_the_renew_deadline_before_the_lease_expires(api: FakeApi) -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     a, b = elector("a", clock), elector("b", clock)
     await a._try_acquire_or_renew(clock())
     await b._try_acquire_or_renew(clock())  # b first sees a's record now
@@ -93,7 +86,7 @@ async def test_gate_closes_at_the_renew_deadline_before_the_lease_expires(api: F
 
 
 async def test_expiry_is_judged_on_our_clock_from_the_last_change_we_saw(api: FakeApi) -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     a, b = elector("a", clock), elector("b", clock)
     await a._try_acquire_or_renew(clock())
     for _ in range(10):  # a renews every 2 s for 20 s; b never sees the lease go stale
@@ -105,7 +98,7 @@ async def test_expiry_is_judged_on_our_clock_from_the_last_change_we_saw(api: Fa
 
 
 async def test_concurrent_takeover_has_one_winner(api: FakeApi) -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     a = elector("a", clock)
     await a._try_acquire_or_renew(clock())
     b, c = elector("b", clock), elector("c", clock)
@@ -127,7 +120,7 @@ async def test_concurrent_takeover_has_one_winner(api: FakeApi) -> None:
 
 
 async def test_release_hands_the_lease_over_at_once(api: FakeApi) -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     a, b = elector("a", clock), elector("b", clock)
     await a._try_acquire_or_renew(clock())
     await b._try_acquire_or_renew(clock())
@@ -140,7 +133,7 @@ async def test_release_hands_the_lease_over_at_once(api: FakeApi) -> None:
 
 
 async def test_api_errors_do_not_make_a_leader(api: FakeApi) -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     a = elector("a", clock)
     api.fail_with = 500
     with pytest.raises(http.ApiError):
@@ -150,7 +143,7 @@ async def test_api_errors_do_not_make_a_leader(api: FakeApi) -> None:
 
 
 async def test_a_leader_renews_with_one_request(api: FakeApi) -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     a = elector("a", clock)
     await a._try_acquire_or_renew(clock())
     api.calls.clear()
@@ -161,7 +154,7 @@ async def test_a_leader_renews_with_one_request(api: FakeApi) -> None:
 
 
 async def test_a_lost_race_on_the_fast_path_falls_back_to_reading(api: FakeApi) -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     a = elector("a", clock)
     await a._try_acquire_or_renew(clock())
     api.objects[LEASE]["metadata"]["resourceVersion"] = "changed"  # someone wrote meanwhile

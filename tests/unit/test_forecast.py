@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import nodestates, rollouts
 from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_operator.kubectl.standings import (
     GOVERNED,
@@ -23,37 +22,9 @@ from gpushare_operator.kubectl.standings import (
 )
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
-from tests.unit.test_planner import node, policy
+from gpushare_testing.builders import converged, node, on, pod, policy
 
 PACE = RolloutPace(propagation_delay=75, write_qps=100, verify_seconds=60)
-TS = {"nvidia.com/gpu.sharing-strategy": "time-slicing"}
-
-
-def on(key: str, name: str, replicas: int) -> dict[str, str]:
-    """Labels of a node Verified on ``name``'s config ``key``."""
-    return {CONFIG_LABEL: key, POLICY_LABEL: name, "nvidia.com/gpu.replicas": str(replicas), **TS}
-
-
-def pod(uid: str, node_name: str, slots: int, resource: str = "nvidia.com/gpu") -> dict[str, Any]:
-    return {
-        "metadata": {"uid": uid, "namespace": "ns", "name": uid},
-        "spec": {
-            "nodeName": node_name,
-            "containers": [{"resources": {"requests": {resource: str(slots)}}}],
-        },
-        "status": {"phase": "Running"},
-    }
-
-
-def converged(forecaster: Forecaster, nodes: int, **spec: Any) -> str:
-    """``nodes`` nodes in pool a, Verified on policy p (replicas 2); returns p's key."""
-    state = forecaster.state
-    state.upsert_policy(policy("p", replicas=2, **spec))
-    key = str(state.policies["p"].config_key)
-    state.set_config_data({key: "x", "default": "d"}, initial=True)
-    for i in range(nodes):
-        state.upsert_node(node(f"n{i}", **on(key, "p", 2)))
-    return key
 
 
 # -- the pure pieces -----------------------------------------------------------------------------

@@ -16,8 +16,8 @@ from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.core.policies import compile_policy
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
+from gpushare_testing.builders import Clock, node, policy, sync_config
 from gpushare_testing.writepath import PlanningLoop
-from tests.unit.test_planner import Clock, node, policy, sync_config
 
 PRODUCT = "nvidia.com/gpu.product"
 

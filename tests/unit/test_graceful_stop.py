@@ -19,9 +19,9 @@ from gpushare_operator.app.assembly import STOP_MARGIN, Assembly
 from gpushare_operator.app.settings import parse_settings
 from gpushare_operator.kube import http
 from gpushare_operator.kube.connection import ApiHandle
-from tests.unit.fakeapi import FakeApi
-from tests.unit.test_planner import node, policy
-from tests.waiting import eventually
+from gpushare_testing.builders import node, policy
+from gpushare_testing.fakeapi import FakeApi
+from gpushare_testing.waiting import eventually
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/gpushare-operator"
 NODES = 24
@@ -160,7 +160,12 @@ async def test_a_follower_stops_at_once_and_writes_nothing(
     }
     op._spawn("elector", op.gate.run())
     op._spawn("bootstrap", op.writer.run())
-    await asyncio.sleep(0.5)  # a few election rounds: b holds it
+
+    async def election_rounds() -> int:
+        return sum(1 for method, path in api.calls if method == "GET" and path == LEASE)
+
+    # A few election rounds, each finding that b holds it: the writer had its chances to write.
+    await eventually(election_rounds, until=lambda rounds: rounds >= 3, what="election rounds")
     started = time.monotonic()
     await op.stop()
     assert time.monotonic() - started < 1.0

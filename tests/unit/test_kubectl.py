@@ -15,8 +15,7 @@ from gpushare_operator.kubectl import cli, explain, manifests, output, planview
 from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_operator.kubectl.plan import PlanOptions, report
 from gpushare_operator.kubectl.standings import RolloutPace
-from tests.unit.test_forecast import converged, pod
-from tests.unit.test_planner import node, policy
+from gpushare_testing.builders import converged, node, pod, policy
 
 # -- manifests -------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gpushare_operator.core import labelsets
 from gpushare_operator.core.labelsets import LabelSet
-from tests.strategies import label_sets
+from gpushare_testing.strategies import label_sets
 
 
 @given(label_sets())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import operator
 import subprocess
 import sys
@@ -64,3 +65,58 @@ def test_the_image_is_built_from_the_operator_alone() -> None:
         line for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("COPY ")
     ]
     assert not any("testing" in line for line in copies), copies
+
+
+def _imported_modules(tree: ast.Module) -> list[str]:
+    """Every module an ``import`` or ``from ... import`` names, relative ones as ``.name``."""
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found.append("." * node.level + (node.module or ""))
+    return found
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share is in the test support (``gpushare_testing``) or is a fixture, which
+    pytest injects; a test module that imports another runs that one's tests' set-up code and
+    breaks when it is renamed."""
+    tests = ROOT / "tests"
+    offenders = []
+    for path in sorted(tests.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for module in _imported_modules(tree):
+            if module == "tests" or module.startswith(("tests.", ".")) or "conftest" in module:
+                offenders.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert offenders == []
+
+
+def test_the_import_guard_sees_test_imports() -> None:
+    tests = "tests"  # spelled apart, so that a grep for such imports finds none here either
+    tree = ast.parse(
+        f"import {tests}.unit.test_planner\n"
+        f"from {tests}.integration import helpers as h\n"
+        "from .conftest import ROOT\n"
+        f"def f():\n    from {tests}.waiting import eventually\n"
+        "from gpushare_testing.waiting import eventually\n"
+    )
+    assert sorted(_imported_modules(tree)) == [
+        ".conftest",
+        "gpushare_testing.waiting",
+        "tests.integration",
+        "tests.unit.test_planner",
+        "tests.waiting",
+    ]
+
+
+def test_tests_hold_only_tests_and_fixtures() -> None:
+    """Shared helpers belong in ``gpushare_testing``: a helper module among the tests would be
+    imported by them."""
+    extra = {
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "tests").rglob("*.py")
+        if not path.name.startswith("test_") and path.name not in ("conftest.py", "__init__.py")
+    }
+    # Run by `make image-test` only: a test module, named so that `make test` does not collect it.
+    assert extra == {"tests/integration/image_smoke.py"}

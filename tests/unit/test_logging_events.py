@@ -12,17 +12,10 @@ from structlog.testing import capture_logs
 from gpushare_operator.app import logs
 from gpushare_operator.kube import http
 from gpushare_operator.kube.events import EventRecorder, ObjectRef
-from tests.unit.fakeapi import FakeApi
+from gpushare_testing.builders import Clock
+from gpushare_testing.fakeapi import FakeApi
 
 POLICY = ObjectRef("gpushare.dev/v1alpha1", "GPUSharingPolicy", "inference", "uid-1")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -37,7 +30,7 @@ def recorder(clock: Clock, **kwargs: float) -> EventRecorder:
 
 
 async def test_same_event_is_posted_once_per_window(api: FakeApi) -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     events = recorder(clock, dedupe_window=600)
     for _ in range(5):
         await events.post(ref=POLICY, type_="Warning", reason="Conflict", message="n1 won by a")
@@ -49,7 +42,7 @@ async def test_same_event_is_posted_once_per_window(api: FakeApi) -> None:
 
 
 async def test_the_dedupe_memory_forgets_what_is_past_its_window(api: FakeApi) -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     events = recorder(clock, dedupe_window=600, per_second=100, burst=100)
     for round_ in range(5):  # nodes come and go: each round's events are about new objects
         for i in range(50):
@@ -61,7 +54,7 @@ async def test_the_dedupe_memory_forgets_what_is_past_its_window(api: FakeApi) -
 
 
 async def test_a_flapping_condition_cannot_flood(api: FakeApi) -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     events = recorder(clock, per_second=1, burst=5)
     for i in range(100):  # 100 distinct messages in one instant
         await events.post(ref=POLICY, type_="Warning", reason="Conflict", message=f"flap {i}")
@@ -74,7 +67,7 @@ async def test_a_flapping_condition_cannot_flood(api: FakeApi) -> None:
 
 async def test_namespaced_objects_get_events_in_their_namespace(api: FakeApi) -> None:
     lease = ObjectRef("coordination.k8s.io/v1", "Lease", "gpushare-operator", "", "ops")
-    await recorder(Clock()).post(ref=lease, type_="Normal", reason="LeaderElected", message="a")
+    await recorder(Clock(0.0)).post(ref=lease, type_="Normal", reason="LeaderElected", message="a")
     [(_, path)] = api.calls
     assert path == "/api/v1/namespaces/ops/events"
     [event] = api.objects.values()
@@ -84,7 +77,7 @@ async def test_namespaced_objects_get_events_in_their_namespace(api: FakeApi) ->
 async def test_a_failed_event_is_logged_with_kind_and_name(api: FakeApi) -> None:
     api.fail_with = 403
     with capture_logs() as captured:
-        await recorder(Clock()).post(ref=POLICY, type_="Warning", reason="Conflict", message="x")
+        await recorder(Clock(0.0)).post(ref=POLICY, type_="Warning", reason="Conflict", message="x")
     [line] = captured
     assert line["kind"] == "GPUSharingPolicy"
     assert line["name"] == "inference"

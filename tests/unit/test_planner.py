@@ -7,69 +7,14 @@ from typing import Any
 
 import pytest
 
-from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink
+from gpushare_operator.cache.sinks import NodeSink
 from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
-from gpushare_testing import writepath
+from gpushare_testing.builders import Clock, drain, node, policy, sync_config
 from gpushare_testing.writepath import PlanningLoop
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def node(
-    name: str,
-    *,
-    pool: str = "a",
-    count: str = "4",
-    allocatable: str | None = None,
-    **extra: str,
-) -> dict[str, Any]:
-    """A GPU node; by default kubelet advertises what its GFD replicas label says, as the
-    device plugin would after a restart with that config."""
-    labels = {"pool": pool, "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": count}
-    labels.update(extra)
-    if allocatable is None:
-        replicas = extra.get("nvidia.com/gpu.replicas", "1")
-        allocatable = str(int(count) * int(replicas)) if count.isdigit() else "0"
-    return {
-        "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1", "labels": labels},
-        "status": {
-            "capacity": {"nvidia.com/gpu": allocatable},
-            "allocatable": {"cpu": "8", "nvidia.com/gpu": allocatable},
-            "conditions": [{"type": "Ready"}],
-        },
-    }
-
-
-def policy(
-    name: str,
-    *,
-    pool: str = "a",
-    priority: int = 0,
-    replicas: int = 4,
-    generation: int = 1,
-    **spec: Any,
-) -> dict[str, Any]:
-    body_spec = {
-        "nodeSelector": {"matchLabels": {"pool": pool}},
-        "priority": priority,
-        "strategy": "TimeSlicing",
-        "replicas": replicas,
-    }
-    body_spec.update(spec)
-    return {
-        "metadata": {"name": name, "uid": f"uid-{name}", "generation": generation},
-        "spec": body_spec,
-    }
 
 
 @pytest.fixture
@@ -92,21 +37,6 @@ def planning(state: ClusterState, timings: Timings, **clocks: Any) -> PlanningLo
 def planner(state: ClusterState) -> PlanningLoop:
     timings = Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60)
     return planning(state, timings, wallclock=lambda: "2026-11-29T00:00:00Z")
-
-
-def drain(state: ClusterState) -> None:
-    writepath.drain(state.dirty)
-
-
-def sync_config(state: ClusterState, data: dict[str, str] | None, *, initial: bool) -> None:
-    sink = ConfigMapSink(state)
-    if initial:
-        sink.begin_relist()
-        if data is not None:
-            sink.relist_item({"data": data})
-        sink.end_relist()
-    else:
-        sink.apply("MODIFIED", {"data": data})
 
 
 def test_new_key_waits_for_propagation_then_labels(

@@ -37,7 +37,8 @@ from gpushare_operator.core.pods import (
     project_pod,
     total,
 )
-from gpushare_testing import podbodies, writepath
+from gpushare_testing import podbodies
+from gpushare_testing.builders import drain
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
@@ -461,10 +462,6 @@ def test_pod_events_mark_their_node_and_policy_dirty() -> None:
     state.upsert_pod(pod_body("v", node=None))  # unbound and new: no counter moved
     state.upsert_pod(podbodies.plain_pod(name="web", node="n1"))
     assert not state.dirty.nodes and not state.dirty.policies
-
-
-def drain(state: ClusterState) -> None:
-    writepath.drain(state.dirty)
 
 
 def test_new_resource_asks_for_a_relist_once_and_the_relist_recovers_its_pods() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpushare_operator.cache.state import TOMBSTONE_SECONDS, ClusterState
-from tests.unit.test_planner import Clock, policy
+from gpushare_testing.builders import Clock, policy
 
 
 def versioned(body: dict[str, Any], *, version: int, generation: int = 1) -> dict[str, Any]:

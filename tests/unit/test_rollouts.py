@@ -14,8 +14,8 @@ from gpushare_operator.core.models import GPUSharingPolicySpec, RolloutSpec, Rol
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.reconcile.planner import FINALIZER, Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
+from gpushare_testing.builders import Clock, node, policy
 from gpushare_testing.writepath import PlanningLoop
-from tests.unit.test_planner import Clock, node, policy
 
 # -- arithmetic ------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from gpushare_operator.core.selectors import (
     SelectorError,
     compile_selector,
 )
-from tests.strategies import label_sets, selectors
+from gpushare_testing.strategies import label_sets, selectors
 
 PREFIX_253 = ".".join(["a" * 63] * 3) + "." + "b" * 61
 

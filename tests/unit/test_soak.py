@@ -21,8 +21,8 @@ from gpushare_operator.core.devconfigs import render_default_text
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing import podbodies, writepath
+from gpushare_testing.builders import Clock, node, policy, sync_config
 from gpushare_testing.writepath import PlanningLoop
-from tests.unit.test_planner import Clock, node, policy, sync_config
 
 # `make test` runs a tenth of the size; `make soak` (GPUSHARE_SOAK=1) the whole of it.
 FULL = os.environ.get("GPUSHARE_SOAK") == "1"

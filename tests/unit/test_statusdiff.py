@@ -7,8 +7,8 @@ from gpushare_operator.core import statusdiff
 from gpushare_operator.reconcile.outcomes import Done, NodeWritten
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
+from gpushare_testing.builders import Clock, node, policy, sync_config
 from gpushare_testing.writepath import PlanningLoop
-from tests.unit.test_planner import Clock, node, policy, sync_config
 
 WRITTEN = {
     "phase": "Pending",

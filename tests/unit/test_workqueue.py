@@ -10,19 +10,12 @@ from hypothesis import strategies as st
 
 from gpushare_operator.core.workqueue import CONFIG_KEY, NODE, POLICY, WorkQueue
 from gpushare_testing import writepath
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from gpushare_testing.builders import Clock
 
 
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(100.0)
 
 
 @pytest.fixture

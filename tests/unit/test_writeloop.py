@@ -25,9 +25,9 @@ from gpushare_operator.kube.writeloop import ConfigMapRef, WriteLoop
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing import writepath
+from gpushare_testing.builders import node, policy
 from gpushare_testing.gates import AlwaysLeader, ManualGate
-from tests.unit.test_planner import node, policy
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
 NODES = 24
 

@@ -1,6 +1,6 @@
 """Reading a running operator's /metrics as Prometheus does: HTTPS with a ServiceAccount token.
 
-``metrics_reader`` is a ServiceAccount bound to the chart's own ``metrics-reader``
+The ``metrics_reader`` fixture is a ServiceAccount bound to the chart's own ``metrics-reader``
 ClusterRole (rendered by the real ``helm``), so the tests prove the role the chart ships is
 the one that grants access.
 """
@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import ssl
 import subprocess
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import pytest
 import yaml
 
 from gpushare_testing.controlplane import ControlPlane
-from tests.integration.conftest import ROOT
+from gpushare_testing.paths import CHART
 
-CHART = ROOT / "charts" / "gpushare-operator"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 
 
@@ -48,7 +44,7 @@ async def fetch(
     timeout = aiohttp.ClientTimeout(total=15)
     async with (
         aiohttp.ClientSession(timeout=timeout) as session,
-        session.get(url, headers=headers, ssl=tls if scheme == "https" else None) as response,
+        session.get(url, headers=headers, ssl=tls if scheme == "https" else True) as response,
     ):
         return response.status, await response.text()
 
@@ -79,13 +75,13 @@ def make_service_account(plane: ControlPlane, namespace: str, name: str) -> Scra
     return Scraper(namespace, name, plane.service_account_token(namespace=namespace, name=name))
 
 
-@pytest.fixture
-def metrics_reader(control_plane: ControlPlane, namespace: str) -> Iterator[Scraper]:
-    """A ServiceAccount bound to the chart's metrics-reader ClusterRole."""
-    release = f"mr-{uuid.uuid4().hex[:6]}"
-    role = chart_metrics_reader_role(control_plane, release)
+def bind_metrics_reader(plane: ControlPlane, namespace: str, release: str) -> tuple[Scraper, str]:
+    """A ServiceAccount ``prometheus`` in ``namespace``, bound to the chart's metrics-reader
+    ClusterRole as rendered for ``release``; and that role's name, for
+    ``unbind_metrics_reader`` to take both away."""
+    role = chart_metrics_reader_role(plane, release)
     role_name = str(role["metadata"]["name"])  # type: ignore[index]
-    scraper = make_service_account(control_plane, namespace, "prometheus")
+    scraper = make_service_account(plane, namespace, "prometheus")
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRoleBinding",
@@ -98,13 +94,14 @@ def metrics_reader(control_plane: ControlPlane, namespace: str) -> Iterator[Scra
         "subjects": [{"kind": "ServiceAccount", "name": scraper.name, "namespace": namespace}],
     }
     for kind, body in (("clusterroles", role), ("clusterrolebindings", binding)):
-        status, raw = control_plane.request("POST", f"{RBAC}/{kind}", body=body)
+        status, raw = plane.request("POST", f"{RBAC}/{kind}", body=body)
         assert status == 201, raw
-    try:
-        yield scraper
-    finally:
-        for kind in ("clusterrolebindings", "clusterroles"):
-            control_plane.request("DELETE", f"{RBAC}/{kind}/{role_name}")
+    return scraper, role_name
+
+
+def unbind_metrics_reader(plane: ControlPlane, role_name: str) -> None:
+    for kind in ("clusterrolebindings", "clusterroles"):
+        plane.request("DELETE", f"{RBAC}/{kind}/{role_name}")
 
 
 def ca_context(ca_pem: bytes, directory: Path) -> ssl.SSLContext:

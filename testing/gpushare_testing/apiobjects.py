@@ -1,4 +1,5 @@
-"""Small API helpers for the end-to-end tests (raw JSON through the simulator's client)."""
+"""The cluster's objects as the integration tests read and write them: raw JSON through the
+simulator's client, policy bodies, conditions, and the operator's writes in the audit log."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.simulator import GpuClusterSimulator, RawClient
-from tests.waiting import eventually
+from gpushare_testing.waiting import eventually
 
 API = "/apis/gpushare.dev/v1alpha1"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
@@ -123,14 +124,40 @@ async def add_policy(sim: GpuClusterSimulator, created: list[str], body: dict[st
 
 
 def phase_of(state: Mapping[str, Any] | None) -> str | None:
-    return (state or {}).get("status", {}).get("phase")
+    phase = (state or {}).get("status", {}).get("phase")
+    return None if phase is None else str(phase)
 
 
-async def wait_phase(sim: GpuClusterSimulator, node: str, phase: str, timeout: float = 30) -> Any:
-    """Until the node's GPUNodeState shows ``phase``; returns that GPUNodeState."""
+async def wait_phase(
+    sim: GpuClusterSimulator,
+    node: str,
+    phase: str,
+    timeout: float = 30,
+    *,
+    replicas: int | None = None,
+) -> Any:
+    """Until the node's GPUNodeState shows ``phase`` (and ``replicas``, if given); returns that
+    GPUNodeState."""
+
+    def reached(state: Mapping[str, Any] | None) -> bool:
+        if phase_of(state) != phase:
+            return False
+        return replicas is None or (state or {})["status"].get("replicas") == replicas
+
     return await eventually(
         lambda: node_state(sim.client, node),
-        until=lambda s: phase_of(s) == phase,
+        until=reached,
         timeout=timeout,
-        what=f"{node} to be {phase}",
+        what=f"{node} to be {phase}" + ("" if replicas is None else f" with {replicas} replicas"),
     )
+
+
+def create_namespace(plane: ControlPlane, created: list[str], prefix: str) -> str:
+    """A new namespace ``<prefix>-<random>``, remembered in ``created`` (the ``namespaces``
+    fixture deletes them)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    status, raw = plane.request("POST", "/api/v1/namespaces", body=body)
+    assert status == 201, raw
+    created.append(name)
+    return name

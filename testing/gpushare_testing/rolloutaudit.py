@@ -4,7 +4,7 @@ A node is unavailable from the operator's label write that changes its config un
 itself shows the config took: GPU Feature Discovery's label write with the new replicas (the
 simulated device plugin writes the matching capacity just before).  That is the earliest moment
 the operator could call it Verified, so the windows are never longer than the operator's own.
-Writes are in the audit log with their bodies (see the audit policy in ``testing.controlplane``).
+Writes are in the audit log with their bodies (see ``components.AUDIT_POLICY``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpushare_testing import apiobjects as h
 from gpushare_testing.controlplane import ADMIN_USER, ControlPlane
-from tests.integration import helpers as h
 
 
 def moment(event: Mapping[str, Any]) -> float:

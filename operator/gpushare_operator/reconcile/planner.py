@@ -109,8 +109,8 @@ class Planner:
 
     def plan_node(self, name: str, *, stage: Stage = Stage.FIRST) -> NodePlan:
         """The node's writes, in order: our taint, then its labels; its status only when the
-        labels need no change (after a label write, the STATUS stage plans it from the Node
-        the API server returned)."""
+        labels need no change (after a label write, the LABELLED stage plans it from the Node
+        the API server returned; after a refusal, the STATUS stage says why)."""
         state = self.state
         record = state.nodes.get(name)
         if record is None:  # gone: its GPUNodeState follows through the ownerReference
@@ -126,9 +126,9 @@ class Planner:
         if labels is not None and state.in_flight.get(("node", name)) == labels:
             labels = None
         create = name not in state.node_states
-        if stage is Stage.STATUS:
-            if labels is not None:  # not what the label write returned: its watch event re-plans
-                return NodePlan(name, record.uid, facts, stage)
+        if stage is not Stage.FIRST:
+            if labels is not None and stage is Stage.LABELLED:
+                return NodePlan(name, record.uid, facts, stage)  # its watch event re-plans
             status = self._node_status(record, decision) if held_until is None else None
             return NodePlan(name, record.uid, facts, stage, status=status, create_state=create)
         taint = self._taint(record, judged.placement)

@@ -6,7 +6,8 @@ loop sends its writes (``kube.patching``) and hands the plan and the answer to
 take in what the plan saw (its *facts*) and what the write achieved.
 
 A job may take two *stages*: a node's label change is written first and its status planned
-again from the Node the API server returned; a policy's finalizer goes before its status.
+again from the Node the API server returned (or, if the write was refused, saying why); a
+policy's finalizer goes before its status.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from gpushare_operator.reconcile.rollouts import Placement
 
 class Stage(enum.Enum):
     FIRST = "first"  # whatever the object needs first (a node's labels, a policy's finalizer)
-    STATUS = "status"  # only the status, planned again after the first stage's write
+    STATUS = "status"  # only the status, after the first stage's write (or its refusal)
+    # Only a node's status, once the Node its label write returned shows the labels; if it
+    # does not, nothing (the Node's watch event plans it again).
+    LABELLED = "labelled"
 
 
 @dataclass(frozen=True, slots=True)

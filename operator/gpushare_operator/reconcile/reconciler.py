@@ -136,7 +136,7 @@ class Reconciler:
             elif written.labels is not None:
                 if memory.node_problems.pop(name, None) is not None:
                     mark.add(plan.key)  # its status drops the condition
-                again = Stage.STATUS
+                again = Stage.LABELLED
         return Orders(written.outcome, frozenset(mark), at=at, again=again)
 
     def _learn_policy(self, plan: PolicyPlan, written: PolicyWritten | None) -> Orders:

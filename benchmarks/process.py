@@ -267,6 +267,8 @@ def sidecar(line_path: Path) -> None:
     passes: list[float] = []
     while not stopped:
         passes.append(loads_ns(line, json.loads, repeat=1, number=50))
+        if len(passes) == 1:
+            print("ready", file=sys.stderr, flush=True)  # loads_beside waits for this line
         time.sleep(passes[-1] * 50 * 2 / 1e9)
     print(json.dumps(passes))
 
@@ -278,8 +280,14 @@ def loads_beside(line: bytes, into: list[float]) -> Iterator[None]:
         held.write(line)
         held.flush()
         command = [sys.executable, "-m", "benchmarks.process", "--sidecar", held.name]
-        child = subprocess.Popen(command, stdout=subprocess.PIPE, cwd=cluster.REPO)
+        child = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cluster.REPO
+        )
         try:
+            # Its first pass is done and its SIGTERM handler in place (on a loaded machine the
+            # start alone can outlast a short block); EOF, if it died, ends the wait too.
+            assert child.stderr is not None
+            child.stderr.readline()
             yield
         finally:
             child.terminate()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import orjson
@@ -53,7 +52,7 @@ def test_the_sidecar_times_json_loads_until_terminated(tmp_path: Path) -> None:
     line.write_bytes(orjson.dumps({"a": list(range(500))}))
     into: list[float] = []
     with process.loads_beside(line.read_bytes(), into):
-        time.sleep(1.0)
+        pass  # the sidecar has made its first pass before the block runs
     assert into and all(ns > 0 for ns in into)
 
 

@@ -5,7 +5,7 @@ touches no index and schedules no write, that a cached node is a 1-2 KiB record,
 selector change re-matches thousands of nodes in milliseconds.  This benchmark holds the code to
 those promises on realistic bodies (``testing.bodies``: ~16 KB of JSON per GPU node) by feeding
 pre-encoded watch-event lines through the read path's real ``_handle_line`` into the real
-``ClusterState``, and the same lines through :mod:`benchmarks.naive`, the pattern the design's
+``ClusterCache``, and the same lines through :mod:`benchmarks.naive`, the pattern the design's
 anchors fixed.  Both must end with the same node → policies mapping, or the run fails.
 
 Costs are reported as ratios to ``json.loads`` of the same bytes, measured in the same round:
@@ -39,8 +39,8 @@ from typing import Any, TypeVar, cast
 import orjson
 
 from benchmarks.naive import NaiveController
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import NodeSink
-from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core.nodes import GPU_COUNT, GPU_PRODUCT, MIG_STRATEGY
 from gpushare_operator.core.policies import compile_policy
 from gpushare_operator.kube.reading import Collection, Reader
@@ -210,21 +210,21 @@ def build_workload(nodes: int, policies: int) -> Workload:
 # -- the two implementations --------------------------------------------------------------------
 
 
-def ours(policies: Sequence[Body]) -> tuple[ClusterState, Handler]:
-    """A fresh ClusterState holding the policies, and the informers' real line handler into it."""
-    state = ClusterState()
+def ours(policies: Sequence[Body]) -> tuple[ClusterCache, Handler]:
+    """A fresh ClusterCache holding the policies, and the informers' real line handler into it."""
+    cache = ClusterCache()
     for body in policies:
-        state.upsert_policy(body)
-    invalid = [p.name for p in state.policies.values() if not p.valid]
+        cache.upsert_policy(body)
+    invalid = [p.name for p in cache.policies.values() if not p.valid]
     if invalid:
         raise RuntimeError(f"benchmark policies do not compile: {invalid}")
-    drain(state)
+    drain(cache)
     reader = Reader(
         api=cast(Any, None),  # _handle_line never touches the API
         collection=Collection(path="/api/v1/nodes", kind="Node"),
-        sink=NodeSink(state),
+        sink=NodeSink(cache),
     )
-    return state, reader._handle_line
+    return cache, reader._handle_line
 
 
 def naive(policies: Sequence[Body]) -> NaiveController:
@@ -234,19 +234,19 @@ def naive(policies: Sequence[Body]) -> NaiveController:
     return controller
 
 
-def drain(state: ClusterState) -> None:
+def drain(cache: ClusterCache) -> None:
     """What the write loop does with its queue, minus the writes."""
-    writepath.drain(state.dirty)
+    writepath.drain(cache.queue)
 
 
-def our_mapping(state: ClusterState) -> dict[str, frozenset[str]]:
-    index = state.index
-    return {name: index.policies_of(name) for name in state.nodes if index.policies_of(name)}
+def our_mapping(cache: ClusterCache) -> dict[str, frozenset[str]]:
+    index = cache.index
+    return {name: index.policies_of(name) for name in cache.nodes if index.policies_of(name)}
 
 
-def check_agreement(state: ClusterState, controller: NaiveController, *, when: str) -> int:
+def check_agreement(cache: ClusterCache, controller: NaiveController, *, when: str) -> int:
     """Raise unless both implementations map every node to the same policies."""
-    mine, theirs = our_mapping(state), controller.mapping()
+    mine, theirs = our_mapping(cache), controller.mapping()
     if mine != theirs:
         wrong = sorted(n for n in mine.keys() | theirs.keys() if mine.get(n) != theirs.get(n))
         sample = {n: (sorted(mine.get(n, ())), sorted(theirs.get(n, ()))) for n in wrong[:3]}
@@ -296,10 +296,10 @@ def traced_bytes(ingest: Handler, lines: Sequence[bytes]) -> tuple[int, int]:
 
 def scheduled_writes(planner: Planner) -> tuple[int, int]:
     """(dirty objects, node writes the planner would make for them); then drain, as the writer."""
-    state = planner.state
-    dirty = len(state.dirty)
-    planned = sum(planner.plan_node(name).writes for name in list(state.dirty.nodes))
-    drain(state)
+    cache = planner.cache
+    dirty = len(cache.queue)
+    planned = sum(planner.plan_node(name).writes for name in list(cache.queue.nodes))
+    drain(cache)
     return dirty, planned
 
 
@@ -367,7 +367,7 @@ def measure_events(
 
 
 def measure_reevaluation(
-    state: ClusterState, controller: NaiveController, work: Workload, rounds: int
+    cache: ClusterCache, controller: NaiveController, work: Workload, rounds: int
 ) -> dict[str, Any]:
     """One policy's selector changes back and forth: the index alone, then the full path.
 
@@ -377,25 +377,25 @@ def measure_reevaluation(
     old_body = work.policies[0]
     meta, old_spec = old_body["metadata"], old_body["spec"]
     new_spec = old_spec | {"nodeSelector": work.changed_selector}
-    old = state.policies[meta["name"]]
+    old = cache.policies[meta["name"]]
     new = compile_policy(name=old.name, uid=old.uid, generation=old.generation + 1, spec=new_spec)
     changed: list[int] = []
     index_ns: list[int] = []
     for policy in (new, old) * rounds:
-        ns, nodes = timed(functools.partial(state.index.update_policy, policy, state.nodes))
+        ns, nodes = timed(functools.partial(cache.index.update_policy, policy, cache.nodes))
         index_ns.append(ns)
         changed.append(len(nodes))
     upsert_ns: list[int] = []
     body = old_body
     for generation, spec in enumerate([new_spec, old_spec] * rounds + [new_spec], start=2):
         body = old_body | {"metadata": meta | {"generation": generation}, "spec": spec}
-        drain(state)
-        upsert_ns.append(timed(functools.partial(state.upsert_policy, body))[0])
-    drain(state)
+        drain(cache)
+        upsert_ns.append(timed(functools.partial(cache.upsert_policy, body))[0])
+    drain(cache)
     naive_ns = timed(functools.partial(controller.upsert_policy, body))[0]
     return {
         "policy": old.name,
-        "nodes": len(state.nodes),
+        "nodes": len(cache.nodes),
         "nodes_whose_match_changed": statistics.median(changed),
         "update_policy_ms": statistics.median(index_ns) / MS,
         "upsert_policy_ms": statistics.median(upsert_ns) / MS,
@@ -418,7 +418,7 @@ def log(message: str) -> None:
 class Caches:
     """Both implementations after the ADDED lines, and what holding them costs."""
 
-    state: ClusterState
+    cache: ClusterCache
     handle: Handler
     controller: NaiveController
     memory: dict[str, Any]
@@ -430,9 +430,9 @@ def cache_both(work: Workload, config: Config) -> Caches:
     The naive sample is its first ``naive_events`` nodes (every pool is in it): tracing adds
     to the milliseconds each of its events already costs, and its per-node cost is flat.
     """
-    state, handle = ours(work.policies)
+    cache, handle = ours(work.policies)
     kept, peak = traced_bytes(handle, work.added)
-    drain(state)
+    drain(cache)
     controller = naive(work.policies)
     traced = min(len(work.added), max(1, config.naive_events))
     naive_kept, _ = traced_bytes(controller.handle_line, work.added[:traced])
@@ -444,13 +444,13 @@ def cache_both(work: Workload, config: Config) -> Caches:
         "naive_bytes_per_node": naive_kept / traced,
         "naive_nodes_traced": traced,
     }
-    return Caches(state, handle, controller, memory)
+    return Caches(cache, handle, controller, memory)
 
 
 def time_events(caches: Caches, work: Workload, config: Config) -> dict[str, Any]:
     timings = Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60)
     reconciler = Reconciler(
-        caches.state, timings=timings, max_unavailable="10%", wallclock=lambda: HEARTBEAT_AT
+        caches.cache, timings=timings, max_unavailable="10%", wallclock=lambda: HEARTBEAT_AT
     )
     planner = reconciler.planner
     handlers = (caches.handle, caches.controller)
@@ -474,7 +474,7 @@ def run(config: Config) -> dict[str, Any]:
     mean_line = statistics.fmean(map(len, work.added))
     log(f"built {config.nodes} nodes ({mean_line / 1024:.1f} KiB per line); caching")
     caches = cache_both(work, config)
-    matched = check_agreement(caches.state, caches.controller, when="after ADDED")
+    matched = check_agreement(caches.cache, caches.controller, when="after ADDED")
     log(f"{matched} nodes matched by a policy; timing events")
     # The caches are long-lived: freezing them keeps the untimed collections between passes
     # from walking the naive cache's millions of objects (0.3 s each) without changing a timing.
@@ -482,10 +482,10 @@ def run(config: Config) -> dict[str, Any]:
     try:
         events = time_events(caches, work, config)
         log("timing selector re-evaluation")
-        reevaluation = measure_reevaluation(caches.state, caches.controller, work, config.rounds)
+        reevaluation = measure_reevaluation(caches.cache, caches.controller, work, config.rounds)
     finally:
         gc.unfreeze()
-    matched = check_agreement(caches.state, caches.controller, when="after the selector change")
+    matched = check_agreement(caches.cache, caches.controller, when="after the selector change")
     report: dict[str, Any] = {
         "benchmark": "ingest",
         "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -595,7 +595,7 @@ def _footnote(report: dict[str, Any]) -> str:
         f" Per event, json.loads / orjson.loads / gpushare: heartbeat {_micros(beat)},"
         f" label change {_micros(label)}. Selector change ({reeval['policy']},"
         f" {reeval['nodes_whose_match_changed']:,.0f} nodes change match): MatchIndex.update_policy"
-        f" {reeval['update_policy_ms']:.2f} ms, ClusterState.upsert_policy"
+        f" {reeval['update_policy_ms']:.2f} ms, ClusterCache.upsert_policy"
         f" {reeval['upsert_policy_ms']:.2f} ms. Naive per-event figures from"
         f" {beat['naive_events_per_pass']} sampled events per pass, naive memory from"
         f" {report['memory']['naive_nodes_traced']} nodes. Dirty objects per label change:"

@@ -4,7 +4,7 @@ docs/architecture.md promises that pods are projected at ingest into slim record
 for a shared GPU resource are kept at all) and that usage is incremental: a pod event moves its own
 contribution and nothing sums over all pods. This benchmark holds the code to that on realistic
 bodies (``testing.bodies``: ~8 KB of JSON per pod, managedFields included), fed as pre-encoded
-watch-event lines through the read path's real ``_handle_line`` into a real ``ClusterState`` that
+watch-event lines through the read path's real ``_handle_line`` into a real ``ClusterCache`` that
 already holds thousands of GPU nodes and a few policies, so that pods land on governed nodes and the
 per-policy counters move.
 
@@ -45,8 +45,8 @@ import orjson
 
 from benchmarks.ingest import drain, environment, log, node_body, sample, timed
 from benchmarks.naive_pods import NaivePodCache, Totals
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import NodeSink, PodSink
-from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core.nodes import GPU_RESOURCE, SHARED_RESOURCE
 from gpushare_operator.kube.reading import Collection, Reader
 from gpushare_testing.bodies import Body, watch_event_line
@@ -194,23 +194,23 @@ def build_workload(config: Config) -> Workload:
 # -- gpushare and the baseline --------------------------------------------------------------
 
 
-def ours(work: Workload, pods: Sequence[bytes] = ()) -> tuple[ClusterState, Handler]:
-    """A fresh ClusterState with the policies and nodes, and the pod informer's line handler.
+def ours(work: Workload, pods: Sequence[bytes] = ()) -> tuple[ClusterCache, Handler]:
+    """A fresh ClusterCache with the policies and nodes, and the pod informer's line handler.
 
     ``pods`` (ADDED lines) are ingested too, untimed; the dirty set is drained, as the writer
     would, so that what follows starts from a quiet cache.
     """
-    state = ClusterState()
+    cache = ClusterCache()
     for body in work.policies:
-        state.upsert_policy(body)
-    node_handler = _handler(Collection(path="/api/v1/nodes", kind="Node"), NodeSink(state))
+        cache.upsert_policy(body)
+    node_handler = _handler(Collection(path="/api/v1/nodes", kind="Node"), NodeSink(cache))
     for line in work.nodes:
         node_handler(line)
-    handle = _handler(Collection(path="/api/v1/pods", kind="Pod"), PodSink(state))
+    handle = _handler(Collection(path="/api/v1/pods", kind="Pod"), PodSink(cache))
     for line in pods:
         handle(line)
-    drain(state)
-    return state, handle
+    drain(cache)
+    return cache, handle
 
 
 def _handler(collection: Collection, sink: NodeSink | PodSink) -> Handler:
@@ -218,34 +218,34 @@ def _handler(collection: Collection, sink: NodeSink | PodSink) -> Handler:
     return reader._handle_line
 
 
-def our_totals(state: ClusterState) -> Totals:
+def our_totals(cache: ClusterCache) -> Totals:
     """node → resource → (slots, pods), read off the incremental ledger."""
     totals: Totals = {}
-    for node in state.nodes:
+    for node in cache.nodes:
         for resource in TRACKED:
-            used = state.usage.node_usage(node, resource)
+            used = cache.usage.node_usage(node, resource)
             if used != (0, 0):
                 totals.setdefault(node, {})[resource] = used
     return totals
 
 
-def policy_slots(state: ClusterState) -> dict[str, int]:
+def policy_slots(cache: ClusterCache) -> dict[str, int]:
     """Each policy's allocated slots; raise unless they sum what its governed nodes hold."""
-    usage = state.usage
+    usage = cache.usage
     expected: defaultdict[str, int] = defaultdict(int)
-    for node in state.nodes:
+    for node in cache.nodes:
         governor = usage.governor(node)
         if governor is not None:
             expected[governor[0]] += usage.node_usage(node, governor[1])[0]
-    slots = {name: usage.policy_slots(name) for name in state.policies}
+    slots = {name: usage.policy_slots(name) for name in cache.policies}
     if any(slots[name] != expected[name] for name in slots):
         raise RuntimeError(f"per-policy counters {slots} != sums over their nodes {expected}")
     return slots
 
 
-def check_agreement(state: ClusterState, cache: NaivePodCache, *, when: str) -> int:
+def check_agreement(cache: ClusterCache, naive: NaivePodCache, *, when: str) -> int:
     """Raise unless ours and the baseline (rebuilt now) hold the same per-node totals."""
-    mine, theirs = our_totals(state), cache.rebuild()
+    mine, theirs = our_totals(cache), naive.rebuild()
     if mine != theirs:
         wrong = sorted(n for n in mine.keys() | theirs.keys() if mine.get(n) != theirs.get(n))
         example = {n: (mine.get(n), theirs.get(n)) for n in wrong[:3]}
@@ -253,12 +253,12 @@ def check_agreement(state: ClusterState, cache: NaivePodCache, *, when: str) -> 
     return len(mine)
 
 
-def clear_pods(state: ClusterState) -> None:
+def clear_pods(cache: ClusterCache) -> None:
     """Delete what a round left (untimed), and check every counter is back to zero."""
-    for uid in list(state.usage.pods):
-        state.delete_pod(uid)
-    drain(state)
-    if our_totals(state) or any(policy_slots(state).values()):
+    for uid in list(cache.usage.pods):
+        cache.delete_pod(uid)
+    drain(cache)
+    if our_totals(cache) or any(policy_slots(cache).values()):
         raise RuntimeError("usage counters did not return to zero once every pod was deleted")
 
 
@@ -335,7 +335,7 @@ class Rounds:
         return statistics.median(per_round)
 
 
-def measure_events(state: ClusterState, handle: Handler, work: Workload, rounds: int) -> Rounds:
+def measure_events(cache: ClusterCache, handle: Handler, work: Workload, rounds: int) -> Rounds:
     """Every pod ADDED, the sampled ones MODIFIED then DELETED; json.loads beside each pass.
 
     ``state`` holds no pods when called and holds none after each round (the rest are deleted
@@ -353,9 +353,9 @@ def measure_events(state: ClusterState, handle: Handler, work: Workload, rounds:
                 passes = interleaved(contenders, work.lines[(kind, group)], round_)
                 for name, ns in passes.items():
                     result.ns[(name, kind, group)].append(ns)
-                result.dirty[(kind, group)].append(len(state.dirty))
-                drain(state)
-        clear_pods(state)
+                result.dirty[(kind, group)].append(len(cache.queue))
+                drain(cache)
+        clear_pods(cache)
     return result
 
 
@@ -398,19 +398,19 @@ def measure_memory(work: Workload) -> dict[str, Any]:
 
     The dirty set is drained inside the trace (the writer's job): it is a queue, not the cache.
     """
-    state, handle = ours(work)
-    kept, peak = traced_bytes(functools.partial(_feed, handle, work.added, state))
-    records = len(state.usage.pods)
-    del state, handle
-    plain_state, plain_handle = ours(work)
+    cache, handle = ours(work)
+    kept, peak = traced_bytes(functools.partial(_feed, handle, work.added, cache))
+    records = len(cache.usage.pods)
+    del cache, handle
+    plain_cache, plain_handle = ours(work)
     plain = work.lines[("added", "plain")]
-    plain_kept, _ = traced_bytes(functools.partial(_feed, plain_handle, plain, plain_state))
-    if plain_state.usage.pods:
+    plain_kept, _ = traced_bytes(functools.partial(_feed, plain_handle, plain, plain_cache))
+    if plain_cache.usage.pods:
         raise RuntimeError("a non-GPU pod was kept")
-    del plain_state, plain_handle
-    cache = NaivePodCache(TRACKED)
+    del plain_cache, plain_handle
+    naive = NaivePodCache(TRACKED)
     traced = min(len(work.added), NAIVE_TRACED)
-    naive_kept, _ = traced_bytes(functools.partial(_feed, cache.cache_line, work.added[:traced]))
+    naive_kept, _ = traced_bytes(functools.partial(_feed, naive.cache_line, work.added[:traced]))
     return {
         "gpu_records": records,
         "ours_bytes_kept": kept,
@@ -424,17 +424,17 @@ def measure_memory(work: Workload) -> dict[str, Any]:
     }
 
 
-def _feed(handle: Handler, lines: Sequence[bytes], state: ClusterState | None = None) -> None:
-    """Every line through ``handle``; then ``state``'s dirty set drained, as the writer would."""
+def _feed(handle: Handler, lines: Sequence[bytes], cache: ClusterCache | None = None) -> None:
+    """Every line through ``handle``; then ``cache``'s write queue drained, as the loop would."""
     for line in lines:
         handle(line)
-    if state is not None:
-        drain(state)
+    if cache is not None:
+        drain(cache)
 
 
 def measure_flat(
-    small: tuple[ClusterState, Handler],
-    large: tuple[ClusterState, Handler],
+    small: tuple[ClusterCache, Handler],
+    large: tuple[ClusterCache, Handler],
     changes: list[bytes],
     rounds: int,
 ) -> dict[str, Any]:
@@ -502,17 +502,17 @@ def run(config: Config) -> dict[str, Any]:
     log(f"built {config.pods} pods over {config.nodes} nodes ({mean_line / 1024:.1f} KiB a line)")
     memory = measure_memory(work)
     log("timing pod events")
-    state, handle = ours(work)
-    events = event_summary(measure_events(state, handle, work, config.rounds), work)
+    cache, handle = ours(work)
+    events = event_summary(measure_events(cache, handle, work, config.rounds), work)
     log(f"timing {len(work.changes)} pod changes at {config.small} and {config.pods} pods")
     for line in work.added:
         handle(line)
-    drain(state)
+    drain(cache)
     small = ours(work, work.added[: config.small])
-    flat = measure_flat(small, (state, handle), work.changes, 3 * config.rounds)
+    flat = measure_flat(small, (cache, handle), work.changes, 3 * config.rounds)
     our_alloc = allocated_per_change(handle, sample(work.changes, 20, paired=True))
-    drain(state)
-    naive = measure_naive(work, config, small[0], state)
+    drain(cache)
+    naive = measure_naive(work, config, small[0], cache)
     report: dict[str, Any] = {
         "benchmark": "pods",
         "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -521,8 +521,8 @@ def run(config: Config) -> dict[str, Any]:
         "workload": {
             "mean_line_bytes": round(mean_line),
             "policies": len(work.policies),
-            "nodes_governed": sum(state.usage.governor(n) is not None for n in state.nodes),
-            "policy_slots": policy_slots(state),
+            "nodes_governed": sum(cache.usage.governor(n) is not None for n in cache.nodes),
+            "policy_slots": policy_slots(cache),
         },
         "events": events,
         "memory": memory,
@@ -537,7 +537,7 @@ def run(config: Config) -> dict[str, Any]:
 
 
 def measure_naive(
-    work: Workload, config: Config, small: ClusterState, large: ClusterState
+    work: Workload, config: Config, small: ClusterCache, large: ClusterCache
 ) -> dict[str, Any]:
     """The baseline at both cache sizes, checked against ours at each."""
     cache = NaivePodCache(TRACKED)

@@ -3,7 +3,7 @@
 This is how a kopf operator is usually written: ``@kopf.on.event`` handlers for every kind it
 reads, kopf's default settings (its per-event body handling, per-object memories, logging and
 posting included), and the business logic called from the handlers.  The logic is ours,
-unchanged (``ClusterState``, ``Reconciler``, ``WriteLoop`` with its token bucket), so the same
+unchanged (``ClusterCache``, ``Reconciler``, ``WriteLoop`` with its token bucket), so the same
 write rules hold and the benchmark measures only how events reach it: kopf's pipeline vs
 gpushare's informer.
 
@@ -30,7 +30,7 @@ from typing import Any
 import kopf
 from aiohttp import web
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import flagvalues, models
 from gpushare_operator.core import pods as core_pods
 from gpushare_operator.kube import http
@@ -59,9 +59,9 @@ class KopfNative:
     def __init__(self, *, handle: ApiHandle, args: argparse.Namespace) -> None:
         self.handle = handle
         self.namespace = args.device_plugin_namespace
-        self.state = ClusterState()
+        self.cache = ClusterCache()
         self.reconciler = Reconciler(
-            self.state,
+            self.cache,
             timings=Timings(
                 propagation_delay=args.config_propagation_delay,
                 key_grace_period=args.config_key_grace_period,
@@ -72,7 +72,7 @@ class KopfNative:
         gate = AlwaysLeader()
         self.writer = WriteLoop(
             api=handle.api,
-            state=self.state,
+            cache=self.cache,
             reconciler=self.reconciler,
             gate=gate,
             bucket=TokenBucket(qps=args.write_qps, burst=args.write_burst),
@@ -122,7 +122,7 @@ class KopfNative:
         if all(len(self.seen[kind]) >= count for kind, count in self.expected.items()):
             self.seen = None  # free the names: only needed until the first sync
             if not self.configmap_exists:
-                self.state.set_config_data(None, initial=True)
+                self.cache.set_config_data(None, initial=True)
             self.synced.set()
 
     async def start(self) -> None:
@@ -137,7 +137,7 @@ class KopfNative:
 
     async def write_when_synced(self) -> None:
         await self.synced.wait()
-        logger.info("caches synced: %d GPU nodes", len(self.state.nodes))
+        logger.info("caches synced: %d GPU nodes", len(self.cache.nodes))
         await self.writer.run()
 
     async def stop(self) -> None:
@@ -153,8 +153,8 @@ class KopfNative:
         return web.json_response(
             {
                 "synced": self.synced.is_set(),
-                "nodes": len(self.state.nodes),
-                "pods": len(self.state.usage.pods),
+                "nodes": len(self.cache.nodes),
+                "pods": len(self.cache.usage.pods),
                 "dirty": self.writer.backlog,
                 "writes": sum(self.writer.counters.ok.values()),
                 "failed_writes": sum(self.writer.counters.failed.values()),
@@ -164,7 +164,7 @@ class KopfNative:
 
 def build_registry(native: KopfNative) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
-    state = native.state
+    cache = native.cache
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -183,9 +183,9 @@ def build_registry(native: KopfNative) -> kopf.OperatorRegistry:
         obj: dict[str, Any] = dict(event.get("object") or {})
         name = str(obj.get("metadata", {}).get("name"))
         if event.get("type") == "DELETED":
-            state.delete_node(name)
+            cache.delete_node(name)
         else:
-            state.upsert_node(obj)
+            cache.upsert_node(obj)
             native.saw("Node", name)
 
     @kopf.on.event("", "v1", "pods", registry=registry)
@@ -194,9 +194,9 @@ def build_registry(native: KopfNative) -> kopf.OperatorRegistry:
         uid = core_pods.uid_of(obj)
         phase = (obj.get("status") or {}).get("phase")
         if event.get("type") == "DELETED" or phase in ("Succeeded", "Failed"):
-            state.delete_pod(uid)
+            cache.delete_pod(uid)
         else:
-            state.upsert_pod(obj)
+            cache.upsert_pod(obj)
         native.saw("Pod", uid)
 
     @kopf.on.event(models.GROUP, models.VERSION, models.NODE_STATE_PLURAL, registry=registry)
@@ -204,9 +204,9 @@ def build_registry(native: KopfNative) -> kopf.OperatorRegistry:
         obj: dict[str, Any] = dict(event.get("object") or {})
         name = str(obj.get("metadata", {}).get("name"))
         if event.get("type") == "DELETED":
-            state.delete_node_state(name)
+            cache.delete_node_state(name)
         else:
-            state.upsert_node_state(obj)
+            cache.upsert_node_state(obj)
             native.saw("GPUNodeState", name)
 
     @kopf.on.event(models.GROUP, models.VERSION, models.POLICY_PLURAL, registry=registry)
@@ -214,9 +214,9 @@ def build_registry(native: KopfNative) -> kopf.OperatorRegistry:
         obj: dict[str, Any] = dict(event.get("object") or {})
         name = str(obj.get("metadata", {}).get("name"))
         if event.get("type") == "DELETED":
-            state.delete_policy(name)
+            cache.delete_policy(name)
         else:
-            state.upsert_policy(obj)
+            cache.upsert_policy(obj)
             native.saw("GPUSharingPolicy", name)
 
     @kopf.on.event("", "v1", "configmaps", registry=registry)
@@ -227,7 +227,7 @@ def build_registry(native: KopfNative) -> kopf.OperatorRegistry:
             return
         deleted = event.get("type") == "DELETED"
         first = not native.synced.is_set()
-        state.set_config_data(None if deleted else dict(obj.get("data") or {}), initial=first)
+        cache.set_config_data(None if deleted else dict(obj.get("data") or {}), initial=first)
         native.configmap_seen = True
         native.check_synced()
 

@@ -1,7 +1,7 @@
 """Re-list of every pod through the operator's real ``Informer``: paged quorum vs streaming list.
 
 ``python -m benchmarks.scale.relist --mode paged|streaming --pid kube-apiserver=N --pid etcd=M``
-runs in a fresh process (a fresh ``ClusterState`` and heap, so neither mode inherits the other's
+runs in a fresh process (a fresh ``ClusterCache`` and heap, so neither mode inherits the other's
 cache or allocator arenas): it builds the pod informer as ``app.assembly`` does (the same
 ``Collection``, the same ``PodSink``), lists until ``synced``, and prints one JSON line with the
 wall time, its own CPU and peak-RSS growth, and the API server's and etcd's CPU over the same
@@ -29,8 +29,8 @@ import orjson
 
 from benchmarks.scale import stats
 from gpushare_operator.app.assembly import PODS
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import PodSink
-from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.kube import connection
 from gpushare_operator.kube.informer import Informer
 
@@ -69,8 +69,8 @@ def _reset_peak() -> None:
 async def measure(mode: str, pids: Mapping[str, int], kubeconfig: str | None) -> dict[str, Any]:
     handle = await connection.open_handle(kubeconfig=kubeconfig)
     async with handle:
-        state = ClusterState()
-        sink = CountingPodSink(state)
+        cache = ClusterCache()
+        sink = CountingPodSink(cache)
         informer = Informer(api=handle.api, collection=PODS, sink=sink, streaming=MODES[mode])
         # VmHWM is reset to the current RSS here (write "5" to clear_refs), so the peak below
         # is the listing's, not the imports'; where that is refused the growth is an upper bound.
@@ -95,7 +95,7 @@ async def measure(mode: str, pids: Mapping[str, int], kubeconfig: str | None) ->
         # informer fall back to paged, and the row must not claim otherwise.
         "list_mode": informer.list_mode,
         "pods": sink.listed,
-        "pods_kept": len(state.usage.pods),
+        "pods_kept": len(cache.usage.pods),
         "wall_s": round(wall, 2),
         "lister_cpu_s": round(cpu, 2),
         "system_cpu_s": {name: round(value, 2) for name, value in system.items()},

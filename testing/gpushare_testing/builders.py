@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink
-from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_testing import writepath
@@ -75,13 +75,13 @@ def policy(
     }
 
 
-def drain(state: ClusterState) -> None:
+def drain(cache: ClusterCache) -> None:
     """Empty the write queue, as if every key had been looked at."""
-    writepath.drain(state.dirty)
+    writepath.drain(cache.queue)
 
 
-def sync_config(state: ClusterState, data: dict[str, str] | None, *, initial: bool) -> None:
-    sink = ConfigMapSink(state)
+def sync_config(cache: ClusterCache, data: dict[str, str] | None, *, initial: bool) -> None:
+    sink = ConfigMapSink(cache)
     if initial:
         sink.begin_relist()
         if data is not None:
@@ -109,10 +109,10 @@ def pod(uid: str, node_name: str, slots: int, resource: str = "nvidia.com/gpu") 
 
 def converged(forecaster: Forecaster, nodes: int, **spec: Any) -> str:
     """``nodes`` nodes in pool a, Verified on policy p (replicas 2); returns p's key."""
-    state = forecaster.state
-    state.upsert_policy(policy("p", replicas=2, **spec))
-    key = str(state.policies["p"].config_key)
-    state.set_config_data({key: "x", "default": "d"}, initial=True)
+    cache = forecaster.cache
+    cache.upsert_policy(policy("p", replicas=2, **spec))
+    key = str(cache.policies["p"].config_key)
+    cache.set_config_data({key: "x", "default": "d"}, initial=True)
     for i in range(nodes):
-        state.upsert_node(node(f"n{i}", **on(key, "p", 2)))
+        cache.upsert_node(node(f"n{i}", **on(key, "p", 2)))
     return key

@@ -8,8 +8,8 @@ sending (or, with ``sent``, as if every write went through), ``drain`` just empt
 from __future__ import annotations
 
 from gpushare_operator.core.listpatches import JsonPatch
+from gpushare_operator.core.nodephases import NodeDecision
 from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.nodestates import NodeDecision
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.core.policystatus import PolicyTally
 from gpushare_operator.core.workqueue import CONFIG, CONFIG_KEY, NODE, POLICY, Key, WorkQueue
@@ -42,7 +42,7 @@ def take_nodes(queue: WorkQueue) -> list[str]:
 def plan_and_learn(reconciler: Reconciler, key: Key, *, stage: Stage = Stage.FIRST) -> Plan:
     """Plan ``key`` and learn from the plan as the loop does when nothing is sent."""
     plan = reconciler.plan(key, stage=stage)
-    act(reconciler.state.dirty, reconciler.learn(plan, None))
+    act(reconciler.cache.queue, reconciler.learn(plan, None))
     return plan
 
 
@@ -62,7 +62,7 @@ class PlanningLoop:
 
     def __init__(self, reconciler: Reconciler) -> None:
         self.reconciler = reconciler
-        self.state = reconciler.state
+        self.cache = reconciler.cache
         self.planner = reconciler.planner
         self.book = reconciler.book
         self.memory = reconciler.memory
@@ -86,7 +86,7 @@ class PlanningLoop:
 
     def due(self) -> float | None:
         """The loop's timers: the admission pass, then the queue's own; when the next is due."""
-        queue = self.state.dirty
+        queue = self.cache.queue
         tick = self.reconciler.tick(busy=bool(queue.nodes) or bool(queue.processing(NODE)))
         act(queue, tick.orders)
         timer = queue.next_due()
@@ -95,7 +95,7 @@ class PlanningLoop:
 
     def plan_queued_nodes(self) -> list[NodePlan]:
         """Plan (and learn from) every queued node, in queue order, as the loop takes them."""
-        return [self.plan_node(name) for name in take_nodes(self.state.dirty)]
+        return [self.plan_node(name) for name in take_nodes(self.cache.queue)]
 
     # What a test reads of the planner (pure), under the names the planner gives it.
 

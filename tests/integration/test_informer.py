@@ -17,8 +17,8 @@ import orjson
 import pytest
 from kubernetes_asyncio import client
 
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import NodeSink
-from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core.nodes import GPU_PRESENT, NodeRecord, project_node
 from gpushare_operator.kube import connection, http
 from gpushare_operator.kube.informer import Informer
@@ -70,9 +70,9 @@ def _version_of(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion"))
 
 
-def drain(state: ClusterState) -> None:
-    writepath.drain(state.dirty)
-    assert len(state.dirty) == 0
+def drain(cache: ClusterCache) -> None:
+    writepath.drain(cache.queue)
+    assert len(cache.queue) == 0
 
 
 # -- paged list (the fallback) -------------------------------------------------------------------
@@ -100,12 +100,12 @@ async def test_a_paged_list_syncs_every_node(
         return answer
 
     monkeypatch.setattr(http, "request", recording_request)
-    state = ClusterState()
+    cache = ClusterCache()
     informer = Informer(
-        api=api, collection=nodes.collection(page_size=2), sink=NodeSink(state), streaming=False
+        api=api, collection=nodes.collection(page_size=2), sink=NodeSink(cache), streaming=False
     )
     async with running(informer):
-        assert sorted(state.nodes) == sorted(names)
+        assert sorted(cache.nodes) == sorted(names)
 
     assert len(pages) >= 3, pages
     assert all(query["limit"] == "2" for query, _, _ in pages)
@@ -128,53 +128,53 @@ async def test_watch_follows_labels_deletions_and_ignores_cpu_nodes_and_heartbea
 ) -> None:
     first, second = _name_of(await nodes.gpu("w1")), _name_of(await nodes.gpu("w2"))
     listed_cpu = _name_of(await nodes.plain("cpu1"))
-    state = ClusterState()
-    sink = RecordingSink(NodeSink(state))
+    cache = ClusterCache()
+    sink = RecordingSink(NodeSink(cache))
     informer = Informer(api=api, collection=nodes.collection(), sink=sink)
     async with running(informer):
-        assert sorted(state.nodes) == sorted([first, second])
+        assert sorted(cache.nodes) == sorted([first, second])
         assert listed_cpu in sink.relists[0]  # listed, and dropped by the cache
-        assert listed_cpu not in state.nodes
+        assert listed_cpu not in cache.nodes
 
         # A label change reaches the record, and dirties the node.
-        drain(state)
+        drain(cache)
         relabelled = await nodes.label(first, {"gpushare.dev/team": "vision"})
         await sink.wait_event("MODIFIED", relabelled)
-        assert state.nodes[first].labels["gpushare.dev/team"] == "vision"
-        assert state.nodes[first].resource_version == _version_of(relabelled)
-        assert first in state.dirty.nodes
+        assert cache.nodes[first].labels["gpushare.dev/team"] == "vision"
+        assert cache.nodes[first].resource_version == _version_of(relabelled)
+        assert first in cache.queue.nodes
 
         # A CPU node created after the sync is seen, and never kept.
-        drain(state)
+        drain(cache)
         cpu = await nodes.plain("cpu2")
         await sink.wait_event("ADDED", cpu)
-        assert _name_of(cpu) not in state.nodes
-        assert len(state.dirty) == 0
+        assert _name_of(cpu) not in cache.nodes
+        assert len(cache.queue) == 0
 
         # A heartbeat (status-only) keeps the very same record and dirties nothing.
-        record = state.nodes[second]
+        record = cache.nodes[second]
         beaten = await nodes.heartbeat(second)
         assert _version_of(beaten) != record.resource_version
         await sink.wait_event("MODIFIED", beaten)
-        assert state.nodes[second] is record
-        assert len(state.dirty) == 0
+        assert cache.nodes[second] is record
+        assert len(cache.queue) == 0
 
         # A CPU node that gains a GPU label is a GPU node from then on.
         gained = await nodes.label(_name_of(cpu), {GPU_PRESENT: "true"})
         await sink.wait_event("MODIFIED", gained)
-        assert state.nodes[_name_of(cpu)].is_gpu_node
+        assert cache.nodes[_name_of(cpu)].is_gpu_node
 
         # A deletion removes the record.
         await nodes.delete(first)
 
         async def first_gone() -> bool:
-            return first not in state.nodes
+            return first not in cache.nodes
 
         await eventually(first_gone, timeout=30, what=f"{first} to leave the cache")
         assert ("DELETED", first) in [(kind, name) for kind, name, _ in sink.events]
 
-    assert sorted(state.nodes) == sorted([second, _name_of(cpu)])
-    assert listed_cpu not in state.nodes
+    assert sorted(cache.nodes) == sorted([second, _name_of(cpu)])
+    assert listed_cpu not in cache.nodes
     assert informer.stats.relists == 1  # the watch never had to start over
     assert informer.stats.events >= 5
 
@@ -238,15 +238,15 @@ async def test_a_stale_watch_is_gone_and_the_relist_replaces_the_cache(
     nodes, api = uncached_nodes, uncached_nodes.api
     names = [_name_of(await nodes.gpu(f"g{i}")) for i in range(3)]
     victim, relabelled, untouched = names
-    state = ClusterState()
-    sink = NodeSink(state)
+    cache = ClusterCache()
+    sink = NodeSink(cache)
 
     first = Informer(api=api, collection=nodes.collection(), sink=sink)
     async with running(first):
-        assert sorted(state.nodes) == sorted(names)
+        assert sorted(cache.nodes) == sorted(names)
     stopped_at = first.resource_version
     assert stopped_at
-    untouched_record = state.nodes[untouched]
+    untouched_record = cache.nodes[untouched]
 
     # While no informer runs, a node goes away and another changes; then etcd is compacted.
     await nodes.delete(victim)
@@ -259,18 +259,18 @@ async def test_a_stale_watch_is_gone_and_the_relist_replaces_the_cache(
     with pytest.raises(Gone):
         await asyncio.wait_for(second._watch_until_gone(), timeout=30)
     assert second.stats.events == 0
-    assert victim in state.nodes  # nothing was delivered
+    assert victim in cache.nodes  # nothing was delivered
 
     # ... and run() re-lists with replace semantics.  (run() always lists first, so it cannot
     # be told to resume from a given version; the resume was driven directly above.)
-    drain(state)
+    drain(cache)
     async with running(second):
-        assert sorted(state.nodes) == sorted([relabelled, untouched])  # replaced, not merged
-    assert state.nodes[relabelled].labels["gpushare.dev/team"] == "while-down"
-    assert state.nodes[relabelled].resource_version == _version_of(changed)
-    assert state.nodes[untouched] is untouched_record  # unchanged: same record, no work
+        assert sorted(cache.nodes) == sorted([relabelled, untouched])  # replaced, not merged
+    assert cache.nodes[relabelled].labels["gpushare.dev/team"] == "while-down"
+    assert cache.nodes[relabelled].resource_version == _version_of(changed)
+    assert cache.nodes[untouched] is untouched_record  # unchanged: same record, no work
     # The changed node, and the deleted one (planned once more, so the planner forgets it).
-    assert sorted(state.dirty.nodes) == sorted([victim, relabelled])
+    assert sorted(cache.queue.nodes) == sorted([victim, relabelled])
     assert second.stats.relists == 1
 
 
@@ -308,24 +308,24 @@ async def test_run_relists_after_gone_and_keeps_watching(
         return answer
 
     monkeypatch.setattr(http, "request", compacted_after_first_list)
-    state = ClusterState()
-    sink = RecordingSink(NodeSink(state))
+    cache = ClusterCache()
+    sink = RecordingSink(NodeSink(cache))
     informer = Informer(api=api, collection=nodes.collection(), sink=sink, streaming=False)
     async with running(informer):
 
         async def relisted() -> bool:
-            return informer.stats.relists >= 2 and victim not in state.nodes
+            return informer.stats.relists >= 2 and victim not in cache.nodes
 
         await eventually(relisted, timeout=30, what=f"a re-list without {victim}")
         assert victim in sink.relists[0]
         assert victim not in sink.relists[1]
-        assert sorted(state.nodes) == sorted(names[1:])
-        assert state.nodes[relabelled].labels["gpushare.dev/team"] == "missed"
+        assert sorted(cache.nodes) == sorted(names[1:])
+        assert cache.nodes[relabelled].labels["gpushare.dev/team"] == "missed"
 
         # And the watch after the re-list is live.
         live = await nodes.label(relabelled, {"gpushare.dev/team": "after-gone"})
         await sink.wait_event("MODIFIED", live)
-        assert state.nodes[relabelled].labels["gpushare.dev/team"] == "after-gone"
+        assert cache.nodes[relabelled].labels["gpushare.dev/team"] == "after-gone"
 
     assert informer.stats.relists == 2
     assert lists_done == 2
@@ -364,13 +364,13 @@ async def test_an_expired_continue_token_restarts_the_list_from_scratch(
         return answer
 
     monkeypatch.setattr(http, "request", compacted_after_first_page)
-    state = ClusterState()
-    sink = RecordingSink(NodeSink(state))
+    cache = ClusterCache()
+    sink = RecordingSink(NodeSink(cache))
     informer = Informer(
         api=api, collection=nodes.collection(page_size=2), sink=sink, streaming=False
     )
     async with running(informer):
-        assert sorted(state.nodes) == names[1:]
+        assert sorted(cache.nodes) == names[1:]
 
     assert [status for _, status in calls[:3]] == [200, 410, 200]
     assert "continue" in calls[1][0]  # the expired token
@@ -398,10 +398,10 @@ async def test_records_from_the_api_server_are_slim(api: client.ApiClient, nodes
     name = _name_of(created)
     assert created["metadata"]["managedFields"]  # the API server keeps them on every Node
     assert len(created["status"]["images"]) == 40
-    state = ClusterState()
-    informer = Informer(api=api, collection=nodes.collection(), sink=NodeSink(state))
+    cache = ClusterCache()
+    informer = Informer(api=api, collection=nodes.collection(), sink=NodeSink(cache))
     async with running(informer):
-        record = state.nodes[name]
+        record = cache.nodes[name]
 
     assert isinstance(record, NodeRecord)
     assert {f.name for f in dataclasses.fields(record)} == RECORD_FIELDS

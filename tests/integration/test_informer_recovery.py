@@ -14,8 +14,8 @@ import pytest
 import structlog
 from kubernetes_asyncio import client
 
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import NodeSink
-from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.kube import connection, http
 from gpushare_operator.kube.informer import Informer
 from gpushare_operator.kube.reading import Sink
@@ -104,11 +104,11 @@ async def test_the_first_list_streams_from_the_watch_cache_and_goes_on_watching(
 ) -> None:
     nodes = audited_nodes
     names = sorted([str((await nodes.gpu(f"s{i}"))["metadata"]["name"]) for i in range(3)])
-    state = ClusterState()
-    sink = RecordingSink(NodeSink(state))
+    cache = ClusterCache()
+    sink = RecordingSink(NodeSink(cache))
     informer = Informer(api=nodes.api, collection=nodes.collection(), sink=sink)
     async with running(informer):
-        assert sorted(state.nodes) == names
+        assert sorted(cache.nodes) == names
         assert informer.list_mode == "streaming"
         assert informer.resource_version  # the closing bookmark's
         assert sink.relists == [names] or sorted(sink.relists[0]) == names
@@ -117,7 +117,7 @@ async def test_the_first_list_streams_from_the_watch_cache_and_goes_on_watching(
         # The same connection carries on as the watch.
         relabelled = await nodes.label(names[0], {"gpushare.dev/team": "streamed"})
         await sink.wait_event("MODIFIED", relabelled)
-        assert state.nodes[names[0]].labels["gpushare.dev/team"] == "streamed"
+        assert cache.nodes[names[0]].labels["gpushare.dev/team"] == "streamed"
 
     async def reads() -> list[tuple[str, dict[str, str], int]]:
         return _reads_of(audited_plane, nodes.tag)
@@ -140,17 +140,17 @@ async def test_a_server_without_streaming_lists_gets_paged_lists(
 ) -> None:
     nodes = legacy_nodes
     names = sorted([str((await nodes.gpu(f"l{i}"))["metadata"]["name"]) for i in range(3)])
-    state = ClusterState()
+    cache = ClusterCache()
     informer = Informer(
-        api=nodes.api, collection=nodes.collection(page_size=2), sink=NodeSink(state)
+        api=nodes.api, collection=nodes.collection(page_size=2), sink=NodeSink(cache)
     )
     async with running(informer):
-        assert sorted(state.nodes) == names
+        assert sorted(cache.nodes) == names
         assert informer.list_mode == "paged"
         live = await nodes.label(names[0], {"gpushare.dev/team": "paged"})
 
         async def seen() -> bool:
-            record = state.nodes[names[0]]
+            record = cache.nodes[names[0]]
             return record.resource_version == str(live["metadata"]["resourceVersion"])
 
         await eventually(seen, what="the watch after the paged list")
@@ -177,16 +177,16 @@ async def test_a_watch_the_server_keeps_refusing_ends_in_a_relist(
     """Seen on this server: resuming a watch across compacted history answers 500, forever."""
     nodes = legacy_nodes
     victim, kept = [str((await nodes.gpu(r))["metadata"]["name"]) for r in ("v", "k")]
-    state = ClusterState()
-    first = Informer(api=nodes.api, collection=nodes.collection(), sink=NodeSink(state))
+    cache = ClusterCache()
+    first = Informer(api=nodes.api, collection=nodes.collection(), sink=NodeSink(cache))
     async with running(first):
-        assert sorted(state.nodes) == sorted([victim, kept])
+        assert sorted(cache.nodes) == sorted([victim, kept])
     await nodes.delete(victim)
     await asyncio.to_thread(legacy_plane.compact_etcd)
 
     # Resuming from where the first one stopped: refused again and again, then given up on ...
     second = Informer(
-        api=nodes.api, collection=nodes.collection(), sink=NodeSink(state), max_backoff=0.2
+        api=nodes.api, collection=nodes.collection(), sink=NodeSink(cache), max_backoff=0.2
     )
     second.resource_version = first.resource_version
     with pytest.raises(http.ApiError) as refused:
@@ -195,17 +195,17 @@ async def test_a_watch_the_server_keeps_refusing_ends_in_a_relist(
     assert second.stats.reconnects == 2  # resumed twice, and the third refusal ends it
     # ... so that run() lists afresh, and the deletion reaches the cache.
     async with running(second):
-        assert sorted(state.nodes) == [kept]
+        assert sorted(cache.nodes) == [kept]
 
 
 # -- one read path: the informer and the kubectl plugin -----------------------------------------
 
 
-async def _plugin_reads_nodes(plane: ControlPlane, state: ClusterState) -> None:
+async def _plugin_reads_nodes(plane: ControlPlane, cache: ClusterCache) -> None:
     """What ``kubectl gpushare plan`` does to read the nodes, on this test's nodes only."""
-    plugin_target = cluster.Target(kubeconfig=str(plane.admin_kubeconfig))
-    async with cluster.connected(plugin_target) as api:
-        await cluster.load_fleet(api, state, pods=False, node_states=False)
+    plugin_cluster = cluster.ClusterRef(kubeconfig=str(plane.admin_kubeconfig))
+    async with cluster.connected(plugin_cluster) as api:
+        await cluster.load_fleet(api, cache, pods=False, node_states=False)
 
 
 @pytest.mark.parametrize("reader", ["informer", "plugin"])
@@ -245,17 +245,17 @@ async def test_an_expired_continue_token_restarts_the_paged_list_of_informer_and
 
     monkeypatch.setattr(http, "request", compacted_after_first_page)
     collection = nodes.collection(page_size=2)
-    state = ClusterState()
+    cache = ClusterCache()
     if reader == "informer":
-        informer = Informer(api=nodes.api, collection=collection, sink=NodeSink(state))
+        informer = Informer(api=nodes.api, collection=collection, sink=NodeSink(cache))
         async with running(informer):
             assert informer.list_mode == "paged"
     else:
         monkeypatch.setattr(cluster, "NODE_LIST", collection)
-        await _plugin_reads_nodes(legacy_plane, state)
+        await _plugin_reads_nodes(legacy_plane, cache)
 
-    assert sorted(state.nodes) == names[1:]
-    assert state.nodes[bumped].labels["gpushare.dev/team"] == "bump"
+    assert sorted(cache.nodes) == names[1:]
+    assert cache.nodes[bumped].labels["gpushare.dev/team"] == "bump"
     assert [status for _, status in calls[:3]] == [200, 410, 200]
     assert "continue" in calls[1][0]  # the expired token
     assert "continue" not in calls[2][0]  # the list started over
@@ -280,7 +280,7 @@ async def test_the_plugin_lists_with_the_informers_request_and_stops_at_the_list
     the plugin's ends at the bookmark that closes the list (the plugin returns at once)."""
     nodes = audited_nodes
     names = sorted([str((await nodes.gpu(f"p{i}"))["metadata"]["name"]) for i in range(3)])
-    informed, read = ClusterState(), ClusterState()
+    informed, read = ClusterCache(), ClusterCache()
     informer = Informer(api=nodes.api, collection=nodes.collection(), sink=NodeSink(informed))
     async with running(informer):
         monkeypatch.setattr(cluster, "NODE_LIST", nodes.collection())
@@ -352,11 +352,11 @@ async def test_a_poisoned_object_neither_kills_the_informer_nor_leaves_the_cache
     nodes: Nodes,
 ) -> None:
     victim, bystander = [str((await nodes.gpu(r))["metadata"]["name"]) for r in ("v", "b")]
-    state, telemetry = ClusterState(), CountingTelemetry()
+    cache, telemetry = ClusterCache(), CountingTelemetry()
     informer = Informer(
         api=nodes.api,
         collection=nodes.collection(),
-        sink=PoisonedSink(NodeSink(state)),
+        sink=PoisonedSink(NodeSink(cache)),
         telemetry=telemetry,
         max_backoff=0.5,
     )
@@ -374,19 +374,19 @@ async def test_a_poisoned_object_neither_kills_the_informer_nor_leaves_the_cache
             fixed = await nodes.label(victim, {POISON: None, "gpushare.dev/team": "fixed"})
 
             async def converged() -> bool:
-                record = state.nodes.get(victim)
+                record = cache.nodes.get(victim)
                 return (
                     informer.synced.is_set()
                     and record is not None
                     and record.resource_version == str(fixed["metadata"]["resourceVersion"])
-                    and state.nodes[bystander].labels.get("gpushare.dev/team") == "meanwhile"
+                    and cache.nodes[bystander].labels.get("gpushare.dev/team") == "meanwhile"
                 )
 
             await eventually(converged, what="the cache to catch up once the node is fixed")
             assert not task.done()
 
-    assert state.nodes[victim].labels["gpushare.dev/team"] == "fixed"
-    assert POISON not in state.nodes[victim].labels
+    assert cache.nodes[victim].labels["gpushare.dev/team"] == "fixed"
+    assert POISON not in cache.nodes[victim].labels
     assert set(telemetry.failures) == {("Node", "event")}
     failed = [e for e in logs if e["event"] == "informer failed; re-listing"]
     assert len(failed) == len(telemetry.failures)
@@ -423,13 +423,13 @@ async def test_a_429_is_waited_out_as_long_as_retry_after_says(
         return await real_request(api, method=method, path=path, query=query, **kw)
 
     monkeypatch.setattr(http, "request", throttled_once)
-    state = ClusterState()
+    cache = ClusterCache()
     informer = Informer(
-        api=nodes.api, collection=nodes.collection(), sink=NodeSink(state), streaming=False
+        api=nodes.api, collection=nodes.collection(), sink=NodeSink(cache), streaming=False
     )
     started = time.monotonic()
     async with running(informer):
-        assert name in state.nodes
+        assert name in cache.nodes
     assert len(calls) == 2
     waited = calls[1] - calls[0]
     # The informer's own back-off would have been 0.2-0.3 s; the server asked for 2 s.
@@ -442,7 +442,7 @@ async def test_a_streaming_list_yields_to_the_loop(nodes: Nodes) -> None:
     """Nothing else may starve while an informer lists: leader-lease renewals share the loop."""
     for i in range(40):
         await nodes.gpu(f"y{i:02d}")
-    state = ClusterState()
+    cache = ClusterCache()
     gaps: list[float] = []
 
     async def ticker() -> None:
@@ -455,9 +455,9 @@ async def test_a_streaming_list_yields_to_the_loop(nodes: Nodes) -> None:
 
     ticking = asyncio.create_task(ticker(), name="ticker")
     try:
-        informer = Informer(api=nodes.api, collection=nodes.collection(), sink=NodeSink(state))
+        informer = Informer(api=nodes.api, collection=nodes.collection(), sink=NodeSink(cache))
         async with running(informer):
-            assert len(state.nodes) == 40
+            assert len(cache.nodes) == 40
     finally:
         ticking.cancel()
         await asyncio.gather(ticking, return_exceptions=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_testing import apiobjects as h
 from gpushare_testing.simulator import GpuClusterSimulator
 
@@ -39,12 +39,12 @@ async def _watched(sim: GpuClusterSimulator, name: str, *, since: str) -> dict[s
     raise AssertionError("the watch ended without the change")
 
 
-def _deliver(state: ClusterState, event: dict[str, Any]) -> None:
+def _deliver(cache: ClusterCache, event: dict[str, Any]) -> None:
     obj = event["object"]
     if event["type"] == "DELETED":
-        state.delete_policy(obj["metadata"]["name"], uid=obj["metadata"]["uid"])
+        cache.delete_policy(obj["metadata"]["name"], uid=obj["metadata"]["uid"])
     else:
-        state.upsert_policy(obj)
+        cache.upsert_policy(obj)
 
 
 @pytest.mark.parametrize("list_last", [True, False], ids=["watch-then-list", "list-then-watch"])
@@ -58,14 +58,14 @@ async def test_a_stale_list_never_resurrects_a_deleted_policy(
     deleted = await _watched(sim, name, since=created["metadata"]["resourceVersion"])
     assert deleted["type"] == "DELETED"
 
-    state = ClusterState()
-    state.upsert_policy(created)  # what the cache held before
+    cache = ClusterCache()
+    cache.upsert_policy(created)  # what the cache held before
     for step in [deleted, listed] if list_last else [listed, deleted]:
         if "type" in step:
-            _deliver(state, step)
+            _deliver(cache, step)
         else:
-            state.upsert_policy(step)
-    assert name not in state.policies
+            cache.upsert_policy(step)
+    assert name not in cache.policies
 
 
 @pytest.mark.parametrize("list_last", [True, False], ids=["watch-then-list", "list-then-watch"])
@@ -79,11 +79,11 @@ async def test_a_stale_list_never_rolls_a_policy_back(
     modified = await _watched(sim, name, since=listed["metadata"]["resourceVersion"])
     assert modified["object"]["metadata"]["generation"] == 2
 
-    state = ClusterState()
+    cache = ClusterCache()
     for step in [modified, listed] if list_last else [listed, modified]:
         if "type" in step:
-            _deliver(state, step)
+            _deliver(cache, step)
         else:
-            state.upsert_policy(step)
-    held = state.policies[name]
+            cache.upsert_policy(step)
+    held = cache.policies[name]
     assert (held.generation, held.replicas) == (2, 8)

@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_testing import agents
 
@@ -94,10 +94,10 @@ def _body(name: str, labels: dict[str, str], resources: dict[str, str | None]) -
     }
 
 
-def _react(state: ClusterState, name: str) -> None:
+def _react(cache: ClusterCache, name: str) -> None:
     """The agents' answer to the node's governing policy: its config, relabelled by GFD."""
-    record = state.nodes[name]
-    policy = state.governing(name)
+    record = cache.nodes[name]
+    policy = cache.governing(name)
     labels = dict(record.labels)
     sharing = agents.NO_SHARING
     if policy is not None and policy.config_key is not None and policy.config_text is not None:
@@ -105,12 +105,12 @@ def _react(state: ClusterState, name: str) -> None:
         sharing = agents.parse_device_plugin_config(policy.config_text) or agents.NO_SHARING
     gpus = int(labels["nvidia.com/gpu.count"])
     resources = agents.plugin_resources(gpus=gpus, sharing=sharing)
-    state.upsert_node(_body(name, agents.gfd_labels(labels, sharing), resources))
+    cache.upsert_node(_body(name, agents.gfd_labels(labels, sharing), resources))
 
 
-def _governors(state: ClusterState) -> dict[str, str | None]:
+def _governors(cache: ClusterCache) -> dict[str, str | None]:
     return {
-        name: (policy.name if (policy := state.governing(name)) else None) for name in state.nodes
+        name: (policy.name if (policy := cache.governing(name)) else None) for name in cache.nodes
     }
 
 
@@ -122,17 +122,17 @@ def _governors(state: ClusterState) -> dict[str, str | None]:
 def test_the_agents_reaction_never_moves_a_node(
     nodes: list[dict[str, str]], specs: list[dict[str, Any]]
 ) -> None:
-    state = ClusterState()
+    cache = ClusterCache()
     for index, spec in enumerate(specs):
         metadata = {"name": f"p{index}", "uid": f"uid-p{index}", "generation": 1}
-        state.upsert_policy({"metadata": metadata, "spec": spec})
+        cache.upsert_policy({"metadata": metadata, "spec": spec})
     for index, labels in enumerate(nodes):
         gpus = int(labels["nvidia.com/gpu.count"])
         unshared = agents.gfd_labels(labels, agents.NO_SHARING)  # GFD's labels before us
         resources = agents.plugin_resources(gpus=gpus, sharing=agents.NO_SHARING)
-        state.upsert_node(_body(f"n{index}", unshared, resources))
-    planned = _governors(state)
+        cache.upsert_node(_body(f"n{index}", unshared, resources))
+    planned = _governors(cache)
     for _ in range(2):  # the reaction, and the reaction to the reaction
-        for name in list(state.nodes):
-            _react(state, name)
-        assert _governors(state) == planned
+        for name in list(cache.nodes):
+            _react(cache, name)
+        assert _governors(cache) == planned

@@ -7,8 +7,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.core import nodestates, rollouts
+from gpushare_operator.cache.cluster import ClusterCache
+from gpushare_operator.core import nodephases, rollouts
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_operator.kubectl.standings import (
@@ -31,35 +31,35 @@ PACE = RolloutPace(propagation_delay=75, write_qps=100, verify_seconds=60)
 
 
 def test_a_settled_node_is_verified_on_its_policy_and_a_released_one_is_back_unshared() -> None:
-    state = ClusterState()
-    state.upsert_policy(policy("p", replicas=4, strategy="MPS", renameByDefault=True))
-    compiled = state.policies["p"]
-    state.upsert_node(node("n"))
-    settled = settled_body(state.nodes["n"], compiled)
-    state.upsert_node(settled)
-    decision = nodestates.decide(
-        record=state.nodes["n"],
+    cache = ClusterCache()
+    cache.upsert_policy(policy("p", replicas=4, strategy="MPS", renameByDefault=True))
+    compiled = cache.policies["p"]
+    cache.upsert_node(node("n"))
+    settled = settled_body(cache.nodes["n"], compiled)
+    cache.upsert_node(settled)
+    decision = nodephases.decide(
+        record=cache.nodes["n"],
         policy=compiled,
-        key=nodestates.KeyState(present=True),
+        key=nodephases.KeyReadiness(present=True),
         applied_since=None,
         now=0,
         mismatch_timeout=60,
     )
     assert decision.phase is NodePhase.VERIFIED, decision.message
-    state.upsert_node(settled_body(state.nodes["n"], None))
-    released = state.nodes["n"]
+    cache.upsert_node(settled_body(cache.nodes["n"], None))
+    released = cache.nodes["n"]
     assert released.policy_label is None and rollouts.release_settled(released)
 
 
 def test_the_target_is_what_the_published_status_says() -> None:
-    state = ClusterState()
-    state.upsert_policy(policy("p", replicas=3))
-    state.upsert_node(node("n", count="2"))
-    planner = Reconciler(state, timings=Timings(75, 300, 300), max_unavailable="10%").planner
-    decision = planner.decide(state.nodes["n"])
-    target = standing_of(state.nodes["n"], decision)
-    status = nodestates.render_status(
-        record=state.nodes["n"], decision=decision, previous=None, now="t"
+    cache = ClusterCache()
+    cache.upsert_policy(policy("p", replicas=3))
+    cache.upsert_node(node("n", count="2"))
+    planner = Reconciler(cache, timings=Timings(75, 300, 300), max_unavailable="10%").planner
+    decision = planner.decide(cache.nodes["n"])
+    target = standing_of(cache.nodes["n"], decision)
+    status = nodephases.render_status(
+        record=cache.nodes["n"], decision=decision, previous=None, now="t"
     )
     assert (target.policy, target.config_key, target.capacity) == (
         status["policy"],
@@ -88,7 +88,7 @@ def test_a_replicas_edit_goes_canary_first_then_by_budget_in_order_of_fewest_slo
     forecaster = Forecaster(max_unavailable="100%", pace=PACE)
     rollout = {"maxUnavailable": 2, "canary": 1}
     old_key = converged(forecaster, 6, rollout=rollout)
-    forecaster.state.upsert_pod(pod("busy", "n0", 5))
+    forecaster.cache.upsert_pod(pod("busy", "n0", 5))
     forecast = forecaster.run([policy("p", replicas=4, generation=2, rollout=rollout)])
     assert [c.name for c in forecast.changes] == [f"n{i}" for i in range(6)]
     assert {(c.before.capacity, c.after.capacity) for c in forecast.changes} == {(8, 16)}
@@ -106,7 +106,7 @@ def test_a_replicas_edit_goes_canary_first_then_by_budget_in_order_of_fewest_slo
 def test_a_fresh_node_goes_at_once_and_the_cluster_budget_caps_every_policy() -> None:
     forecaster = Forecaster(max_unavailable=1, pace=PACE)
     converged(forecaster, 2, rollout={"maxUnavailable": "100%", "canary": 0})
-    forecaster.state.upsert_node(node("fresh"))
+    forecaster.cache.upsert_node(node("fresh"))
     forecast = forecaster.run(
         [policy("p", replicas=4, generation=2, rollout={"maxUnavailable": "100%", "canary": 0})]
     )
@@ -121,23 +121,23 @@ def test_nodes_whose_key_exists_go_while_a_new_key_propagates_and_take_the_budge
     node moving to a policy whose key is already there is admitted at once, and holds the
     cluster-wide budget while the new key's nodes wait."""
     forecaster = Forecaster(max_unavailable=1, pace=PACE)
-    state = forecaster.state
-    state.upsert_policy(policy("p", replicas=2, priority=100))
-    state.upsert_policy(policy("r", pool="b", priority=50))
+    cache = forecaster.cache
+    cache.upsert_policy(policy("p", replicas=2, priority=100))
+    cache.upsert_policy(policy("r", pool="b", priority=50))
     wide = policy("q", replicas=3, priority=10)
     wide["spec"]["nodeSelector"] = {
         "matchExpressions": [{"key": "pool", "operator": "In", "values": ["b", "c"]}]
     }
-    state.upsert_policy(wide)
-    keys = {n: str(p.config_key) for n, p in state.policies.items()}
-    state.set_config_data({**dict.fromkeys(keys.values(), "x"), "default": "d"}, initial=True)
+    cache.upsert_policy(wide)
+    keys = {n: str(p.config_key) for n, p in cache.policies.items()}
+    cache.set_config_data({**dict.fromkeys(keys.values(), "x"), "default": "d"}, initial=True)
     for name, pool, owner, replicas in (
         ("a0", "a", "p", 2),
         ("a1", "a", "p", 2),
         ("b0", "b", "r", 4),
         ("c0", "c", "q", 3),
     ):
-        state.upsert_node(node(name, pool=pool, **on(keys[owner], owner, replicas)))
+        cache.upsert_node(node(name, pool=pool, **on(keys[owner], owner, replicas)))
     forecast = forecaster.run(
         [
             policy("p", replicas=4, priority=100, generation=2),
@@ -151,7 +151,7 @@ def test_nodes_whose_key_exists_go_while_a_new_key_propagates_and_take_the_budge
 def test_pods_that_would_not_fit_hold_their_node_and_block_the_plan() -> None:
     forecaster = Forecaster(max_unavailable="100%", pace=PACE)
     converged(forecaster, 2, rollout={"maxUnavailable": "100%", "canary": 0})
-    forecaster.state.upsert_pod(pod("big", "n0", 7))
+    forecaster.cache.upsert_pod(pod("big", "n0", 7))
     forecast = forecaster.run([policy("p", replicas=1, generation=2, strategy="Exclusive")])
     [misfit] = forecast.misfits
     assert (misfit.node, [p.name for p in misfit.pods]) == ("n0", ["big"])
@@ -164,7 +164,7 @@ def test_pods_that_would_not_fit_hold_their_node_and_block_the_plan() -> None:
 def test_with_proceed_the_overcommitted_node_changes_anyway() -> None:
     forecaster = Forecaster(max_unavailable="100%", pace=PACE)
     converged(forecaster, 1)
-    forecaster.state.upsert_pod(pod("big", "n0", 7))
+    forecaster.cache.upsert_pod(pod("big", "n0", 7))
     spec = {"rollout": {"podPolicy": "Proceed", "canary": 0}, "strategy": "Exclusive"}
     forecast = forecaster.run([policy("p", replicas=1, generation=2, **spec)])
     assert forecast.misfits and not forecast.held
@@ -175,8 +175,8 @@ def test_an_overlapping_policy_wins_nodes_and_rolls_them_under_its_own_budget() 
     forecaster = Forecaster(max_unavailable="100%", pace=PACE)
     converged(forecaster, 4)
     for i in range(2):
-        forecaster.state.upsert_node(
-            node(f"n{i}", rack="r0", **forecaster.state.nodes[f"n{i}"].labels)
+        forecaster.cache.upsert_node(
+            node(f"n{i}", rack="r0", **forecaster.cache.nodes[f"n{i}"].labels)
         )
     greedy = policy("greedy", replicas=8, priority=100, rollout={"maxUnavailable": 1, "canary": 0})
     greedy["spec"]["nodeSelector"] = {"matchLabels": {"rack": "r0"}}
@@ -204,8 +204,8 @@ def test_a_deletion_releases_the_nodes_under_the_policys_budget_without_a_canary
 def test_a_policy_that_cannot_work_on_a_node_leaves_it_unsupported() -> None:
     forecaster = Forecaster(max_unavailable="100%", pace=PACE)
     converged(forecaster, 2)
-    labels = dict(forecaster.state.nodes["n1"].labels)
-    forecaster.state.upsert_node(node("n1", **{**labels, "nvidia.com/mig.strategy": "mixed"}))
+    labels = dict(forecaster.cache.nodes["n1"].labels)
+    forecaster.cache.upsert_node(node("n1", **{**labels, "nvidia.com/mig.strategy": "mixed"}))
     forecast = forecaster.run([policy("p", replicas=2, generation=2, strategy="MPS")])
     assert [(c.name, c.after.standing) for c in forecast.unsupported] == [("n1", UNSUPPORTED)]
     assert (
@@ -240,16 +240,16 @@ def test_every_node_to_change_is_in_exactly_one_batch_or_held(
     nodes: list[tuple[str, int]], edit: dict[str, Any], cluster: int | str
 ) -> None:
     forecaster = Forecaster(max_unavailable=cluster, pace=PACE)
-    state = forecaster.state
+    cache = forecaster.cache
     for name, pool in (("p", "a"), ("q", "b")):
-        state.upsert_policy(policy(name, pool=pool, replicas=2))
-    keys = {n: str(p.config_key) for n, p in state.policies.items()}
-    state.set_config_data({**dict.fromkeys(keys.values(), "x"), "default": "d"}, initial=True)
+        cache.upsert_policy(policy(name, pool=pool, replicas=2))
+    keys = {n: str(p.config_key) for n, p in cache.policies.items()}
+    cache.set_config_data({**dict.fromkeys(keys.values(), "x"), "default": "d"}, initial=True)
     for i, (pool, slots) in enumerate(nodes):
         owner = "p" if pool == "a" else "q"
-        state.upsert_node(node(f"n{i}", pool=pool, **on(keys[owner], owner, 2)))
+        cache.upsert_node(node(f"n{i}", pool=pool, **on(keys[owner], owner, 2)))
         if slots:
-            state.upsert_pod(pod(f"pod{i}", f"n{i}", slots))
+            cache.upsert_pod(pod(f"pod{i}", f"n{i}", slots))
     rollout = {"maxUnavailable": edit["maxUnavailable"], "canary": edit["canary"]}
     planned = policy(
         "p",
@@ -270,7 +270,7 @@ def test_every_node_to_change_is_in_exactly_one_batch_or_held(
             budget = forecast.budgets[charged].max_unavailable
             assert sum(c == charged for _, c in batch.nodes) <= budget
     # Each node ends where a fresh state with the planned policy in force would put it.
-    fresh = ClusterState()
+    fresh = ClusterCache()
     fresh.upsert_policy(planned)
     fresh.upsert_policy(policy("q", pool="b", replicas=2))
     for i, (pool, _) in enumerate(nodes):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import rewrittenlabels, selectors
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
@@ -28,15 +28,15 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def state(clock: Clock) -> ClusterState:
-    return ClusterState(clock=clock, wallclock=lambda: 1_800_000_000.0 + clock.now)
+def cache(clock: Clock) -> ClusterCache:
+    return ClusterCache(clock=clock, wallclock=lambda: 1_800_000_000.0 + clock.now)
 
 
 @pytest.fixture
-def planner(state: ClusterState) -> PlanningLoop:
+def planner(cache: ClusterCache) -> PlanningLoop:
     timings = Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60)
     reconciler = Reconciler(
-        state, timings=timings, max_unavailable="10%", wallclock=lambda: "2026-11-29T00:00:00Z"
+        cache, timings=timings, max_unavailable="10%", wallclock=lambda: "2026-11-29T00:00:00Z"
     )
     return PlanningLoop(reconciler)
 
@@ -46,11 +46,11 @@ def by_product(name: str, *products: str, **spec: object) -> dict[str, object]:
     return policy(name, nodeSelector=selector, **spec)
 
 
-def applied(state: ClusterState, name: str, *, pool: str = "a", **labels: str) -> None:
+def applied(cache: ClusterCache, name: str, *, pool: str = "a", **labels: str) -> None:
     """The node as the agents leave it once the governing policy's config is in force."""
-    winner = state.governing(name)
+    winner = cache.governing(name)
     assert winner is not None and winner.config_key is not None
-    state.upsert_node(
+    cache.upsert_node(
         node(
             name,
             pool=pool,
@@ -97,17 +97,17 @@ def test_a_shared_product_value_is_refused_with_why() -> None:
 
 
 def test_gfd_suffix_keeps_the_node_with_its_policy(
-    state: ClusterState, planner: PlanningLoop
+    cache: ClusterCache, planner: PlanningLoop
 ) -> None:
-    state.upsert_policy(by_product("a10g", "NVIDIA-A10G"))
-    key = state.policies["a10g"].config_key
+    cache.upsert_policy(by_product("a10g", "NVIDIA-A10G"))
+    key = cache.policies["a10g"].config_key
     assert key is not None
-    sync_config(state, {key: "x"}, initial=True)
-    state.upsert_node(node("n1", **{PRODUCT: "NVIDIA-A10G"}))
+    sync_config(cache, {key: "x"}, initial=True)
+    cache.upsert_node(node("n1", **{PRODUCT: "NVIDIA-A10G"}))
     plan = planner.plan_node("n1")
     assert plan is not None and plan.labels == {CONFIG_LABEL: key, POLICY_LABEL: "a10g"}
     applied(
-        state,
+        cache,
         "n1",
         **{
             PRODUCT: "NVIDIA-A10G-SHARED",
@@ -115,7 +115,7 @@ def test_gfd_suffix_keeps_the_node_with_its_policy(
             "nvidia.com/gpu.sharing-strategy": "time-slicing",
         },
     )
-    decision = planner.decide(state.nodes["n1"])
+    decision = planner.decide(cache.nodes["n1"])
     assert decision.phase is NodePhase.VERIFIED and decision.labels is None
     plan = planner.plan_node("n1")
     assert plan is not None and plan.status is not None
@@ -126,94 +126,94 @@ def test_gfd_suffix_keeps_the_node_with_its_policy(
 
 
 def test_verified_needs_allocatable_and_says_what_disagrees(
-    state: ClusterState, planner: PlanningLoop, clock: Clock
+    cache: ClusterCache, planner: PlanningLoop, clock: Clock
 ) -> None:
-    state.upsert_policy(policy("p"))
-    sync_config(state, {str(state.policies["p"].config_key): "x"}, initial=True)
-    state.upsert_node(node("n1"))
+    cache.upsert_policy(policy("p"))
+    sync_config(cache, {str(cache.policies["p"].config_key): "x"}, initial=True)
+    cache.upsert_node(node("n1"))
     gfd = {"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"}
-    applied(state, "n1", allocatable="4", **gfd)  # GFD agrees, the plugin still shows 4
-    decision = planner.decide(state.nodes["n1"])
+    applied(cache, "n1", allocatable="4", **gfd)  # GFD agrees, the plugin still shows 4
+    decision = planner.decide(cache.nodes["n1"])
     assert decision.phase is NodePhase.APPLIED
     assert "expected" not in decision.message  # what is seen changes: said at the timeout
     planner.plan_node("n1")
     clock.now += 61
-    decision = planner.decide(state.nodes["n1"])
+    decision = planner.decide(cache.nodes["n1"])
     assert decision.phase is NodePhase.MISMATCH
     assert "allocatable nvidia.com/gpu is 4, expected 16" in decision.message
-    applied(state, "n1", **gfd)  # now 16
-    assert planner.decide(state.nodes["n1"]).phase is NodePhase.VERIFIED
+    applied(cache, "n1", **gfd)  # now 16
+    assert planner.decide(cache.nodes["n1"]).phase is NodePhase.VERIFIED
 
 
 def test_a_restart_window_of_a_verified_node_is_no_mismatch(
-    state: ClusterState, planner: PlanningLoop, clock: Clock
+    cache: ClusterCache, planner: PlanningLoop, clock: Clock
 ) -> None:
-    state.upsert_policy(policy("p"))
-    sync_config(state, {str(state.policies["p"].config_key): "x"}, initial=True)
-    state.upsert_node(node("n1"))
+    cache.upsert_policy(policy("p"))
+    sync_config(cache, {str(cache.policies["p"].config_key): "x"}, initial=True)
+    cache.upsert_node(node("n1"))
     gfd = {"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"}
-    applied(state, "n1", **gfd)
+    applied(cache, "n1", **gfd)
     planner.plan_node("n1")
     clock.now += 600  # long confirmed
-    assert planner.decide(state.nodes["n1"]).phase is NodePhase.VERIFIED
+    assert planner.decide(cache.nodes["n1"]).phase is NodePhase.VERIFIED
     planner.plan_node("n1")
-    applied(state, "n1", allocatable="0", **gfd)  # the device plugin restarts
-    decision = planner.decide(state.nodes["n1"])
+    applied(cache, "n1", allocatable="0", **gfd)  # the device plugin restarts
+    decision = planner.decide(cache.nodes["n1"])
     assert decision.phase is NodePhase.APPLIED
     assert decision.recheck_at == clock.now + 60
     planner.plan_node("n1")
     clock.now += 2
-    applied(state, "n1", **gfd)
-    assert planner.decide(state.nodes["n1"]).phase is NodePhase.VERIFIED
+    applied(cache, "n1", **gfd)
+    assert planner.decide(cache.nodes["n1"]).phase is NodePhase.VERIFIED
 
 
 def test_renamed_resource_is_checked_under_its_shared_name(
-    state: ClusterState, planner: PlanningLoop, clock: Clock
+    cache: ClusterCache, planner: PlanningLoop, clock: Clock
 ) -> None:
-    state.upsert_policy(policy("p", renameByDefault=True))
-    sync_config(state, {str(state.policies["p"].config_key): "x"}, initial=True)
-    state.upsert_node(node("n1"))
+    cache.upsert_policy(policy("p", renameByDefault=True))
+    sync_config(cache, {str(cache.policies["p"].config_key): "x"}, initial=True)
+    cache.upsert_node(node("n1"))
     gfd = {"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"}
-    applied(state, "n1", **gfd)  # 16 of nvidia.com/gpu: the wrong resource
+    applied(cache, "n1", **gfd)  # 16 of nvidia.com/gpu: the wrong resource
     planner.plan_node("n1")  # the Mismatch clock starts
     clock.now += 61
-    decision = planner.decide(state.nodes["n1"])
+    decision = planner.decide(cache.nodes["n1"])
     assert decision.phase is NodePhase.MISMATCH
     assert "allocatable nvidia.com/gpu.shared is None, expected 16" in decision.message
     body = node("n1", allocatable="0", **gfd)
     body["metadata"]["labels"].update(
-        {CONFIG_LABEL: str(state.policies["p"].config_key), POLICY_LABEL: "p"}
+        {CONFIG_LABEL: str(cache.policies["p"].config_key), POLICY_LABEL: "p"}
     )
     body["status"]["allocatable"]["nvidia.com/gpu.shared"] = "16"
-    state.upsert_node(body)
-    assert planner.decide(state.nodes["n1"]).phase is NodePhase.VERIFIED
+    cache.upsert_node(body)
+    assert planner.decide(cache.nodes["n1"]).phase is NodePhase.VERIFIED
 
 
 # -- Exclusive and fall-through ---------------------------------------------------------------
 
 
 def test_exclusive_carves_a_pool_out_of_a_wider_sharing_policy(
-    state: ClusterState, planner: PlanningLoop
+    cache: ClusterCache, planner: PlanningLoop
 ) -> None:
-    state.upsert_policy(policy("everything", nodeSelector={}, priority=10))
+    cache.upsert_policy(policy("everything", nodeSelector={}, priority=10))
     carve = {"matchLabels": {"team": "training"}}
     body = policy("training", nodeSelector=carve, priority=200, strategy="Exclusive")
     del body["spec"]["replicas"]  # type: ignore[attr-defined]
-    state.upsert_policy(body)
-    exclusive = state.policies["training"]
+    cache.upsert_policy(body)
+    exclusive = cache.policies["training"]
     assert exclusive.config_key is not None and "-excl-" in exclusive.config_key
     sync_config(
-        state,
-        {str(p.config_key): "x" for p in state.policies.values()},
+        cache,
+        {str(p.config_key): "x" for p in cache.policies.values()},
         initial=True,
     )
-    state.upsert_node(node("t1", team="training"))
-    state.upsert_node(node("s1"))
+    cache.upsert_node(node("t1", team="training"))
+    cache.upsert_node(node("s1"))
     assert planner.governing("t1") is exclusive
     governing = planner.governing("s1")
     assert governing is not None and governing.name == "everything"
-    applied(state, "t1", team="training")  # no sharing labels: an old GFD; 4 GPUs, 4 allocatable
-    assert planner.decide(state.nodes["t1"]).phase is NodePhase.VERIFIED
+    applied(cache, "t1", team="training")  # no sharing labels: an old GFD; 4 GPUs, 4 allocatable
+    assert planner.decide(cache.nodes["t1"]).phase is NodePhase.VERIFIED
     plan = planner.plan_node("t1")
     assert plan is not None and plan.status is not None
     assert plan.status["slots"]["capacity"] == 4 and plan.status["replicas"] == 1
@@ -221,18 +221,18 @@ def test_exclusive_carves_a_pool_out_of_a_wider_sharing_policy(
 
 
 def test_an_unsupported_winner_falls_through_to_the_next_policy(
-    state: ClusterState, planner: PlanningLoop
+    cache: ClusterCache, planner: PlanningLoop
 ) -> None:
-    state.upsert_policy(policy("mps", priority=100, strategy="MPS"))
-    state.upsert_policy(policy("ts", priority=1))
-    sync_config(state, {str(p.config_key): "x" for p in state.policies.values()}, initial=True)
-    state.upsert_node(node("mig", **{"nvidia.com/mig.strategy": "mixed"}))
-    state.upsert_node(node("plain"))
+    cache.upsert_policy(policy("mps", priority=100, strategy="MPS"))
+    cache.upsert_policy(policy("ts", priority=1))
+    sync_config(cache, {str(p.config_key): "x" for p in cache.policies.values()}, initial=True)
+    cache.upsert_node(node("mig", **{"nvidia.com/mig.strategy": "mixed"}))
+    cache.upsert_node(node("plain"))
     governing = planner.governing("mig")
     assert governing is not None and governing.name == "ts"
     plan = planner.plan_node("mig")
     assert plan is not None and plan.labels == {
-        CONFIG_LABEL: state.policies["ts"].config_key,
+        CONFIG_LABEL: cache.policies["ts"].config_key,
         POLICY_LABEL: "ts",
     }
     mps = planner.plan_policy("mps").status
@@ -246,11 +246,11 @@ def test_an_unsupported_winner_falls_through_to_the_next_policy(
 
 
 def test_when_no_policy_can_work_the_node_is_unsupported_and_left_alone(
-    state: ClusterState, planner: PlanningLoop
+    cache: ClusterCache, planner: PlanningLoop
 ) -> None:
-    state.upsert_policy(policy("mps", strategy="MPS"))
-    sync_config(state, {str(state.policies["mps"].config_key): "x"}, initial=True)
-    state.upsert_node(node("mig", **{"nvidia.com/mig.strategy": "mixed"}))
+    cache.upsert_policy(policy("mps", strategy="MPS"))
+    sync_config(cache, {str(cache.policies["mps"].config_key): "x"}, initial=True)
+    cache.upsert_node(node("mig", **{"nvidia.com/mig.strategy": "mixed"}))
     plan = planner.plan_node("mig")
     assert plan is not None and plan.labels is None
     assert plan.status is not None and plan.status["phase"] == "Unsupported"
@@ -262,34 +262,34 @@ def test_when_no_policy_can_work_the_node_is_unsupported_and_left_alone(
 
 
 def test_a_propagation_wait_is_published_once_as_an_absolute_time(
-    state: ClusterState, planner: PlanningLoop, clock: Clock
+    cache: ClusterCache, planner: PlanningLoop, clock: Clock
 ) -> None:
-    sync_config(state, None, initial=True)
-    state.upsert_node(node("n1"))
-    state.upsert_policy(policy("p"))
+    sync_config(cache, None, initial=True)
+    cache.upsert_node(node("n1"))
+    cache.upsert_policy(policy("p"))
     data = planner.plan_config().data
     assert data is not None
-    sync_config(state, data, initial=False)
+    sync_config(cache, data, initial=False)
     first = planner.plan_node("n1")
     assert first is not None and first.status is not None
     ready_at = first.status["configReadyAt"]
     assert ready_at == "2027-01-15T08:17:55Z"  # 1.8e9 + 1000 + 75 s, whole seconds down
     assert ready_at in first.status["conditions"][0]["message"]
-    state.node_states["n1"] = first.status  # as written
+    cache.node_states["n1"] = first.status  # as written
     for _ in range(3):  # other policies' ConfigMap changes re-plan every node
         clock.now += 10
-        sync_config(state, {**data, f"other-ts2-{clock.now:06.0f}"[-16:]: "y"}, initial=False)
+        sync_config(cache, {**data, f"other-ts2-{clock.now:06.0f}"[-16:]: "y"}, initial=False)
         assert not planner.plan_node("n1").writes
 
 
-def test_capacity_alone_makes_and_unmakes_a_gpu_node(state: ClusterState) -> None:
-    state.upsert_policy(policy("p", nodeSelector={}))
+def test_capacity_alone_makes_and_unmakes_a_gpu_node(cache: ClusterCache) -> None:
+    cache.upsert_policy(policy("p", nodeSelector={}))
     bare = {
         "metadata": {"name": "n1", "uid": "u1", "resourceVersion": "1", "labels": {"pool": "a"}},
         "status": {"capacity": {"nvidia.com/gpu": "2"}},
     }
-    state.upsert_node(bare)
-    assert state.index.policies_of("n1") == {"p"}
+    cache.upsert_node(bare)
+    assert cache.index.policies_of("n1") == {"p"}
     gone = {**bare, "metadata": {**bare["metadata"], "resourceVersion": "2"}, "status": {}}
-    state.upsert_node(gone)
-    assert state.index.policies_of("n1") == frozenset()
+    cache.upsert_node(gone)
+    assert cache.index.policies_of("n1") == frozenset()

@@ -85,14 +85,14 @@ def operator(monkeypatch: pytest.MonkeyPatch, *, delay: float) -> tuple[Assembly
     )
     handle = ApiHandle(configuration=client.Configuration(), api=None)  # type: ignore[arg-type]
     op = Assembly(settings=settings, handle=handle)
-    state = op.state
-    state.upsert_policy(policy("p"))
-    key = state.policies["p"].config_key
+    cache = op.cache
+    cache.upsert_policy(policy("p"))
+    key = cache.policies["p"].config_key
     assert key is not None
-    state.set_config_data({key: "x", "default": "y"}, initial=True)
+    cache.set_config_data({key: "x", "default": "y"}, initial=True)
     for body in bodies.values():
-        state.upsert_node(body)
-    state.config_synced = True
+        cache.upsert_node(body)
+    cache.config_synced = True
     return op, api
 
 

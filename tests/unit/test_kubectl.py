@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.kubectl import cli, explain, manifests, output, planview
 from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_operator.kubectl.plan import PlanOptions, report
@@ -81,8 +81,8 @@ def planned(body: dict[str, Any], action: str, current: dict[str, Any] | None) -
 def test_the_report_counts_per_policy_and_pool_and_exits_2_on_an_overcommit() -> None:
     forecaster = Forecaster(max_unavailable="100%", pace=RolloutPace())
     converged(forecaster, 2, rollout={"maxUnavailable": 1, "canary": 1})
-    forecaster.state.upsert_pod(pod("big", "n0", 7))
-    current = dict(forecaster.state.policies)
+    forecaster.cache.upsert_pod(pod("big", "n0", 7))
+    current = dict(forecaster.cache.policies)
     old = policy("p", replicas=2, rollout={"maxUnavailable": 1, "canary": 1})
     new = policy("p", replicas=1, generation=2, strategy="Exclusive")
     forecast = forecaster.run([new])
@@ -90,7 +90,7 @@ def test_the_report_counts_per_policy_and_pool_and_exits_2_on_an_overcommit() ->
         forecast=forecast,
         planned=[planned(new, "update", old)],
         current=current,
-        after=dict(forecaster.state.policies),
+        after=dict(forecaster.cache.policies),
         options=PlanOptions(),
     )
     [entry] = plan["policies"]
@@ -111,14 +111,14 @@ def test_the_report_counts_per_policy_and_pool_and_exits_2_on_an_overcommit() ->
 def test_a_new_overlapping_policy_shows_who_loses_which_nodes_to_it() -> None:
     forecaster = Forecaster(max_unavailable="100%", pace=RolloutPace(propagation_delay=5))
     converged(forecaster, 2)
-    current = dict(forecaster.state.policies)
+    current = dict(forecaster.cache.policies)
     greedy = policy("greedy", priority=9, replicas=8, rollout={"canary": 0})
     forecast = forecaster.run([greedy])
     plan = report(
         forecast=forecast,
         planned=[planned(greedy, "create", None)],
         current=current,
-        after=dict(forecaster.state.policies),
+        after=dict(forecaster.cache.policies),
         options=PlanOptions(),
     )
     by_name = {p["name"]: p for p in plan["policies"]}
@@ -138,14 +138,14 @@ def test_a_new_overlapping_policy_shows_who_loses_which_nodes_to_it() -> None:
 
 
 def test_the_ranking_says_why_each_policy_wins_loses_or_is_skipped() -> None:
-    state = ClusterState()
-    state.upsert_policy(policy("high", priority=9, strategy="MPS"))
-    state.upsert_policy(policy("mid", priority=5))
-    state.upsert_policy(policy("also-mid", priority=5))
-    state.upsert_node(node("n", **{"nvidia.com/mig.strategy": "mixed"}))
-    winner = state.governing("n")
+    cache = ClusterCache()
+    cache.upsert_policy(policy("high", priority=9, strategy="MPS"))
+    cache.upsert_policy(policy("mid", priority=5))
+    cache.upsert_policy(policy("also-mid", priority=5))
+    cache.upsert_node(node("n", **{"nvidia.com/mig.strategy": "mixed"}))
+    winner = cache.governing("n")
     assert winner is not None and winner.name == "also-mid"
-    ranking = explain._ranking(state, state.nodes["n"], winner)
+    ranking = explain._ranking(cache, cache.nodes["n"], winner)
     assert [(r["name"], r["outcome"]) for r in ranking] == [
         ("high", "skipped"),
         ("also-mid", "governs"),
@@ -250,12 +250,12 @@ def test_the_plugins_page_shows_its_help_as_it_is(
 def test_explain_names_slots_held_of_a_resource_the_target_does_not_advertise() -> None:
     """A node held back for its pods still runs the old config: its pods hold
     ``nvidia.com/gpu.shared`` while the target advertises ``nvidia.com/gpu``."""
-    state = ClusterState()
-    state.tracked_resources.add("nvidia.com/gpu.shared")
-    state.upsert_node(node("n"))
-    state.upsert_pod(pod("etl", "n", 4, resource="nvidia.com/gpu.shared"))
-    state.upsert_pod(pod("web", "n", 1))
-    usage = explain._slots(state, "n", "nvidia.com/gpu", 8)
+    cache = ClusterCache()
+    cache.tracked_resources.add("nvidia.com/gpu.shared")
+    cache.upsert_node(node("n"))
+    cache.upsert_pod(pod("etl", "n", 4, resource="nvidia.com/gpu.shared"))
+    cache.upsert_pod(pod("web", "n", 1))
+    usage = explain._slots(cache, "n", "nvidia.com/gpu", 8)
     assert (usage["allocated"], usage["otherResources"]) == (1, {"nvidia.com/gpu.shared": 4})
     text = explain._render_slots(usage, output.Style())
     assert text.splitlines()[:2] == [

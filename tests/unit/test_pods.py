@@ -1,6 +1,6 @@
 """Pod usage without any API: effective requests, slim records, and the incremental ledger.
 
-The property test drives a ``ClusterState`` through random pod, node and policy events, the way
+The property test drives a ``ClusterCache`` through random pod, node and policy events, the way
 the informers and kopf would deliver them, and holds the ledger's O(1) counters to a
 from-scratch recomputation (``core.pods.total``) after every step.
 """
@@ -26,8 +26,8 @@ from hypothesis.stateful import (
     rule,
 )
 
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import PodSink
-from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.cache.usage import UsageLedger
 from gpushare_operator.core import devconfigs
 from gpushare_operator.core.pods import (
@@ -421,94 +421,94 @@ class NoScan(dict[str, PodRecord]):
 
 
 def test_no_event_scans_all_pods() -> None:
-    state = ClusterState()
-    state.usage.pods = NoScan(state.usage.pods)
+    cache = ClusterCache()
+    cache.usage.pods = NoScan(cache.usage.pods)
     for index in range(3):
-        state.upsert_node(node_body(f"n{index}", pool="a"))
-    state.upsert_policy(policy_body("p", pool="a", rename=True))
+        cache.upsert_node(node_body(f"n{index}", pool="a"))
+    cache.upsert_policy(policy_body("p", pool="a", rename=True))
     for index in range(200):
-        state.upsert_pod(pod_body(f"u{index}", node=f"n{index % 3}", pod_spec=spec(app("1"))))
-    state.upsert_pod(pod_body("u1", node="n2", phase="Running"))  # rebind
-    state.upsert_pod(pod_body("u2", node="n2", phase="Succeeded"))
-    state.delete_pod("u3")
-    state.upsert_node(node_body("n0", pool="b"))  # relabel out of the pool
-    state.upsert_policy(policy_body("p", pool="a", generation=2, replicas=2, rename=True))
-    state.upsert_policy(policy_body("q", pool="b", rename=True, priority=1))
-    state.delete_node("n1")
-    state.delete_policy("q")
+        cache.upsert_pod(pod_body(f"u{index}", node=f"n{index % 3}", pod_spec=spec(app("1"))))
+    cache.upsert_pod(pod_body("u1", node="n2", phase="Running"))  # rebind
+    cache.upsert_pod(pod_body("u2", node="n2", phase="Succeeded"))
+    cache.delete_pod("u3")
+    cache.upsert_node(node_body("n0", pool="b"))  # relabel out of the pool
+    cache.upsert_policy(policy_body("p", pool="a", generation=2, replicas=2, rename=True))
+    cache.upsert_policy(policy_body("q", pool="b", rename=True, priority=1))
+    cache.delete_node("n1")
+    cache.delete_policy("q")
     # n2 had 66 pods; u1 moved in, u2 finished; n0 left the pool, n1 is gone.
-    assert state.usage.policy_slots("p") == 66
-    assert state.usage.node_usage("n2", SHARED) == (66, 66)
+    assert cache.usage.policy_slots("p") == 66
+    assert cache.usage.node_usage("n2", SHARED) == (66, 66)
 
 
 def test_pod_events_mark_their_node_and_policy_dirty() -> None:
-    state = ClusterState()
-    state.upsert_node(node_body("n1", pool="a"))
-    state.upsert_node(node_body("n2", pool="b"))
-    state.upsert_policy(policy_body("p", pool="a", resource=GPU, rename=True))
-    drain(state)
-    state.upsert_pod(pod_body("u", node="n1", pod_spec=spec(app("2"))))
-    assert (set(state.dirty.nodes), set(state.dirty.policies)) == ({"n1"}, {"p"})
-    assert state.usage.policy_slots("p") == 2
-    drain(state)
-    state.upsert_pod(pod_body("u", node="n2", pod_spec=spec(app("2"))))  # rebound
-    assert (set(state.dirty.nodes), set(state.dirty.policies)) == ({"n1", "n2"}, {"p"})
-    assert state.usage.policy_slots("p") == 0
-    drain(state)
-    state.upsert_pod(pod_body("u", node=None, pod_spec=spec(app("2"))))
-    state.upsert_pod(pod_body("u", node=None, phase="Running", pod_spec=spec(app("2"))))
-    assert set(state.dirty.nodes) == {"n2"}
-    drain(state)
-    state.upsert_pod(pod_body("v", node=None))  # unbound and new: no counter moved
-    state.upsert_pod(podbodies.plain_pod(name="web", node="n1"))
-    assert not state.dirty.nodes and not state.dirty.policies
+    cache = ClusterCache()
+    cache.upsert_node(node_body("n1", pool="a"))
+    cache.upsert_node(node_body("n2", pool="b"))
+    cache.upsert_policy(policy_body("p", pool="a", resource=GPU, rename=True))
+    drain(cache)
+    cache.upsert_pod(pod_body("u", node="n1", pod_spec=spec(app("2"))))
+    assert (set(cache.queue.nodes), set(cache.queue.policies)) == ({"n1"}, {"p"})
+    assert cache.usage.policy_slots("p") == 2
+    drain(cache)
+    cache.upsert_pod(pod_body("u", node="n2", pod_spec=spec(app("2"))))  # rebound
+    assert (set(cache.queue.nodes), set(cache.queue.policies)) == ({"n1", "n2"}, {"p"})
+    assert cache.usage.policy_slots("p") == 0
+    drain(cache)
+    cache.upsert_pod(pod_body("u", node=None, pod_spec=spec(app("2"))))
+    cache.upsert_pod(pod_body("u", node=None, phase="Running", pod_spec=spec(app("2"))))
+    assert set(cache.queue.nodes) == {"n2"}
+    drain(cache)
+    cache.upsert_pod(pod_body("v", node=None))  # unbound and new: no counter moved
+    cache.upsert_pod(podbodies.plain_pod(name="web", node="n1"))
+    assert not cache.queue.nodes and not cache.queue.policies
 
 
 def test_new_resource_asks_for_a_relist_once_and_the_relist_recovers_its_pods() -> None:
-    state = ClusterState()
+    cache = ClusterCache()
     calls: list[str] = []
-    state.on_new_resource = lambda: calls.append("relist")
-    sink = PodSink(state)
-    state.upsert_node(node_body("n1", pool="mig"))
+    cache.on_new_resource = lambda: calls.append("relist")
+    sink = PodSink(cache)
+    cache.upsert_node(node_body("n1", pool="mig"))
     mig_pod = pod_body("m", node="n1", pod_spec=spec(app("2", resource=MIG)))
     shared_pod = pod_body("s", node="n1", pod_spec=spec(app("1", resource=SHARED)))
     for body in (mig_pod, shared_pod):
         sink.apply("ADDED", body)
-    assert set(state.usage.pods) == {"s"}  # nobody advertises MIG yet: not kept
+    assert set(cache.usage.pods) == {"s"}  # nobody advertises MIG yet: not kept
 
-    state.upsert_policy(policy_body("p", pool="gpu", resource=GPU, rename=True))
+    cache.upsert_policy(policy_body("p", pool="gpu", resource=GPU, rename=True))
     assert calls == []  # nvidia.com/gpu.shared is always tracked
-    state.upsert_policy(policy_body("mig", pool="mig", resource=MIG))
+    cache.upsert_policy(policy_body("mig", pool="mig", resource=MIG))
     assert calls == ["relist"]
-    assert MIG in state.tracked_resources
-    state.upsert_policy(policy_body("mig", pool="mig", resource=MIG, generation=2, replicas=2))
-    state.upsert_policy(policy_body("mig-2", pool="other", resource=MIG))
-    state.upsert_policy({**policy_body("mig", pool="mig", resource=MIG, generation=2)})
+    assert MIG in cache.tracked_resources
+    cache.upsert_policy(policy_body("mig", pool="mig", resource=MIG, generation=2, replicas=2))
+    cache.upsert_policy(policy_body("mig-2", pool="other", resource=MIG))
+    cache.upsert_policy({**policy_body("mig", pool="mig", resource=MIG, generation=2)})
     assert calls == ["relist"]  # MIG is known now
-    assert state.usage.policy_slots("mig") == 0  # …but its pod was skipped until the relist
+    assert cache.usage.policy_slots("mig") == 0  # …but its pod was skipped until the relist
 
     sink.begin_relist()
     for body in (mig_pod, shared_pod):
         sink.relist_item(body)
     sink.end_relist()
-    assert set(state.usage.pods) == {"m", "s"}
-    assert state.usage.policy_slots("mig") == 2
-    assert state.usage.node_usage("n1", MIG) == (2, 1)
+    assert set(cache.usage.pods) == {"m", "s"}
+    assert cache.usage.policy_slots("mig") == 2
+    assert cache.usage.node_usage("n1", MIG) == (2, 1)
 
-    state.upsert_policy(policy_body("mig", pool="mig", resource=MIG, generation=3, rename=True))
+    cache.upsert_policy(policy_body("mig", pool="mig", resource=MIG, generation=3, rename=True))
     assert calls == ["relist", "relist"]  # nvidia.com/mig-1g.10gb.shared is new again
-    state.delete_policy("mig")
-    state.upsert_policy(policy_body("mig", pool="mig", uid="uid-mig-2", resource=MIG))
+    cache.delete_policy("mig")
+    cache.upsert_policy(policy_body("mig", pool="mig", uid="uid-mig-2", resource=MIG))
     assert calls == ["relist", "relist"]
 
 
 def test_invalid_policy_tracks_nothing() -> None:
-    state = ClusterState()
+    cache = ClusterCache()
     calls: list[str] = []
-    state.on_new_resource = lambda: calls.append("relist")
-    state.upsert_policy(policy_body("bad", pool="a", resource=MIG, replicas=1))
+    cache.on_new_resource = lambda: calls.append("relist")
+    cache.upsert_policy(policy_body("bad", pool="a", resource=MIG, replicas=1))
     assert calls == []
-    assert MIG not in state.tracked_resources
+    assert MIG not in cache.tracked_resources
 
 
 # -- the property: incremental counters equal a from-scratch recount --------------------------
@@ -562,10 +562,10 @@ class UsageMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.state = ClusterState()
-        self.sink = PodSink(self.state)
+        self.cache = ClusterCache()
+        self.sink = PodSink(self.cache)
         self.relists_requested = 0
-        self.state.on_new_resource = self._relist_requested
+        self.cache.on_new_resource = self._relist_requested
         self.field_selector = True
         self.bodies: dict[str, dict[str, Any]] = {}  # uid → the pod as the API server has it
         self.next_uid = 0
@@ -603,23 +603,23 @@ class UsageMachine(RuleBasedStateMachine):
 
     def _published(self, node: str) -> tuple[object, ...]:
         """What the GPUNodeState shows of usage: who governs, and (slots, pods) of its resource."""
-        governor = self.state.usage.governor(node)
-        return (governor, self.state.usage.node_usage(node, governor[1]) if governor else None)
+        governor = self.cache.usage.governor(node)
+        return (governor, self.cache.usage.node_usage(node, governor[1]) if governor else None)
 
     @contextlib.contextmanager
     def _marks_dirty(self) -> Iterator[None]:
         """Whatever an event changes of published usage, it leaves dirty for the writer."""
-        state = self.state
-        drain(state)
-        nodes = {n: self._published(n) for n in state.nodes}
-        slots = {p: state.usage.policy_slots(p) for p in POLICIES}
+        cache = self.cache
+        drain(cache)
+        nodes = {n: self._published(n) for n in cache.nodes}
+        slots = {p: cache.usage.policy_slots(p) for p in POLICIES}
         yield
-        for node in state.nodes:
+        for node in cache.nodes:
             if self._published(node) != nodes.get(node):
-                assert node in state.dirty.nodes, node
-        for policy in state.policies:
-            if state.usage.policy_slots(policy) != slots[policy]:
-                assert policy in state.dirty.policies, policy
+                assert node in cache.queue.nodes, node
+        for policy in cache.policies:
+            if cache.usage.policy_slots(policy) != slots[policy]:
+                assert policy in cache.queue.policies, policy
 
     # -- pods ----------------------------------------------------------------------------
 
@@ -665,12 +665,12 @@ class UsageMachine(RuleBasedStateMachine):
     @rule(name=st.sampled_from(NODES), pool=st.sampled_from((*POOLS, None)), gpus=st.integers(0, 8))
     def upsert_node(self, name: str, pool: str | None, gpus: int) -> None:
         with self._marks_dirty():
-            self.state.upsert_node(node_body(name, pool=pool, gpus=gpus))
+            self.cache.upsert_node(node_body(name, pool=pool, gpus=gpus))
 
     @rule(name=st.sampled_from(NODES))
     def delete_node(self, name: str) -> None:
         with self._marks_dirty():
-            self.state.delete_node(name)
+            self.cache.delete_node(name)
 
     # -- policies ------------------------------------------------------------------------
 
@@ -699,22 +699,22 @@ class UsageMachine(RuleBasedStateMachine):
             rename=rename,
         )
         advertised = resource + devconfigs.SHARED_SUFFIX if rename else resource
-        new = replicas >= devconfigs.MIN_REPLICAS and advertised not in self.state.tracked_resources
+        new = replicas >= devconfigs.MIN_REPLICAS and advertised not in self.cache.tracked_resources
         before = self.relists_requested
         with self._marks_dirty():
-            self.state.upsert_policy(body)
+            self.cache.upsert_policy(body)
             assert self.relists_requested - before == int(new)
             if self.relists_requested != before:
                 self._relist()  # what the pod informer does when asked
         # kopf delivers our own status write back: same generation, nothing may move.
         counters = self._counters()
-        self.state.upsert_policy({**body, "status": {"slots": {"allocated": 99}}})
+        self.cache.upsert_policy({**body, "status": {"slots": {"allocated": 99}}})
         assert self._counters() == counters
 
     @rule(name=st.sampled_from(POLICIES))
     def delete_policy(self, name: str) -> None:
         with self._marks_dirty():
-            self.state.delete_policy(name)
+            self.cache.delete_policy(name)
         if self.policy_uids.pop(name, None) is not None:
             self.deleted_policies += 1
             self.generations.pop(name, None)
@@ -722,7 +722,7 @@ class UsageMachine(RuleBasedStateMachine):
     # -- checks --------------------------------------------------------------------------
 
     def _counters(self) -> tuple[dict[tuple[str, str], tuple[int, int]], dict[str, int]]:
-        usage = self.state.usage
+        usage = self.cache.usage
         by_node = {
             (n, r): usage.node_usage(n, r) for n in (*NODES, UNKNOWN_NODE) for r in POD_RESOURCES
         }
@@ -730,16 +730,16 @@ class UsageMachine(RuleBasedStateMachine):
 
     @invariant()
     def ledger_keeps_what_the_informer_shows(self) -> None:
-        tracked = self.state.tracked_resources.__contains__
+        tracked = self.cache.tracked_resources.__contains__
         wanted = {}
         for uid, body in self.bodies.items():
             if self._listed(body) and (record := project_pod(body, tracked=tracked)) is not None:
                 wanted[uid] = record
-        assert self.state.usage.pods == wanted
+        assert self.cache.usage.pods == wanted
 
     @invariant()
     def node_counters_equal_a_recount(self) -> None:
-        usage = self.state.usage
+        usage = self.cache.usage
         records = list(usage.pods.values())
         for node in (*NODES, UNKNOWN_NODE):
             for resource in POD_RESOURCES:
@@ -749,27 +749,27 @@ class UsageMachine(RuleBasedStateMachine):
 
     @invariant()
     def policy_counters_equal_a_recount(self) -> None:
-        state = self.state
-        records = list(state.usage.pods.values())
+        cache = self.cache
+        records = list(cache.usage.pods.values())
         expected = dict.fromkeys(POLICIES, 0)
-        for node in set(NODES) - set(state.nodes):
-            assert state.usage.governor(node) is None
-        for node in state.nodes:
-            policy = state.governing(node)
+        for node in set(NODES) - set(cache.nodes):
+            assert cache.usage.governor(node) is None
+        for node in cache.nodes:
+            policy = cache.governing(node)
             if policy is None or policy.sharing is None:
-                assert state.usage.governor(node) is None
+                assert cache.usage.governor(node) is None
                 continue
             resource = devconfigs.advertised_resource(policy.sharing)
-            assert state.usage.governor(node) == (policy.name, resource)
+            assert cache.usage.governor(node) == (policy.name, resource)
             expected[policy.name] += total(records, node=node, resource=resource)[0]
-        assert {p: state.usage.policy_slots(p) for p in POLICIES} == expected
+        assert {p: cache.usage.policy_slots(p) for p in POLICIES} == expected
 
     @invariant()
     def every_advertised_resource_is_tracked(self) -> None:
-        for policy in self.state.policies.values():
+        for policy in self.cache.policies.values():
             if policy.sharing is not None:
                 assert devconfigs.advertised_resource(policy.sharing) in (
-                    self.state.tracked_resources
+                    self.cache.tracked_resources
                 )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpushare_operator.cache.state import TOMBSTONE_SECONDS, ClusterState
+from gpushare_operator.cache.cluster import TOMBSTONE_SECONDS, ClusterCache
 from gpushare_testing.builders import Clock, policy
 
 
@@ -26,65 +26,65 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def state(clock: Clock) -> ClusterState:
-    return ClusterState(clock=clock)
+def cache(clock: Clock) -> ClusterCache:
+    return ClusterCache(clock=clock)
 
 
-def test_a_list_answered_before_a_delete_does_not_resurrect(state: ClusterState) -> None:
+def test_a_list_answered_before_a_delete_does_not_resurrect(cache: ClusterCache) -> None:
     listed = versioned(policy("p"), version=10)
-    state.upsert_policy(listed)
-    state.delete_policy("p", uid="uid-p")  # kopf's DELETED, applied first
-    state.upsert_policy(listed)  # then the stale list's item
-    assert "p" not in state.policies
+    cache.upsert_policy(listed)
+    cache.delete_policy("p", uid="uid-p")  # kopf's DELETED, applied first
+    cache.upsert_policy(listed)  # then the stale list's item
+    assert "p" not in cache.policies
 
 
-def test_a_delete_after_the_list_removes_it(state: ClusterState) -> None:
+def test_a_delete_after_the_list_removes_it(cache: ClusterCache) -> None:
     listed = versioned(policy("p"), version=10)
-    state.upsert_policy(listed)  # the list first
-    state.delete_policy("p", uid="uid-p")  # then the watch's DELETED
-    assert "p" not in state.policies
+    cache.upsert_policy(listed)  # the list first
+    cache.delete_policy("p", uid="uid-p")  # then the watch's DELETED
+    assert "p" not in cache.policies
 
 
-def test_a_recreated_policy_of_the_same_name_is_a_new_object(state: ClusterState) -> None:
-    state.upsert_policy(versioned(policy("p"), version=10))
-    state.delete_policy("p", uid="uid-p")
+def test_a_recreated_policy_of_the_same_name_is_a_new_object(cache: ClusterCache) -> None:
+    cache.upsert_policy(versioned(policy("p"), version=10))
+    cache.delete_policy("p", uid="uid-p")
     again = versioned(policy("p"), version=20)
     again["metadata"]["uid"] = "uid-p-2"
-    state.upsert_policy(again)
-    assert state.policies["p"].uid == "uid-p-2"
-    state.delete_policy("p", uid="uid-p")  # a late DELETED of the first incarnation
-    assert state.policies["p"].uid == "uid-p-2"
+    cache.upsert_policy(again)
+    assert cache.policies["p"].uid == "uid-p-2"
+    cache.delete_policy("p", uid="uid-p")  # a late DELETED of the first incarnation
+    assert cache.policies["p"].uid == "uid-p-2"
 
 
 @pytest.mark.parametrize("list_first", [True, False], ids=["list-then-watch", "watch-then-list"])
-def test_an_older_generation_never_replaces_a_newer(state: ClusterState, list_first: bool) -> None:
+def test_an_older_generation_never_replaces_a_newer(cache: ClusterCache, list_first: bool) -> None:
     old = versioned(policy("p", replicas=2), version=10, generation=1)
     new = versioned(policy("p", replicas=8), version=11, generation=2)
     for body in (old, new) if list_first else (new, old):
-        state.upsert_policy(body)
-    held = state.policies["p"]
+        cache.upsert_policy(body)
+    held = cache.policies["p"]
     assert (held.generation, held.replicas) == (2, 8)
 
 
-def test_an_older_status_only_echo_is_ignored(state: ClusterState) -> None:
-    state.upsert_policy(versioned(policy("p"), version=10))
+def test_an_older_status_only_echo_is_ignored(cache: ClusterCache) -> None:
+    cache.upsert_policy(versioned(policy("p"), version=10))
     newer = versioned(policy("p"), version=12)
     newer["status"] = {"matchedNodes": 3}
-    state.upsert_policy(newer)
+    cache.upsert_policy(newer)
     stale = versioned(policy("p"), version=11)
     stale["status"] = {"matchedNodes": 1}
-    state.upsert_policy(stale)
-    assert state.policy_status["p"] == {"matchedNodes": 3}
+    cache.upsert_policy(stale)
+    assert cache.policy_status["p"] == {"matchedNodes": 3}
 
 
 def test_tombstones_are_forgotten_once_no_list_can_be_that_old(
-    state: ClusterState, clock: Clock
+    cache: ClusterCache, clock: Clock
 ) -> None:
-    state.upsert_policy(versioned(policy("p"), version=10))
-    state.delete_policy("p", uid="uid-p")
+    cache.upsert_policy(versioned(policy("p"), version=10))
+    cache.delete_policy("p", uid="uid-p")
     clock.now += TOMBSTONE_SECONDS / 2
-    state.upsert_policy(versioned(policy("q"), version=11))
-    state.delete_policy("q", uid="uid-q")
+    cache.upsert_policy(versioned(policy("q"), version=11))
+    cache.delete_policy("q", uid="uid-q")
     clock.now += TOMBSTONE_SECONDS / 2 + 1
-    state.expire_tombstones()
-    assert set(state.deleted_policies) == {"uid-q"}
+    cache.expire_tombstones()
+    assert set(cache.deleted_policies) == {"uid-q"}

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.core.workqueue import CONFIG_KEY, NODE, POLICY, WorkQueue
 from gpushare_operator.reconcile import turns
@@ -31,21 +31,21 @@ from gpushare_testing.builders import Clock, node, policy, sync_config
 TIMINGS = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
 
 
-def rolling_out(clock: Clock) -> tuple[ClusterState, Reconciler]:
+def rolling_out(clock: Clock) -> tuple[ClusterCache, Reconciler]:
     """Four nodes on policy p's old key (replicas 2); p now wants replicas 4, one at a time."""
-    state = ClusterState(clock=clock)
-    state.upsert_policy(policy("p", replicas=2))
-    old = str(state.policies["p"].config_key)
-    state.upsert_policy(
+    cache = ClusterCache(clock=clock)
+    cache.upsert_policy(policy("p", replicas=2))
+    old = str(cache.policies["p"].config_key)
+    cache.upsert_policy(
         policy("p", replicas=4, generation=2, rollout={"maxUnavailable": 1, "canary": 1})
     )
-    new = str(state.policies["p"].config_key)
-    sync_config(state, {old: "x", new: "y", "default": "z"}, initial=True)
-    state.settle_initial_keys()
+    new = str(cache.policies["p"].config_key)
+    sync_config(cache, {old: "x", new: "y", "default": "z"}, initial=True)
+    cache.settle_initial_keys()
     clock.now += 100
     for i in range(4):
-        state.upsert_node(node(f"n{i}", **{CONFIG_LABEL: old, POLICY_LABEL: "p"}))
-    return state, Reconciler(state, timings=TIMINGS, max_unavailable="100%")
+        cache.upsert_node(node(f"n{i}", **{CONFIG_LABEL: old, POLICY_LABEL: "p"}))
+    return cache, Reconciler(cache, timings=TIMINGS, max_unavailable="100%")
 
 
 def held(reconciler: Reconciler) -> dict[str, Any]:
@@ -53,11 +53,11 @@ def held(reconciler: Reconciler) -> dict[str, Any]:
     book = reconciler.book
     return copy.deepcopy(
         {
-            "book": {name: vars(book)[name] for name in vars(book) if name != "state"},
+            "book": {name: vars(book)[name] for name in vars(book) if name != "cache"},
             "clocks": {"since": reconciler.clocks.since},
             "memory": vars(reconciler.memory),
-            "queue": reconciler.state.dirty.sizes(),
-            "in_flight": reconciler.state.in_flight,
+            "queue": reconciler.cache.queue.sizes(),
+            "in_flight": reconciler.cache.in_flight,
         }
     )
 
@@ -83,8 +83,8 @@ def test_planning_changes_nothing_however_often_it_runs() -> None:
 
 def test_learning_records_the_placement_the_plan_saw() -> None:
     clock = Clock()
-    state, reconciler = rolling_out(clock)
-    writepath.take_nodes(state.dirty)
+    cache, reconciler = rolling_out(clock)
+    writepath.take_nodes(cache.queue)
     plan = reconciler.plan((NODE, "n0"))
     assert reconciler.book.counts("p").total == 0  # planned, not yet learned
     reconciler.learn(plan, None)

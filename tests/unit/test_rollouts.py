@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import listpatches, rollouts
-from gpushare_operator.core.models import GPUSharingPolicySpec, RolloutSpec, RolloutState
+from gpushare_operator.core.models import GPUSharingPolicySpec, RolloutPhase, RolloutSpec
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.reconcile.planner import FINALIZER, Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
@@ -69,14 +69,14 @@ def test_failures_halt_and_the_state_says_so() -> None:
     spec = RolloutSpec(failureThreshold=2)
     one = rollouts.Counts(total=5, failed=1, unavailable=1, waiting=3, updated=1)
     two = rollouts.Counts(total=5, failed=2, unavailable=2, waiting=2, updated=1)
-    assert rollouts.state(one, spec, paused=False) is RolloutState.PROGRESSING
-    assert rollouts.state(two, spec, paused=False) is RolloutState.HALTED
+    assert rollouts.phase(one, spec, paused=False) is RolloutPhase.PROGRESSING
+    assert rollouts.phase(two, spec, paused=False) is RolloutPhase.HALTED
     assert rollouts.room(two, spec, cluster_room=100, paused=False) == 0
-    assert rollouts.state(two, spec, paused=True) is RolloutState.PAUSED
+    assert rollouts.phase(two, spec, paused=True) is RolloutPhase.PAUSED
     blocked = rollouts.Counts(total=2, updated=1, blocked=1)
-    assert rollouts.state(blocked, spec, paused=False) is RolloutState.WAITING_FOR_PODS
+    assert rollouts.phase(blocked, spec, paused=False) is RolloutPhase.WAITING_FOR_PODS
     done = rollouts.Counts(total=2, updated=2)
-    assert rollouts.state(done, spec, paused=False) is RolloutState.COMPLETE
+    assert rollouts.phase(done, spec, paused=False) is RolloutPhase.COMPLETE
 
 
 # -- JSON patches that touch one member of a shared list ------------------------------------
@@ -153,27 +153,27 @@ def clock() -> Clock:
 
 def cluster(
     clock: Clock, *, nodes: int, rollout: dict[str, Any]
-) -> tuple[ClusterState, PlanningLoop]:
+) -> tuple[ClusterCache, PlanningLoop]:
     """``nodes`` nodes all on policy p's old config (replicas 2), p now at replicas 4."""
-    state = ClusterState(clock=clock)
+    cache = ClusterCache(clock=clock)
     old = policy("p", replicas=2)
-    state.upsert_policy(old)
-    old_key = state.policies["p"].config_key
+    cache.upsert_policy(old)
+    old_key = cache.policies["p"].config_key
     new = policy("p", replicas=4)
     new["metadata"]["generation"] = 2
     new["spec"]["rollout"] = rollout
-    state.upsert_policy(new)
-    key = state.policies["p"].config_key
-    state.set_config_data({str(old_key): "x", str(key): "y", "default": "z"}, initial=True)
-    state.settle_initial_keys()
+    cache.upsert_policy(new)
+    key = cache.policies["p"].config_key
+    cache.set_config_data({str(old_key): "x", str(key): "y", "default": "z"}, initial=True)
+    cache.settle_initial_keys()
     clock.now += 100  # past the propagation delay
     for i in range(nodes):
-        state.upsert_node(node(f"n{i:02d}", **{CONFIG_LABEL: str(old_key), POLICY_LABEL: "p"}))
+        cache.upsert_node(node(f"n{i:02d}", **{CONFIG_LABEL: str(old_key), POLICY_LABEL: "p"}))
     timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
-    return state, PlanningLoop(Reconciler(state, timings=timings, max_unavailable="100%"))
+    return cache, PlanningLoop(Reconciler(cache, timings=timings, max_unavailable="100%"))
 
 
-def labelled(state: ClusterState, planner: PlanningLoop, clock: Clock) -> list[str]:
+def labelled(cache: ClusterCache, planner: PlanningLoop, clock: Clock) -> list[str]:
     """A few writer rounds: plan every queued node, advance the rollout; who gets labels."""
     out = []
     for _ in range(3):
@@ -184,18 +184,18 @@ def labelled(state: ClusterState, planner: PlanningLoop, clock: Clock) -> list[s
 
 
 def test_a_canary_first_then_batches_in_order_of_fewest_slots(clock: Clock) -> None:
-    state, planner = cluster(clock, nodes=6, rollout={"maxUnavailable": 2, "canary": 1})
-    assert labelled(state, planner, clock) == ["n00"]  # by name: no pods anywhere
-    key = str(state.policies["p"].config_key)
-    state.upsert_node(node("n00", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))  # written
-    assert labelled(state, planner, clock) == []  # the canary is not Verified yet
+    cache, planner = cluster(clock, nodes=6, rollout={"maxUnavailable": 2, "canary": 1})
+    assert labelled(cache, planner, clock) == ["n00"]  # by name: no pods anywhere
+    key = str(cache.policies["p"].config_key)
+    cache.upsert_node(node("n00", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))  # written
+    assert labelled(cache, planner, clock) == []  # the canary is not Verified yet
     counts = planner.book.counts("p")
     assert (counts.admitted + counts.changing, counts.waiting) == (1, 5)
 
 
 def test_a_node_joining_the_pool_is_configured_at_once(clock: Clock) -> None:
-    state, planner = cluster(clock, nodes=2, rollout={"maxUnavailable": 1, "canary": 1})
-    state.upsert_node(node("new"))
+    cache, planner = cluster(clock, nodes=2, rollout={"maxUnavailable": 1, "canary": 1})
+    cache.upsert_node(node("new"))
     plan = planner.plan_node("new")
     assert plan is not None and plan.labels is not None
     assert plan.labels[POLICY_LABEL] == "p"
@@ -213,20 +213,20 @@ def test_spec_rollout_defaults_are_the_documented_ones() -> None:
 
 def test_a_fresh_state_keeps_the_spec_the_status_recorded_when_the_current_one_is_broken() -> None:
     good = policy("p", replicas=4)
-    state = ClusterState()
-    state.upsert_policy(good)
-    recorded = state.policies["p"]
+    cache = ClusterCache()
+    cache.upsert_policy(good)
+    recorded = cache.policies["p"]
     applied = {"generation": 1, "spec": recorded.applied_spec()}
     broken = policy("p", replicas=100, generation=2)  # past an older CRD
     broken["status"] = {"appliedSpec": applied}
-    fresh = ClusterState()  # a new leader: knows only what the API says
+    fresh = ClusterCache()  # a new leader: knows only what the API says
     fresh.upsert_policy(broken)
     kept = fresh.policies["p"]
     assert kept.error is not None and kept.kept_generation == 1
     assert kept.config_key == recorded.config_key and kept.usable
     # Without the record, the broken spec governs nothing (its nodes would be released).
     del broken["status"]
-    bare = ClusterState()
+    bare = ClusterCache()
     bare.upsert_policy(broken)
     assert not bare.policies["p"].usable
 
@@ -265,20 +265,20 @@ def test_rollouts_announce_a_start_a_halt_and_a_completion_once_each() -> None:
 def test_a_node_still_changing_when_the_spec_moves_on_is_not_stuck_behind_itself(
     clock: Clock,
 ) -> None:
-    state, planner = cluster(clock, nodes=1, rollout={"maxUnavailable": 1, "canary": 0})
-    assert labelled(state, planner, clock) == ["n00"]
-    key = str(state.policies["p"].config_key)
-    state.upsert_node(node("n00", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))  # restarting
+    cache, planner = cluster(clock, nodes=1, rollout={"maxUnavailable": 1, "canary": 0})
+    assert labelled(cache, planner, clock) == ["n00"]
+    key = str(cache.policies["p"].config_key)
+    cache.upsert_node(node("n00", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))  # restarting
     planner.plan_node("n00")
     assert planner.book.counts("p").unavailable == 1
     newer = policy("p", replicas=8, generation=3, rollout={"maxUnavailable": 1, "canary": 0})
-    state.upsert_policy(newer)
-    newest = str(state.policies["p"].config_key)
-    state.set_config_data({key: "y", newest: "w", "default": "z"}, initial=False)
+    cache.upsert_policy(newer)
+    newest = str(cache.policies["p"].config_key)
+    cache.set_config_data({key: "y", newest: "w", "default": "z"}, initial=False)
     clock.now += 10  # past the new key's propagation delay
     # Still unavailable from the last change, it takes the newest config at once: the budget
     # of one is its own, and changing it again leaves no more nodes unavailable.
-    assert labelled(state, planner, clock) == ["n00"]
+    assert labelled(cache, planner, clock) == ["n00"]
     assert planner.book.counts("p").unavailable == 1
 
 
@@ -299,46 +299,46 @@ def test_a_wait_is_published_only_if_it_outlasts_the_quiet_time(clock: Clock) ->
 
 
 def test_the_cluster_budget_caps_all_policies_together(clock: Clock) -> None:
-    state = ClusterState(clock=clock)
+    cache = ClusterCache(clock=clock)
     unpaced = {"maxUnavailable": "100%", "canary": 0}
     for name, pool in (("p", "a"), ("q", "b")):
         old = policy(name, pool=pool, replicas=2)
-        state.upsert_policy(old)
-    keys = {n: str(state.policies[n].config_key) for n in ("p", "q")}
+        cache.upsert_policy(old)
+    keys = {n: str(cache.policies[n].config_key) for n in ("p", "q")}
     for i in range(4):
-        state.upsert_node(node(f"a{i}", pool="a", **{CONFIG_LABEL: keys["p"], POLICY_LABEL: "p"}))
-        state.upsert_node(node(f"b{i}", pool="b", **{CONFIG_LABEL: keys["q"], POLICY_LABEL: "q"}))
+        cache.upsert_node(node(f"a{i}", pool="a", **{CONFIG_LABEL: keys["p"], POLICY_LABEL: "p"}))
+        cache.upsert_node(node(f"b{i}", pool="b", **{CONFIG_LABEL: keys["q"], POLICY_LABEL: "q"}))
     for name, pool in (("p", "a"), ("q", "b")):
-        state.upsert_policy(policy(name, pool=pool, replicas=4, generation=2, rollout=unpaced))
+        cache.upsert_policy(policy(name, pool=pool, replicas=4, generation=2, rollout=unpaced))
     data = dict.fromkeys(keys.values(), "x") | {
-        str(state.policies[n].config_key): "y" for n in ("p", "q")
+        str(cache.policies[n].config_key): "y" for n in ("p", "q")
     }
-    state.set_config_data(data | {"default": "z"}, initial=True)
-    state.settle_initial_keys()
+    cache.set_config_data(data | {"default": "z"}, initial=True)
+    cache.settle_initial_keys()
     clock.now += 100
     timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
     # 3 of the 8 GPU nodes:
-    planner = PlanningLoop(Reconciler(state, timings=timings, max_unavailable=3))
-    assert len(labelled(state, planner, clock)) == 3  # each policy alone would take all 4
+    planner = PlanningLoop(Reconciler(cache, timings=timings, max_unavailable=3))
+    assert len(labelled(cache, planner, clock)) == 3  # each policy alone would take all 4
 
 
 def test_a_new_generation_lifts_a_halt(clock: Clock) -> None:
-    state, planner = cluster(clock, nodes=3, rollout={"maxUnavailable": 1, "canary": 1})
-    assert labelled(state, planner, clock) == ["n00"]
-    key = str(state.policies["p"].config_key)
-    state.upsert_node(node("n00", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
-    assert labelled(state, planner, clock) == []  # Applied: its clock starts
+    cache, planner = cluster(clock, nodes=3, rollout={"maxUnavailable": 1, "canary": 1})
+    assert labelled(cache, planner, clock) == ["n00"]
+    key = str(cache.policies["p"].config_key)
+    cache.upsert_node(node("n00", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
+    assert labelled(cache, planner, clock) == []  # Applied: its clock starts
     clock.now += 61  # past the mismatch timeout: the canary failed
-    assert labelled(state, planner, clock) == []
+    assert labelled(cache, planner, clock) == []
     counts = planner.book.counts("p")
     assert counts.failed == 1 and rollouts.halted(counts, RolloutSpec())
     fixed = policy("p", replicas=8, generation=3, rollout={"maxUnavailable": 1, "canary": 1})
-    state.upsert_policy(fixed)
-    newest = str(state.policies["p"].config_key)
-    state.set_config_data({key: "y", newest: "w", "default": "z"}, initial=False)
+    cache.upsert_policy(fixed)
+    newest = str(cache.policies["p"].config_key)
+    cache.set_config_data({key: "y", newest: "w", "default": "z"}, initial=False)
     clock.now += 10
     # The failed node is no failure of the new rollout: a canary goes again.
-    assert labelled(state, planner, clock) == ["n00"]
+    assert labelled(cache, planner, clock) == ["n00"]
     assert planner.book.counts("p").failed == 0
 
 
@@ -348,35 +348,35 @@ def test_deleting_the_policy_an_unsupported_node_fell_through_to_releases_the_no
     """A mixed-MIG node under TimeSlicing policy ts because MPS policy mps, which outranks it,
     cannot work there: deleting ts leaves only mps, which cannot take the node either.  Its
     labels are ts's to remove (under ts's budget), or ts's finalizer would wait for ever."""
-    state = ClusterState(clock=clock)
-    state.upsert_policy(policy("ts", priority=1))
-    state.upsert_policy(policy("mps", priority=100, strategy="MPS"))
-    key = str(state.policies["ts"].config_key)
-    state.set_config_data({key: "x", "default": "z"}, initial=True)
-    state.settle_initial_keys()
+    cache = ClusterCache(clock=clock)
+    cache.upsert_policy(policy("ts", priority=1))
+    cache.upsert_policy(policy("mps", priority=100, strategy="MPS"))
+    key = str(cache.policies["ts"].config_key)
+    cache.set_config_data({key: "x", "default": "z"}, initial=True)
+    cache.settle_initial_keys()
     mixed = {"nvidia.com/mig.strategy": "mixed", CONFIG_LABEL: key, POLICY_LABEL: "ts"}
-    state.upsert_node(node("n1", **mixed, **{"nvidia.com/gpu.replicas": "4"}))
+    cache.upsert_node(node("n1", **mixed, **{"nvidia.com/gpu.replicas": "4"}))
     timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
-    planner = PlanningLoop(Reconciler(state, timings=timings, max_unavailable="100%"))
-    assert labelled(state, planner, clock) == []  # ts governs it, and it shows ts's config
-    assert state.policy_label_counts.get("ts") == 1
+    planner = PlanningLoop(Reconciler(cache, timings=timings, max_unavailable="100%"))
+    assert labelled(cache, planner, clock) == []  # ts governs it, and it shows ts's config
+    assert cache.policy_label_counts.get("ts") == 1
 
     gone = policy("ts", priority=1)
     gone["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
     gone["metadata"]["finalizers"] = [FINALIZER]
-    state.upsert_policy(gone)
-    assert labelled(state, planner, clock) == ["n1"]
+    cache.upsert_policy(gone)
+    assert labelled(cache, planner, clock) == ["n1"]
     plan = planner.plan_node("n1")
     assert plan.labels == {CONFIG_LABEL: None, POLICY_LABEL: None}
     assert planner.book.counts("ts").admitted == 1  # charged to the policy losing it
 
     assert planner.plan_finalizer("ts") is None  # the node still carries its label
-    state.upsert_node(node("n1", **{"nvidia.com/mig.strategy": "mixed"}))  # the labels went
+    cache.upsert_node(node("n1", **{"nvidia.com/mig.strategy": "mixed"}))  # the labels went
     plan = planner.plan_node("n1")
     assert plan.status is not None and plan.status["phase"] == "Unsupported"
     patch = planner.plan_finalizer("ts")
     assert patch is not None and patch[-1]["op"] == "remove"
-    assert labelled(state, planner, clock) == []  # and nothing more is written to the node
+    assert labelled(cache, planner, clock) == []  # and nothing more is written to the node
 
 
 def test_an_unsupported_node_keeps_the_labels_of_a_policy_that_still_selects_it(
@@ -384,14 +384,14 @@ def test_an_unsupported_node_keeps_the_labels_of_a_policy_that_still_selects_it(
 ) -> None:
     """The other side of the release above: while the node's own policy still selects it, a
     node that turned Unsupported (here: its GPU count label broke) is never written to."""
-    state = ClusterState(clock=clock)
-    state.upsert_policy(policy("ts", priority=1))
-    key = str(state.policies["ts"].config_key)
-    state.set_config_data({key: "x", "default": "z"}, initial=True)
-    state.settle_initial_keys()
-    state.upsert_node(node("n1", count="two", **{CONFIG_LABEL: key, POLICY_LABEL: "ts"}))
+    cache = ClusterCache(clock=clock)
+    cache.upsert_policy(policy("ts", priority=1))
+    key = str(cache.policies["ts"].config_key)
+    cache.set_config_data({key: "x", "default": "z"}, initial=True)
+    cache.settle_initial_keys()
+    cache.upsert_node(node("n1", count="two", **{CONFIG_LABEL: key, POLICY_LABEL: "ts"}))
     timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
-    planner = PlanningLoop(Reconciler(state, timings=timings, max_unavailable="100%"))
-    assert labelled(state, planner, clock) == []
+    planner = PlanningLoop(Reconciler(cache, timings=timings, max_unavailable="100%"))
+    assert labelled(cache, planner, clock) == []
     plan = planner.plan_node("n1")
     assert plan is None or plan.labels is None

@@ -114,13 +114,13 @@ def test_the_operator_and_the_plugin_default_alike() -> None:
         name = flag.replace("-", "_")
         assert getattr(plugin, name) == getattr(operator, name), flag
     # What the plugin assumes of the operator where it takes no flag for it.
-    pace, target = RolloutPace(), cluster.Target()
+    pace, ref = RolloutPace(), cluster.ClusterRef()
     assert (pace.propagation_delay, pace.write_qps) == (
         operator.config_propagation_delay,
         operator.write_qps,
     )
     assert PlanOptions().max_unavailable == operator.max_unavailable
-    assert (target.device_plugin_namespace, target.device_plugin_configmap) == (
+    assert (ref.device_plugin_namespace, ref.device_plugin_configmap) == (
         operator.device_plugin_namespace,
         operator.device_plugin_configmap,
     )

@@ -16,7 +16,7 @@ import tracemalloc
 from collections.abc import Iterator, Sized
 from typing import Any
 
-from gpushare_operator.cache.state import TOMBSTONE_SECONDS, ClusterState
+from gpushare_operator.cache.cluster import TOMBSTONE_SECONDS, ClusterCache
 from gpushare_operator.core.devconfigs import render_default_text
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
@@ -36,12 +36,12 @@ BLOCKS_BOUND = NODES // 5
 GROWTH_BOUND = 4 * 1024 * 1024
 
 
-def footprint(state: ClusterState, planner: PlanningLoop) -> dict[str, int]:
+def footprint(cache: ClusterCache, planner: PlanningLoop) -> dict[str, int]:
     """The size of every container held per object, by owner and attribute."""
     owners = {
-        "state": state,
-        "index": state.index,
-        "usage": state.usage,
+        "cache": cache,
+        "index": cache.index,
+        "usage": cache.usage,
         "memory": planner.memory,
         "book": planner.book,
         "clocks": planner.clocks,
@@ -51,7 +51,7 @@ def footprint(state: ClusterState, planner: PlanningLoop) -> dict[str, int]:
         for attribute, value in vars(obj).items():
             if isinstance(value, Sized) and not isinstance(value, str):
                 sizes[f"{owner}.{attribute}"] = len(value)
-    sizes.update({f"queue.{k}": v for k, v in state.dirty.sizes().items()})
+    sizes.update({f"queue.{k}": v for k, v in cache.queue.sizes().items()})
     return sizes
 
 
@@ -65,11 +65,11 @@ def operator_memory() -> tracemalloc.Snapshot:
     return tracemalloc.take_snapshot().filter_traces(ours)
 
 
-def drain(state: ClusterState, planner: PlanningLoop) -> None:
+def drain(cache: ClusterCache, planner: PlanningLoop) -> None:
     """What the writer does, minus the writes: plan everything dirty, serve the timers."""
     planner.due()
     while True:
-        taken = writepath.drain(state.dirty)
+        taken = writepath.drain(cache.queue)
         if not any(taken.values()):
             return
         for name in taken["node"]:
@@ -79,7 +79,7 @@ def drain(state: ClusterState, planner: PlanningLoop) -> None:
         if taken["config"]:
             data = planner.plan_config().data
             if data is not None:
-                sync_config(state, data, initial=False)  # our write, seen back
+                sync_config(cache, data, initial=False)  # our write, seen back
 
 
 def gpu_pods(count: int) -> Iterator[dict[str, Any]]:
@@ -91,50 +91,50 @@ def gpu_pods(count: int) -> Iterator[dict[str, Any]]:
         yield body
 
 
-def one_round(state: ClusterState, planner: PlanningLoop, clock: Clock) -> None:
+def one_round(cache: ClusterCache, planner: PlanningLoop, clock: Clock) -> None:
     for index in range(POLICIES):
-        state.upsert_policy(policy(f"p{index}", pool=f"pool{index}", replicas=2 + index % 8))
-    drain(state, planner)
+        cache.upsert_policy(policy(f"p{index}", pool=f"pool{index}", replicas=2 + index % 8))
+    drain(cache, planner)
     for index in range(NODES):
-        state.upsert_node(node(f"n{index}", pool=f"pool{index % POLICIES}"))
+        cache.upsert_node(node(f"n{index}", pool=f"pool{index % POLICIES}"))
     for body in gpu_pods(NODES // 5):
-        state.upsert_pod(body)
-    drain(state, planner)
+        cache.upsert_pod(body)
+    drain(cache, planner)
     clock.now += 3_600  # every wait, grace period and timer runs out
-    drain(state, planner)
+    drain(cache, planner)
     for index in range(NODES // 5):
-        state.delete_pod(f"pod-uid-{index}")
+        cache.delete_pod(f"pod-uid-{index}")
     for index in range(NODES):
-        state.delete_node(f"n{index}")
+        cache.delete_node(f"n{index}")
     for index in range(POLICIES):
-        state.delete_policy(f"p{index}")
-    drain(state, planner)
+        cache.delete_policy(f"p{index}")
+    drain(cache, planner)
     clock.now += max(3_600, TOMBSTONE_SECONDS + 1)
-    drain(state, planner)
-    drain(state, planner)  # the config keys' grace period has ended: the GC write, seen back
+    drain(cache, planner)
+    drain(cache, planner)  # the config keys' grace period has ended: the GC write, seen back
 
 
 def test_create_and_delete_everything_three_times_leaves_nothing() -> None:
     clock = Clock()
-    state = ClusterState(clock=clock, wallclock=clock)
+    cache = ClusterCache(clock=clock, wallclock=clock)
     timings = Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60)
     planner = PlanningLoop(
         Reconciler(
-            state, timings=timings, max_unavailable="10%", wallclock=lambda: "2026-11-30T00:00:00Z"
+            cache, timings=timings, max_unavailable="10%", wallclock=lambda: "2026-11-30T00:00:00Z"
         )
     )
-    sync_config(state, {"default": render_default_text()}, initial=True)
-    drain(state, planner)
-    baseline = footprint(state, planner)
+    sync_config(cache, {"default": render_default_text()}, initial=True)
+    drain(cache, planner)
+    baseline = footprint(cache, planner)
 
     tracemalloc.start()
     try:
-        one_round(state, planner, clock)
-        assert footprint(state, planner) == baseline
+        one_round(cache, planner, clock)
+        assert footprint(cache, planner) == baseline
         after_first = operator_memory()
         for _ in range(ROUNDS - 1):
-            one_round(state, planner, clock)
-            assert footprint(state, planner) == baseline
+            one_round(cache, planner, clock)
+            assert footprint(cache, planner) == baseline
         growth = operator_memory().compare_to(after_first, "filename")
     finally:
         tracemalloc.stop()

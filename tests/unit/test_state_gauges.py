@@ -92,7 +92,7 @@ def test_the_gauges_show_the_readings_of_each_scrape() -> None:
 def test_the_operator_reads_its_own_parts() -> None:
     handle = ApiHandle(configuration=None, api=None)  # type: ignore[arg-type]  # never used here
     operator = Assembly(settings=parse_settings([], env={}), handle=handle)
-    operator.state.upsert_policy(
+    operator.cache.upsert_policy(
         {
             "metadata": {"name": "p", "uid": "u", "generation": 1},
             "spec": {"strategy": "TimeSlicing", "replicas": 2},

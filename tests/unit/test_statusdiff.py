@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import statusdiff
 from gpushare_operator.reconcile.outcomes import Done, NodeWritten
 from gpushare_operator.reconcile.planner import Timings
@@ -44,15 +44,15 @@ def test_without_drops_the_paths_from_every_list_item() -> None:
 
 def test_a_field_dropped_twice_in_a_row_is_left_out_and_reported() -> None:
     clock = Clock()
-    state = ClusterState(clock=clock)
+    cache = ClusterCache(clock=clock)
     timings = Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60)
     reconciler = Reconciler(
-        state, timings=timings, max_unavailable="10%", wallclock=lambda: "2026-11-30T00:00:00Z"
+        cache, timings=timings, max_unavailable="10%", wallclock=lambda: "2026-11-30T00:00:00Z"
     )
     planner = PlanningLoop(reconciler)
-    sync_config(state, None, initial=True)
-    state.upsert_policy(policy("p"))
-    state.upsert_node(node("n1"))
+    sync_config(cache, None, initial=True)
+    cache.upsert_policy(policy("p"))
+    cache.upsert_node(node("n1"))
     plan = planner.plan_node("n1")
     assert plan.status is not None
     echo = NodeWritten(Done(), status=WRITTEN, echo={"status": ECHOED})
@@ -61,7 +61,7 @@ def test_a_field_dropped_twice_in_a_row_is_left_out_and_reported() -> None:
     assert once.mark == {("policy", "p")} and planner.memory.pruned == {}  # its node counts
     twice = reconciler.learn(plan, echo)
     assert ("policy", "p") in twice.mark  # every policy reports it
-    state.upsert_node_state({"metadata": {"name": "n1"}, "status": ECHOED})  # its watch event
+    cache.upsert_node_state({"metadata": {"name": "n1"}, "status": ECHOED})  # its watch event
     problem = planner.schema_problem()
     assert problem is not None and "gpunodestates.gpushare.dev drops" in problem
     assert "kubectl apply --server-side -f crds/" in problem
@@ -71,9 +71,9 @@ def test_a_field_dropped_twice_in_a_row_is_left_out_and_reported() -> None:
     assert outdated["status"] == "True" and "status.configReadyAt" in outdated["message"]
     data = planner.plan_config().data
     assert data is not None
-    sync_config(state, data, initial=False)  # a new key: the node waits for propagation
+    sync_config(cache, data, initial=False)  # a new key: the node waits for propagation
     plan = planner.plan_node("n1")
     assert plan is not None and plan.status is not None
     assert "configReadyAt" not in plan.status  # never sent again
-    state.node_states["n1"] = plan.status  # what the old schema keeps of it
+    cache.node_states["n1"] = plan.status  # what the old schema keeps of it
     assert not planner.plan_node("n1").writes  # so its echo is no drift

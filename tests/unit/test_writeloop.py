@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import models
 from gpushare_operator.core.workqueue import WorkQueue
 from gpushare_operator.kube import http
@@ -74,24 +74,24 @@ def writes_to(api: SlowApi, prefix: str) -> collections.Counter[str]:
 
 
 @pytest.fixture
-def cluster(monkeypatch: pytest.MonkeyPatch) -> tuple[ClusterState, Reconciler, SlowApi]:
-    state = ClusterState()
+def cluster(monkeypatch: pytest.MonkeyPatch) -> tuple[ClusterCache, Reconciler, SlowApi]:
+    cache = ClusterCache()
     bodies = {f"n{i}": node(f"n{i}") for i in range(NODES)}
     api = SlowApi(copy.deepcopy(bodies))
     monkeypatch.setattr(http, "request", api.request)
-    state.upsert_policy(policy("p"))
-    key = state.policies["p"].config_key
+    cache.upsert_policy(policy("p"))
+    key = cache.policies["p"].config_key
     assert key is not None
-    state.set_config_data({key: "x", "default": "y"}, initial=True)  # written long ago
+    cache.set_config_data({key: "x", "default": "y"}, initial=True)  # written long ago
     for body in bodies.values():
-        state.upsert_node(body)
-    state.config_synced = True
+        cache.upsert_node(body)
+    cache.config_synced = True
     timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=600)
-    return state, Reconciler(state, timings=timings, max_unavailable="10%"), api
+    return cache, Reconciler(cache, timings=timings, max_unavailable="10%"), api
 
 
 def writer(
-    state: ClusterState,
+    cache: ClusterCache,
     reconciler: Reconciler,
     *,
     concurrency: int,
@@ -99,7 +99,7 @@ def writer(
 ) -> WriteLoop:
     return WriteLoop(
         api=None,  # type: ignore[arg-type]  # the fake request ignores it
-        state=state,
+        cache=cache,
         reconciler=reconciler,
         gate=gate or AlwaysLeader(),
         bucket=TokenBucket(qps=10_000, burst=10_000),
@@ -126,10 +126,10 @@ async def run_until_written(w: WriteLoop, api: SlowApi) -> None:
 
 
 async def test_several_writes_are_in_flight_but_never_two_for_one_object(
-    cluster: tuple[ClusterState, Reconciler, SlowApi],
+    cluster: tuple[ClusterCache, Reconciler, SlowApi],
 ) -> None:
-    state, planner, api = cluster
-    w = writer(state, planner, concurrency=4)
+    cache, planner, api = cluster
+    w = writer(cache, planner, concurrency=4)
     await run_until_written(w, api)
     assert 1 < api.most_open <= 4
     assert api.overlaps == []
@@ -142,10 +142,10 @@ async def test_several_writes_are_in_flight_but_never_two_for_one_object(
 
 
 async def test_a_policy_status_waits_for_its_nodes_to_settle(
-    cluster: tuple[ClusterState, Reconciler, SlowApi],
+    cluster: tuple[ClusterCache, Reconciler, SlowApi],
 ) -> None:
-    state, planner, api = cluster
-    w = writer(state, planner, concurrency=2)
+    cache, planner, api = cluster
+    w = writer(cache, planner, concurrency=2)
     await run_until_written(w, api)
     policy_at = [i for i, (_, p) in enumerate(api.writes) if "gpusharingpolicies" in p]
     last_node = max(i for i, (_, p) in enumerate(api.writes) if "gpunodestates" in p)
@@ -195,11 +195,11 @@ async def test_slots_bound_the_jobs_and_cancel_leaves_none_behind() -> None:
 
 
 async def test_a_failed_write_is_retried_without_waiting_for_another_event(
-    cluster: tuple[ClusterState, Reconciler, SlowApi], monkeypatch: pytest.MonkeyPatch
+    cluster: tuple[ClusterCache, Reconciler, SlowApi], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    state, planner, api = cluster
-    state.dirty.base = 0.3  # the first retry comes within 0.3 s
-    w = writer(state, planner, concurrency=4)
+    cache, planner, api = cluster
+    cache.queue.base = 0.3  # the first retry comes within 0.3 s
+    w = writer(cache, planner, concurrency=4)
     task = asyncio.create_task(w.run())
     try:
 
@@ -210,7 +210,7 @@ async def test_a_failed_write_is_retried_without_waiting_for_another_event(
         await asyncio.sleep(0.6)  # the writer is asleep: no timer is due for minutes
         status_path = f"/apis/{models.GROUP}/{models.VERSION}/gpunodestates/n3/status"
         api.fail_once.add(status_path)
-        state.delete_node_state("n3")  # its GPUNodeState is gone: create and publish it again
+        cache.delete_node_state("n3")  # its GPUNodeState is gone: create and publish it again
 
         async def retried() -> bool:
             return api.writes.count(("PATCH", status_path)) == 2
@@ -225,12 +225,12 @@ async def test_a_failed_write_is_retried_without_waiting_for_another_event(
 
 
 async def test_a_write_dropped_for_lost_leadership_stays_queued(
-    cluster: tuple[ClusterState, Reconciler, SlowApi],
+    cluster: tuple[ClusterCache, Reconciler, SlowApi],
 ) -> None:
-    state, reconciler, api = cluster
+    cache, reconciler, api = cluster
     gate = ManualGate(leading=False)  # the lease lapsed between the loop's check and the send
-    w = writer(state, reconciler, concurrency=1, gate=gate)
-    writepath.drain(state.dirty)
+    w = writer(cache, reconciler, concurrency=1, gate=gate)
+    writepath.drain(cache.queue)
     await w._job(("node", "n5"))
     assert api.writes == []  # nothing was sent
-    assert "n5" in state.dirty.nodes  # the gate may reopen without a resync: not forgotten
+    assert "n5" in cache.queue.nodes  # the gate may reopen without a resync: not forgotten

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 from gpushare_operator.app import heap, metrics, serving
 from gpushare_operator.app.looplag import LoopLagMonitor
 from gpushare_operator.app.settings import Settings
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
-from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import models
 from gpushare_operator.core.rollouts import Counts
 from gpushare_operator.kube import connection, reading
@@ -66,8 +66,8 @@ class Assembly:
         self.settings = s = settings
         self.handle = handle
         api = handle.api
-        self.state = ClusterState()
-        self.state.dirty.cap = s.write_backoff_cap
+        self.cache = ClusterCache()
+        self.cache.queue.cap = s.write_backoff_cap
         self.registry = CollectorRegistry()
         self.telemetry = metrics.PrometheusTelemetry(self.registry)
         self.registry.register(metrics.StateCollector(MetricsReadings(self)))
@@ -89,7 +89,7 @@ class Assembly:
         # The writer's gate, not the elector's: no Event either once a graceful stop began.
         self.recorder = EventRecorder(api=api, allowed=lambda: self.writer.may_write())
         self.reconciler = Reconciler(
-            self.state,
+            self.cache,
             timings=Timings(
                 propagation_delay=s.config_propagation_delay,
                 key_grace_period=s.config_key_grace_period,
@@ -98,10 +98,10 @@ class Assembly:
             max_unavailable=s.max_unavailable,
         )
         self.informers = self._informers()
-        self.state.on_new_resource = self.informers[-1].request_relist
+        self.cache.on_new_resource = self.informers[-1].request_relist
         self.writer = WriteLoop(
             api=api,
-            state=self.state,
+            cache=self.cache,
             reconciler=self.reconciler,
             gate=self.gate,
             bucket=TokenBucket(qps=s.write_qps, burst=s.write_burst),
@@ -131,10 +131,10 @@ class Assembly:
         )
         node_states = reading.Collection(path=NODE_STATES_PATH, kind="GPUNodeState")
         read: list[tuple[reading.Collection, reading.Sink]] = [
-            (nodes, NodeSink(self.state)),
-            (node_states, NodeStateSink(self.state)),
-            (configmap, ConfigMapSink(self.state)),
-            (PODS, PodSink(self.state)),  # last: on_new_resource re-lists it
+            (nodes, NodeSink(self.cache)),
+            (node_states, NodeStateSink(self.cache)),
+            (configmap, ConfigMapSink(self.cache)),
+            (PODS, PodSink(self.cache)),  # last: on_new_resource re-lists it
         ]
         return [Informer(api=api, collection=c, sink=k, telemetry=telemetry) for c, k in read]
 
@@ -197,7 +197,7 @@ class Assembly:
                 backoff = min(backoff * 2, 30.0)
                 continue
             for item in items:
-                self.state.upsert_policy(item)
+                self.cache.upsert_policy(item)
             self._primed = True
             return
 
@@ -206,12 +206,12 @@ class Assembly:
         await asyncio.gather(*(informer.synced.wait() for informer in self.informers))
         log.info(
             "caches synced",
-            gpu_nodes=len(self.state.nodes),
-            policies=len(self.state.policies),
-            node_states=len(self.state.node_states),
-            gpu_pods=len(self.state.usage.pods),
+            gpu_nodes=len(self.cache.nodes),
+            policies=len(self.cache.policies),
+            node_states=len(self.cache.node_states),
+            gpu_pods=len(self.cache.usage.pods),
         )
-        self.state.settle_initial_keys()
+        self.cache.settle_initial_keys()
         heap.release_free_heap()
         self._spawn("elector", self.gate.run())
         self._spawn("policy-resync", self._resync_policies())
@@ -222,7 +222,7 @@ class Assembly:
         policies now and then, and forget those that are gone (level-based, like the informers)."""
         while True:
             await asyncio.sleep(POLICY_RESYNC_PERIOD)
-            known = {name: p.uid for name, p in self.state.policies.items()}
+            known = {name: p.uid for name, p in self.cache.policies.items()}
             try:
                 items = await reading.list_all(self.handle.api, POLICIES)
             except Exception as exc:  # the next round tries again
@@ -232,13 +232,13 @@ class Assembly:
             # Only what we knew before listing and the listing no longer has: a policy that kopf
             # delivered while we listed is not ours to drop.  Updates stay kopf's job.
             for name, uid in known.items():
-                current = self.state.policies.get(name)
+                current = self.cache.policies.get(name)
                 if name not in listed and current is not None and current.uid == uid:
                     log.info("policy gone while unwatched", kind=models.POLICY_KIND, name=name)
-                    self.state.delete_policy(name)
+                    self.cache.delete_policy(name)
             for name, item in listed.items():
-                if name not in self.state.policies:
-                    self.state.upsert_policy(item)
+                if name not in self.cache.policies:
+                    self.cache.upsert_policy(item)
 
     async def _leadership_changed(self, leader: bool) -> None:
         # Only the new leader says so: a replica that lost the lease may not write anything,
@@ -289,12 +289,12 @@ class MetricsReadings:
         self._assembly = assembly
 
     def cache_sizes(self) -> Iterable[tuple[str, int]]:
-        state = self._assembly.state
+        cache = self._assembly.cache
         return (
-            ("Node", len(state.nodes)),
-            ("Pod", len(state.usage.pods)),
-            ("GPUSharingPolicy", len(state.policies)),
-            ("GPUNodeState", len(state.node_states)),
+            ("Node", len(cache.nodes)),
+            ("Pod", len(cache.usage.pods)),
+            ("GPUSharingPolicy", len(cache.policies)),
+            ("GPUNodeState", len(cache.node_states)),
         )
 
     def write_backlog(self) -> int:
@@ -304,7 +304,7 @@ class MetricsReadings:
         return self._assembly.gate.is_leader()
 
     def policies(self) -> Iterable[str]:
-        return self._assembly.state.policies.keys()
+        return self._assembly.cache.policies.keys()
 
     def rendered_status(self, policy: str) -> Mapping[str, Any] | None:
         return self._assembly.reconciler.memory.rendered_policies.get(policy)

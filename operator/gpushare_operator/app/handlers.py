@@ -45,9 +45,9 @@ def build_registry(assembly: Assembly, *, stop: asyncio.Event) -> kopf.OperatorR
         obj: dict[str, Any] = dict(event.get("object") or {})
         if event.get("type") == "DELETED":
             metadata = obj.get("metadata") or {}
-            assembly.state.delete_policy(str(metadata.get("name")), uid=metadata.get("uid"))
+            assembly.cache.delete_policy(str(metadata.get("name")), uid=metadata.get("uid"))
         else:
-            assembly.state.upsert_policy(obj)
+            assembly.cache.upsert_policy(obj)
 
     return registry
 

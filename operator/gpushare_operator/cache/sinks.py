@@ -10,15 +10,15 @@ import abc
 from collections.abc import Mapping
 from typing import Any
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import pods as core_pods
 
 
 class _ReplacingSink(abc.ABC):
     """A keyed sink: remembers what a re-list mentioned, and deletes the rest at its end."""
 
-    def __init__(self, state: ClusterState) -> None:
-        self._state = state
+    def __init__(self, cache: ClusterCache) -> None:
+        self._cache = cache
         self._seen: set[str] | None = None
 
     def key(self, obj: Mapping[str, Any]) -> str:
@@ -58,31 +58,31 @@ class _ReplacingSink(abc.ABC):
 
 class NodeSink(_ReplacingSink):
     def keys(self) -> list[str]:
-        return list(self._state.nodes)
+        return list(self._cache.nodes)
 
     def upsert(self, obj: dict[str, Any]) -> None:
-        self._state.upsert_node(obj)
+        self._cache.upsert_node(obj)
 
     def delete(self, key: str) -> None:
-        self._state.delete_node(key)
+        self._cache.delete_node(key)
 
 
 class NodeStateSink(_ReplacingSink):
     def keys(self) -> list[str]:
-        return list(self._state.node_states)
+        return list(self._cache.node_states)
 
     def upsert(self, obj: dict[str, Any]) -> None:
-        self._state.upsert_node_state(obj)
+        self._cache.upsert_node_state(obj)
 
     def delete(self, key: str) -> None:
-        self._state.delete_node_state(key)
+        self._cache.delete_node_state(key)
 
 
 class ConfigMapSink:
     """Sink for the single device-plugin ConfigMap (watched with a name field selector)."""
 
-    def __init__(self, state: ClusterState) -> None:
-        self._state = state
+    def __init__(self, cache: ClusterCache) -> None:
+        self._cache = cache
         self._listed: Mapping[str, Any] | None = None
         self._first = True
 
@@ -94,7 +94,7 @@ class ConfigMapSink:
 
     def end_relist(self) -> None:
         data = (self._listed or {}).get("data") if self._listed is not None else None
-        self._state.set_config_data(
+        self._cache.set_config_data(
             data or ({} if self._listed is not None else None),
             initial=self._first,
             version=_version(self._listed),
@@ -104,7 +104,7 @@ class ConfigMapSink:
 
     def apply(self, event_type: str, obj: dict[str, Any]) -> None:
         data = None if event_type == "DELETED" else (obj.get("data") or {})
-        self._state.set_config_data(
+        self._cache.set_config_data(
             data, initial=False, version=_version(obj), owners=data_owners(obj)
         )
 
@@ -136,10 +136,10 @@ class PodSink(_ReplacingSink):
         return core_pods.uid_of(obj)
 
     def keys(self) -> list[str]:
-        return list(self._state.usage.pods)
+        return list(self._cache.usage.pods)
 
     def upsert(self, obj: dict[str, Any]) -> None:
-        self._state.upsert_pod(obj)
+        self._cache.upsert_pod(obj)
 
     def delete(self, key: str) -> None:
-        self._state.delete_pod(key)
+        self._cache.delete_pod(key)

@@ -272,7 +272,7 @@ class PodPolicy(enum.StrEnum):
     PROCEED = "Proceed"
 
 
-class RolloutState(enum.StrEnum):
+class RolloutPhase(enum.StrEnum):
     """Where the rollout of a policy's generation stands."""
 
     PROGRESSING = "Progressing"
@@ -415,7 +415,7 @@ class RolloutStatus(_Model):
 
     generation: Count = 0
     """The policy generation being rolled out (the one in force)."""
-    state: RolloutState = RolloutState.PROGRESSING
+    state: RolloutPhase = RolloutPhase.PROGRESSING
     """Progressing, Complete, Halted, WaitingForPods or Paused."""
     totalNodes: Count = 0
     """Nodes this rollout concerns: those the policy governs, and those it releases."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from gpushare_operator.core import conditions, rollouts
 from gpushare_operator.core.conditions import Cond
-from gpushare_operator.core.models import RolloutState
+from gpushare_operator.core.models import RolloutPhase
 from gpushare_operator.core.policies import CompiledPolicy
 
 MAX_LISTED_NODES = 10
@@ -130,9 +130,9 @@ def render_rollout(
     if generation is None or policy.spec is None:
         return None
     counts = view.counts
-    state = rollouts.state(counts, policy.spec.rollout, paused=policy.paused)
+    state = rollouts.phase(counts, policy.spec.rollout, paused=policy.paused)
     before = previous if previous and previous.get("generation") == generation else {}
-    complete = state is RolloutState.COMPLETE
+    complete = state is RolloutPhase.COMPLETE
     rollout = {
         "generation": generation,
         "state": str(state),

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from gpushare_operator.core import listpatches
 from gpushare_operator.core.listpatches import JsonPatch
-from gpushare_operator.core.models import RolloutSpec, RolloutState
+from gpushare_operator.core.models import RolloutPhase, RolloutSpec
 from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
 
 TAINT_KEY: Final = "gpushare.dev/reconfiguring"
@@ -96,14 +96,14 @@ def room(counts: Counts, spec: RolloutSpec, *, cluster_room: int, paused: bool) 
     return max(0, min(budget - counts.unavailable, cluster_room))
 
 
-def state(counts: Counts, spec: RolloutSpec, *, paused: bool) -> RolloutState:
+def phase(counts: Counts, spec: RolloutSpec, *, paused: bool) -> RolloutPhase:
     if paused:
-        return RolloutState.PAUSED
+        return RolloutPhase.PAUSED
     if halted(counts, spec):
-        return RolloutState.HALTED
+        return RolloutPhase.HALTED
     if counts.waiting + counts.admitted + counts.unavailable == 0:
-        return RolloutState.WAITING_FOR_PODS if counts.blocked else RolloutState.COMPLETE
-    return RolloutState.PROGRESSING
+        return RolloutPhase.WAITING_FOR_PODS if counts.blocked else RolloutPhase.COMPLETE
+    return RolloutPhase.PROGRESSING
 
 
 # -- the taint ----------------------------------------------------------------------------------

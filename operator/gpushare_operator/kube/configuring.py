@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import aiohttp
 import structlog
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.kube import http
 from gpushare_operator.kube.sending import FIELD_MANAGER, NotSent, Sender, Tokens, policy_ref
 from gpushare_operator.reconcile.memory import WriteMemory
@@ -33,10 +33,10 @@ class ConfigMapRef:
 
 class ConfigMapWrites:
     def __init__(
-        self, *, sender: Sender, state: ClusterState, memory: WriteMemory, config: ConfigMapRef
+        self, *, sender: Sender, cache: ClusterCache, memory: WriteMemory, config: ConfigMapRef
     ) -> None:
         self._sender = sender
-        self._state = state  # read only: which keys are new, which policies name them
+        self._cache = cache  # read only: which keys are new, which policies name them
         self._memory = memory  # read only: a problem is logged when it is new
         self._config = config
         self._announced_foreign: set[str] = set()
@@ -56,7 +56,7 @@ class ConfigMapWrites:
             },
             "data": plan.data,
         }
-        new_keys = set(plan.data) - set(self._state.config_data or {})
+        new_keys = set(plan.data) - set(self._cache.config_data or {})
         try:
             answer = await self._sender.send(
                 tokens,
@@ -123,7 +123,7 @@ class ConfigMapWrites:
                 f" {manager}, not {FIELD_MANAGER}: it is left alone (delete it by hand if unused)"
             )
             log.warning("foreign config key", kind="ConfigMap", key=key, manager=manager)
-            for policy in list(self._state.policies.values()):
+            for policy in list(self._cache.policies.values()):
                 await self._sender.recorder.post(
                     ref=policy_ref(policy.name, policy.uid),
                     type_="Warning",
@@ -133,7 +133,7 @@ class ConfigMapWrites:
         self._announced_foreign &= set(foreign)
 
     async def _announce_keys(self, keys: set[str]) -> None:
-        for policy in list(self._state.policies.values()):
+        for policy in list(self._cache.policies.values()):
             if policy.config_key in keys:
                 await self._sender.recorder.post(
                     ref=policy_ref(policy.name, policy.uid),

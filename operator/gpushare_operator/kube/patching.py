@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import structlog
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import announcements, models
 from gpushare_operator.kube import http
 from gpushare_operator.kube.events import ObjectRef
@@ -46,9 +46,9 @@ log = structlog.get_logger(__name__)
 
 
 class Patches:
-    def __init__(self, *, sender: Sender, state: ClusterState) -> None:
+    def __init__(self, *, sender: Sender, cache: ClusterCache) -> None:
         self._sender = sender
-        self._state = state  # read only: what was there before a write, for its Events
+        self._cache = cache  # read only: what was there before a write, for its Events
 
     async def write(
         self, plan: NodePlan | PolicyPlan, *, tokens: Tokens
@@ -137,7 +137,7 @@ class Patches:
     ) -> NodeWritten:
         assert plan.status is not None
         # Read before writing: our own write's watch event may land before the PATCH returns.
-        previous = self._state.node_states.get(plan.name) or {}
+        previous = self._cache.node_states.get(plan.name) or {}
         if plan.create_state:
             await self._create_node_state(plan, tokens)
         answer = await self._sender.send(
@@ -224,7 +224,7 @@ class Patches:
 
     async def _write_policy_status(self, plan: PolicyPlan, tokens: Tokens) -> PolicyWritten:
         assert plan.status is not None
-        previous = self._state.policy_status.get(plan.name) or {}
+        previous = self._cache.policy_status.get(plan.name) or {}
         try:
             answer = await self._sender.send(
                 tokens,

@@ -21,7 +21,7 @@ from collections.abc import Awaitable
 import structlog
 from kubernetes_asyncio import client
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import defaults
 from gpushare_operator.core.workqueue import NODE, POLICY, Key
 from gpushare_operator.kube.configuring import ConfigMapRef, ConfigMapWrites
@@ -58,7 +58,7 @@ class WriteLoop:
         self,
         *,
         api: client.ApiClient,
-        state: ClusterState,
+        cache: ClusterCache,
         reconciler: Reconciler,
         gate: LeaderGate,
         bucket: TokenBucket,
@@ -68,8 +68,8 @@ class WriteLoop:
         concurrency: int = defaults.WRITE_CONCURRENCY,
         policy_max_wait: float = defaults.POLICY_STATUS_MAX_DELAY,
     ) -> None:
-        self._state = state
-        self._queue = state.dirty
+        self._cache = cache
+        self._queue = cache.queue
         self._reconciler = reconciler
         self._gate = gate
         self._bucket = bucket
@@ -78,9 +78,9 @@ class WriteLoop:
         self._idle = asyncio.Event()  # clear while the loop runs a job itself (the ConfigMap)
         self._idle.set()
         self._sender = Sender(api=api, permit=self, recorder=recorder, telemetry=telemetry)
-        self._patches = Patches(sender=self._sender, state=state)
+        self._patches = Patches(sender=self._sender, cache=cache)
         self._configmap = ConfigMapWrites(
-            sender=self._sender, state=state, memory=reconciler.memory, config=config
+            sender=self._sender, cache=cache, memory=reconciler.memory, config=config
         )
         self._flight = InFlight(limit=concurrency, finished=self._queue.done)
         self._wake = asyncio.Event()
@@ -180,9 +180,9 @@ class WriteLoop:
     def resync(self) -> None:
         """Look at every object once (on gaining leadership)."""
         self._reconciler.restart()
-        state = self._state
-        everything = {("config", "")} | {(NODE, n) for n in state.nodes}
-        self._act(None, Orders(mark=frozenset(everything | {(POLICY, p) for p in state.policies})))
+        cache = self._cache
+        everything = {("config", "")} | {(NODE, n) for n in cache.nodes}
+        self._act(None, Orders(mark=frozenset(everything | {(POLICY, p) for p in cache.policies})))
 
     def _tick(self) -> float | None:
         """Run the timers: the admission pass, then the queue's own; when the next is due."""
@@ -197,7 +197,7 @@ class WriteLoop:
         self._wake.clear()
         if self._queue:
             return
-        timeout = None if when is None else max(0.0, when - self._state.clock())
+        timeout = None if when is None else max(0.0, when - self._cache.clock())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout=timeout)
 
@@ -214,7 +214,7 @@ class WriteLoop:
             self._queue,
             turn=self._turns,
             settling=self._reconciler,
-            now=self._state.clock(),
+            now=self._cache.clock(),
             max_wait=self.policy_max_wait,
         )
         key = self._take(turn)

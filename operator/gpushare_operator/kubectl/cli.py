@@ -163,8 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _target(args: argparse.Namespace) -> cluster.Target:
-    return cluster.Target(
+def _cluster_ref(args: argparse.Namespace) -> cluster.ClusterRef:
+    return cluster.ClusterRef(
         kubeconfig=args.kubeconfig,
         context=args.context,
         device_plugin_namespace=args.device_plugin_namespace,
@@ -179,7 +179,7 @@ async def _run(args: argparse.Namespace, trace: output.Trace) -> tuple[Mapping[s
         options = PlanOptions(
             files=args.filename,
             deletions=args.delete,
-            target=_target(args),
+            cluster_ref=_cluster_ref(args),
             max_unavailable=args.max_unavailable,
             pace=RolloutPace(
                 propagation_delay=args.config_propagation_delay,
@@ -192,9 +192,9 @@ async def _run(args: argparse.Namespace, trace: output.Trace) -> tuple[Mapping[s
         report = await make_plan(options)
         return report, planview.render(report, style), int(report["exitCode"])
     if args.command == "status":
-        report = await status.make_status(_target(args), policy=args.policy)
+        report = await status.make_status(_cluster_ref(args), policy=args.policy)
         return report, status.render(report, style), 0
-    report = await explain.explain_node(_target(args), args.name)
+    report = await explain.explain_node(_cluster_ref(args), args.name)
     return report, explain.render(report, style), 0
 
 

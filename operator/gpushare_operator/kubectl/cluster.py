@@ -1,4 +1,4 @@
-"""Reading the cluster into the operator's own ``ClusterState``, through the operator's sinks.
+"""Reading the cluster into the operator's own ``ClusterCache``, through the operator's sinks.
 
 Policies come first, as in the operator: they say which resources pods are kept for.  Nodes,
 GPUNodeStates and pods are then read at once, each through the operator's own read path
@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
-from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import models
 from gpushare_operator.kube import connection, reading
 
@@ -35,7 +35,7 @@ POD_LIST = reading.Collection(
 
 
 @dataclass(frozen=True, slots=True)
-class Target:
+class ClusterRef:
     """Where the cluster is, and the operator's device-plugin ConfigMap in it."""
 
     kubeconfig: str | None = None
@@ -50,27 +50,27 @@ class Target:
 
 
 @contextlib.asynccontextmanager
-async def connected(target: Target) -> AsyncIterator[reading.Api]:
+async def connected(cluster_ref: ClusterRef) -> AsyncIterator[reading.Api]:
     configuration = await connection.load_kubectl_configuration(
-        kubeconfig=target.kubeconfig, context=target.context
+        kubeconfig=cluster_ref.kubeconfig, context=cluster_ref.context
     )
     async with connection.api_client(configuration) as api:
         yield api
 
 
-async def load_policies(api: reading.Api, state: ClusterState) -> list[dict[str, Any]]:
+async def load_policies(api: reading.Api, cache: ClusterCache) -> list[dict[str, Any]]:
     items = await reading.list_all(api, POLICY_LIST)
     for item in items:
-        state.upsert_policy(item)
+        cache.upsert_policy(item)
     return items
 
 
-async def load_configmap(api: reading.Api, state: ClusterState, target: Target) -> None:
+async def load_configmap(api: reading.Api, cache: ClusterCache, cluster_ref: ClusterRef) -> None:
     """The device-plugin ConfigMap as the operator's informer would deliver its first list
     (keys present then count as propagated); absent, or not readable, is no keys at all."""
-    sink = ConfigMapSink(state)
+    sink = ConfigMapSink(cache)
     try:
-        found = await reading.get(api, target.configmap_path, keep_managed_fields=True)
+        found = await reading.get(api, cluster_ref.configmap_path, keep_managed_fields=True)
     except reading.ApiError as exc:
         if exc.status != 403:
             raise
@@ -82,34 +82,34 @@ async def load_configmap(api: reading.Api, state: ClusterState, target: Target) 
 
 
 async def load_fleet(
-    api: reading.Api, state: ClusterState, *, pods: bool = True, node_states: bool = True
+    api: reading.Api, cache: ClusterCache, *, pods: bool = True, node_states: bool = True
 ) -> None:
     """Every GPU node, and (by default) every GPUNodeState and every live pod, in parallel."""
-    reads = [reading.list_into(api, NODE_LIST, NodeSink(state))]
+    reads = [reading.list_into(api, NODE_LIST, NodeSink(cache))]
     if node_states:
-        reads.append(reading.list_into(api, NODE_STATE_LIST, NodeStateSink(state)))
+        reads.append(reading.list_into(api, NODE_STATE_LIST, NodeStateSink(cache)))
     if pods:
-        pod_list = replace(POD_LIST, worth_decoding=_asks_for(state))
-        reads.append(reading.list_into(api, pod_list, PodSink(state)))
+        pod_list = replace(POD_LIST, worth_decoding=_asks_for(cache))
+        reads.append(reading.list_into(api, pod_list, PodSink(cache)))
     await asyncio.gather(*reads)
 
 
-def _asks_for(state: ClusterState) -> Callable[[bytes], bool]:
+def _asks_for(cache: ClusterCache) -> Callable[[bytes], bool]:
     """Whether a pod's JSON names a resource the state keeps pods for: one that does not
     cannot request it, and the pod sink would drop it after decoding it whole."""
-    names = tuple(name.encode() for name in sorted(state.tracked_resources))
+    names = tuple(name.encode() for name in sorted(cache.tracked_resources))
     return lambda raw: any(name in raw for name in names)
 
 
-async def load_node(api: reading.Api, state: ClusterState, name: str) -> dict[str, Any] | None:
+async def load_node(api: reading.Api, cache: ClusterCache, name: str) -> dict[str, Any] | None:
     """One node, its GPUNodeState and its live pods: what ``explain node`` needs."""
     body = await reading.get(api, f"{NODES}/{name}")
     if body is None:
         return None
-    state.upsert_node(body)
+    cache.upsert_node(body)
     node_state = await reading.get(api, f"{NODE_STATES}/{name}")
     if node_state is not None:
-        state.upsert_node_state(node_state)
+        cache.upsert_node_state(node_state)
     pod_list = replace(POD_LIST, field_selector=f"spec.nodeName={name},{LIVE_PODS}")
-    await reading.list_into(api, pod_list, PodSink(state))
+    await reading.list_into(api, pod_list, PodSink(cache))
     return body

@@ -1,7 +1,7 @@
 """``kubectl gpushare explain node NAME``: why a node is configured the way it is.
 
 Which policies select it, ranked as the operator ranks them (``core.resolution``), which one
-governs it and why (``nodestates.choose``: the first usable by rank that can work there); its
+governs it and why (``nodephases.choose``: the first usable by rank that can work there); its
 phase and conditions as the operator published them, and recent Events about it; the config
 key it carries and that key's content in the device-plugin ConfigMap; and which pods hold its
 slots, from the same usage ledger the operator keeps.
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.core import nodestates, resolution
+from gpushare_operator.cache.cluster import ClusterCache
+from gpushare_operator.core import nodephases, resolution
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.kube import reading
@@ -29,13 +29,13 @@ class UnknownNode(LookupError):
     """No such node, or not a GPU node."""
 
 
-async def explain_node(target: cluster.Target, name: str) -> dict[str, Any]:
-    state = ClusterState()
-    planner = new_planner(state)
-    async with cluster.connected(target) as api:
-        await cluster.load_policies(api, state)
-        await cluster.load_configmap(api, state, target)
-        if await cluster.load_node(api, state, name) is None:
+async def explain_node(cluster_ref: cluster.ClusterRef, name: str) -> dict[str, Any]:
+    cache = ClusterCache()
+    planner = new_planner(cache)
+    async with cluster.connected(cluster_ref) as api:
+        await cluster.load_policies(api, cache)
+        await cluster.load_configmap(api, cache, cluster_ref)
+        if await cluster.load_node(api, cache, name) is None:
             raise UnknownNode(f'node "{name}" not found')
         events = await reading.list_all(
             api,
@@ -46,18 +46,18 @@ async def explain_node(target: cluster.Target, name: str) -> dict[str, Any]:
                 page_size=250,
             ),
         )
-    record = state.nodes.get(name)
+    record = cache.nodes.get(name)
     if record is None:
         raise UnknownNode(f'node "{name}" is not a GPU node: gpushare leaves it alone')
     decision = planner.decide(record)
     target_now = standing_of(record, decision)
-    published = state.node_states.get(name) or {}
+    published = cache.node_states.get(name) or {}
     return {
         "node": name,
         "pool": pool_of(record.labels, POOL_LABELS),
         "gpus": record.gpus,
         "product": record.product,
-        "policies": _ranking(state, record, decision.policy),
+        "policies": _ranking(cache, record, decision.policy),
         "governedBy": decision.policy.name if decision.policy else None,
         "phase": {
             "published": published.get("phase"),
@@ -65,39 +65,39 @@ async def explain_node(target: cluster.Target, name: str) -> dict[str, Any]:
             "now": {"phase": str(decision.phase), "reason": decision.reason},
         },
         "events": _events(events),
-        "config": _config(state, record, decision.policy),
-        "slots": _slots(state, name, target_now.resource, target_now.capacity),
+        "config": _config(cache, record, decision.policy),
+        "slots": _slots(cache, name, target_now.resource, target_now.capacity),
     }
 
 
 def _ranking(
-    state: ClusterState, record: NodeRecord, winner: CompiledPolicy | None
+    cache: ClusterCache, record: NodeRecord, winner: CompiledPolicy | None
 ) -> list[dict[str, Any]]:
-    matched = [state.policies[p] for p in state.index.policies_of(record.name)]
-    candidates = state.candidates(record.name)
+    matched = [cache.policies[p] for p in cache.index.policies_of(record.name)]
+    candidates = cache.candidates(record.name)
     return [
         {
             "name": policy.name,
             "priority": policy.priority,
-            **_outcome(state, record, policy, winner=winner, candidates=candidates),
+            **_outcome(cache, record, policy, winner=winner, candidates=candidates),
         }
         for policy in resolution.ranked(matched)
     ]
 
 
 def _outcome(
-    state: ClusterState,
+    cache: ClusterCache,
     record: NodeRecord,
     policy: CompiledPolicy,
     *,
     winner: CompiledPolicy | None,
     candidates: Sequence[CompiledPolicy],
 ) -> dict[str, str]:
-    if policy.name in state.deleting:
+    if policy.name in cache.deleting:
         return {"outcome": "deleting", "why": "being deleted: it governs no node any more"}
     if not policy.usable:
         return {"outcome": "invalid", "why": policy.error or "its spec is invalid"}
-    problem = nodestates.unsupported(record, policy)
+    problem = nodephases.unsupported(record, policy)
     if winner is not None and policy.name == winner.name:
         return {"outcome": "governs", "why": _why_winner(record, policy, candidates)}
     if winner is None:  # cannot be: a usable match always governs
@@ -114,7 +114,7 @@ def _outcome(
 def _why_winner(
     record: NodeRecord, policy: CompiledPolicy, candidates: Sequence[CompiledPolicy]
 ) -> str:
-    problem = nodestates.unsupported(record, policy)
+    problem = nodephases.unsupported(record, policy)
     if problem is not None:
         return f"no selecting policy can work here, so the first by rank reports it: {problem[1]}"
     ahead = [p.name for p in candidates if resolution.rank_key(p) < resolution.rank_key(policy)]
@@ -157,9 +157,9 @@ def _events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _config(
-    state: ClusterState, record: NodeRecord, policy: CompiledPolicy | None
+    cache: ClusterCache, record: NodeRecord, policy: CompiledPolicy | None
 ) -> dict[str, Any]:
-    data = state.config_data or {}
+    data = cache.config_data or {}
     carried = record.config_label
     wanted = policy.config_key if policy is not None else None
     out: dict[str, Any] = {
@@ -174,13 +174,13 @@ def _config(
     return out
 
 
-def _slots(state: ClusterState, node: str, resource: str, capacity: int) -> dict[str, Any]:
-    allocated, _ = state.usage.node_usage(node, resource)
+def _slots(cache: ClusterCache, node: str, resource: str, capacity: int) -> dict[str, Any]:
+    allocated, _ = cache.usage.node_usage(node, resource)
     pods = sorted(
-        (p for p in state.usage if p.node == node and p.holds_slots),
+        (p for p in cache.usage if p.node == node and p.holds_slots),
         key=lambda p: (p.namespace, p.name),
     )
-    held = state.usage.node_slots(node)
+    held = cache.usage.node_slots(node)
     return {
         "resource": resource,
         "allocated": allocated,

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import defaults, devconfigs, rollouts
 from gpushare_operator.core.nodes import GPU_RESOURCE
 from gpushare_operator.core.pods import PodRecord
@@ -131,7 +131,7 @@ class Forecast:
 
 
 class Forecaster:
-    """Owns a ``ClusterState`` for the caller to fill, then forecasts planned edits on it."""
+    """Owns a ``ClusterCache`` for the caller to fill, then forecasts planned edits on it."""
 
     def __init__(
         self,
@@ -141,11 +141,11 @@ class Forecaster:
         pool_labels: Sequence[str] = POOL_LABELS,
     ) -> None:
         self.clock = ManualClock()
-        self.state = ClusterState(clock=self.clock)
+        self.cache = ClusterCache(clock=self.clock)
         self.pace = pace or RolloutPace()
         self.pool_labels = tuple(pool_labels)
         self.reconciler = Reconciler(
-            self.state,
+            self.cache,
             timings=Timings(
                 propagation_delay=self.pace.propagation_delay,
                 key_grace_period=KEY_GRACE_PERIOD,
@@ -166,27 +166,27 @@ class Forecaster:
             )
             if compiled.sharing is not None:
                 resource = devconfigs.advertised_resource(compiled.sharing)
-                self.state.tracked_resources.add(resource)
+                self.cache.tracked_resources.add(resource)
 
     def targets(self) -> dict[str, NodeStanding]:
         planner = self.planner
-        return {name: standing_of(r, planner.decide(r)) for name, r in self.state.nodes.items()}
+        return {name: standing_of(r, planner.decide(r)) for name, r in self.cache.nodes.items()}
 
     def pool(self, node: str) -> str:
-        record = self.state.nodes.get(node)
+        record = self.cache.nodes.get(node)
         return pool_of(record.labels, self.pool_labels) if record is not None else "-"
 
     # -- the forecast ------------------------------------------------------------------------
 
     def run(self, planned: Sequence[Mapping[str, Any]]) -> Forecast:
         """Upsert ``planned`` (dry-run answers: new, edited or being deleted) and forecast."""
-        state = self.state
+        cache = self.cache
         names = [str((body.get("metadata") or {}).get("name")) for body in planned]
         before = self.targets()
         concerned = self._matched(names)
-        keys_before = {p.config_key for p in state.policies.values() if p.config_key}
+        keys_before = {p.config_key for p in cache.policies.values() if p.config_key}
         for body in planned:
-            state.upsert_policy(body)
+            cache.upsert_policy(body)
         concerned |= self._matched(names)
         keys_written = self._write_keys()
         after = self.targets()
@@ -196,8 +196,8 @@ class Forecaster:
             if before.get(name) != after[name]
         ]
         concerned.update(change.name for change in changes)
-        live = {p.config_key for p in state.policies.values() if p.config_key}
-        live -= {state.policies[n].config_key for n in state.deleting if n in state.policies}
+        live = {p.config_key for p in cache.policies.values() if p.config_key}
+        live -= {cache.policies[n].config_key for n in cache.deleting if n in cache.policies}
         forecast = Forecast(
             planned=names,
             before=before,
@@ -218,22 +218,22 @@ class Forecaster:
         return forecast
 
     def _matched(self, policies: Iterable[str]) -> set[str]:
-        index = self.state.index
+        index = self.cache.index
         return {node for policy in policies for node in index.nodes_of(policy)}
 
     def _write_keys(self) -> dict[str, str]:
         """The keys the operator would add to the ConfigMap, written now: as in the operator,
         no node may name one before the propagation delay is over, while nodes whose key is
         already there may go at once (and take the budget first)."""
-        state = self.state
-        current = dict(state.config_data or {})
+        cache = self.cache
+        current = dict(cache.config_data or {})
         wanted = self.planner.desired_config()
         written = {key: text for key, text in wanted.items() if key not in current}
-        state.set_config_data({**current, **written}, initial=False)
+        cache.set_config_data({**current, **written}, initial=False)
         return written
 
     def _misfits(self, changes: Sequence[NodeChange]) -> list[Misfit]:
-        usage = self.state.usage
+        usage = self.cache.usage
         found: dict[str, tuple[str, str]] = {}
         for change in changes:
             after = change.after
@@ -265,11 +265,11 @@ class Forecaster:
         never settles: the replay stops there rather than loop."""
         book, start = self.book, self.clock.now
         self._drain()
-        carried = self._gate(sorted(self.state.nodes))  # fresh nodes go at once
+        carried = self._gate(sorted(self.cache.nodes))  # fresh nodes go at once
         forecast.budgets = self._budgets()
         settled: set[str] = set()
         ticks = 0.0  # clock moves that only let the book look again: not time that passes
-        for _ in range(2 * len(self.state.nodes) + 2):
+        for _ in range(2 * len(self.cache.nodes) + 2):
             self._drain()
             self.clock.now += 2 * admissions.INTERVAL  # one admission pass an interval at most
             ticks += 2 * admissions.INTERVAL
@@ -300,7 +300,7 @@ class Forecaster:
         book = self.book
         return sorted(
             node
-            for policy in {*self.state.policies, CLUSTER}
+            for policy in {*self.cache.policies, CLUSTER}
             for node in book.nodes_at(policy, Step.PREPARING)
         )
 
@@ -308,15 +308,15 @@ class Forecaster:
         """When the next key some waiting node needs has propagated; None if none is due."""
         if not self._preparing():
             return None
-        state, now = self.state, self.clock.now
+        cache, now = self.cache, self.clock.now
         delay = self.pace.propagation_delay
-        due = [seen + delay for seen in state.key_seen_at.values() if seen + delay > now]
+        due = [seen + delay for seen in cache.key_seen_at.values() if seen + delay > now]
         return min(due, default=None)
 
     def _taken(self, kind: str) -> list[str]:
         """Everything of ``kind`` the state has marked since the last look (and forget it:
         the replay looks at what it needs itself)."""
-        queue, names = self.state.dirty, []
+        queue, names = self.cache.queue, []
         while (name := queue.get(kind)) is not None:
             queue.done((kind, name))
             names.append(name)
@@ -332,40 +332,40 @@ class Forecaster:
     def _place(self, name: str) -> bool:
         """Place the node in the book, as the operator's plan and learn would; True if the
         book lets it change now."""
-        record = self.state.nodes[name]
+        record = self.cache.nodes[name]
         judged = self.book.judge(record, self.planner.decide(record))
         self.book.record(judged.placement)
         return judged.decision.labels is not None
 
     def _gate(self, names: Iterable[str]) -> list[str]:
         """Place each node in the book; those it lets change now."""
-        return [name for name in names if name in self.state.nodes and self._place(name)]
+        return [name for name in names if name in self.cache.nodes and self._place(name)]
 
     def _settle(self, name: str) -> None:
-        state, planner = self.state, self.planner
-        record = state.nodes[name]
-        state.upsert_node(settled_body(record, planner.decide(record).policy))
+        cache, planner = self.cache, self.planner
+        record = cache.nodes[name]
+        cache.upsert_node(settled_body(record, planner.decide(record).policy))
         self._place(name)
 
     def _budgets(self) -> dict[str, Budget]:
         book, budgets = self.book, {}
-        for name, policy in self.state.policies.items():
+        for name, policy in self.cache.policies.items():
             counts = book.counts(name)
             if policy.spec is None or not counts.total:
                 continue
             spec = policy.spec.rollout
             budget = rollouts.max_unavailable(spec.maxUnavailable, total=counts.total)
-            canary = 0 if name in self.state.deleting else spec.canary
+            canary = 0 if name in self.cache.deleting else spec.canary
             budgets[name] = Budget(budget, canary, counts.total)
         return budgets
 
     def _held(self) -> list[Held]:
-        state, planner, book = self.state, self.planner, self.book
+        cache, planner, book = self.cache, self.planner, self.book
         held = []
-        for policy in sorted({*state.policies, CLUSTER}):
+        for policy in sorted({*cache.policies, CLUSTER}):
             for step in _HELD_STEPS:
                 for node in book.nodes_at(policy, step):
-                    record = state.nodes[node]
+                    record = cache.nodes[node]
                     judged = book.judge(record, planner.decide(record))
                     book.record(judged.placement)
                     decision = judged.decision

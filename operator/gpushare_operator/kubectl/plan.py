@@ -29,7 +29,7 @@ _SPEC_FIELDS = ("strategy", "replicas", "priority", "nodeSelector", "resourceNam
 class PlanOptions:
     files: Sequence[str] = ()
     deletions: Sequence[str] = ()
-    target: cluster.Target = field(default_factory=cluster.Target)
+    cluster_ref: cluster.ClusterRef = field(default_factory=cluster.ClusterRef)
     max_unavailable: int | str = defaults.MAX_UNAVAILABLE
     pace: RolloutPace = field(default_factory=RolloutPace)
     pool_labels: Sequence[str] = POOL_LABELS
@@ -56,24 +56,24 @@ async def make_plan(options: PlanOptions, *, errors: TextIO = sys.stderr) -> dic
         pace=options.pace,
         pool_labels=options.pool_labels,
     )
-    trace, state = options.trace, forecaster.state
-    async with cluster.connected(options.target) as api:
+    trace, cache = options.trace, forecaster.cache
+    async with cluster.connected(options.cluster_ref) as api:
         planned, refusals = await manifests.dry_run(api, documents, options.deletions)
         for refusal in refusals:
             errors.write(f"{refusal}\n")
         if refusals:
             raise PlanError(f"the API server refused {len(refusals)} of {len(names)} object(s)")
         trace.mark(f"dry run: {len(planned)} object(s) accepted")
-        await cluster.load_policies(api, state)
-        current = dict(state.policies)
+        await cluster.load_policies(api, cache)
+        current = dict(cache.policies)
         bodies = [manifests.for_state(p) for p in planned]
         forecaster.track_resources_of(bodies)
-        await cluster.load_configmap(api, state, options.target)
+        await cluster.load_configmap(api, cache, options.cluster_ref)
         trace.mark(f"read {len(current)} policies and the device-plugin ConfigMap")
-        await cluster.load_fleet(api, state)
+        await cluster.load_fleet(api, cache)
         trace.mark(
-            f"read {len(state.nodes)} GPU nodes, {len(state.node_states)} GPUNodeStates,"
-            f" {len(state.usage.pods)} pods asking for GPU slots"
+            f"read {len(cache.nodes)} GPU nodes, {len(cache.node_states)} GPUNodeStates,"
+            f" {len(cache.usage.pods)} pods asking for GPU slots"
         )
     forecast = forecaster.run(bodies)
     trace.mark(f"forecast: {len(forecast.changes)} node(s) change, {len(forecast.batches)} batches")
@@ -81,7 +81,7 @@ async def make_plan(options: PlanOptions, *, errors: TextIO = sys.stderr) -> dic
         forecast=forecast,
         planned=planned,
         current=current,
-        after=dict(forecaster.state.policies),
+        after=dict(forecaster.cache.policies),
         options=options,
     )
 
@@ -230,16 +230,16 @@ def _pools(name: str, forecast: Forecast) -> list[dict[str, Any]]:
             "changed": [],
         }
     )
-    for node, target in forecast.before.items():
-        if target.policy == name:
+    for node, standing in forecast.before.items():
+        if standing.policy == name:
             entry = pools[forecast.pools[node]]
             entry["nodes"]["before"] += 1
-            entry["capacity"]["before"] += target.capacity
-    for node, target in forecast.after.items():
-        if target.policy == name:
+            entry["capacity"]["before"] += standing.capacity
+    for node, standing in forecast.after.items():
+        if standing.policy == name:
             entry = pools[forecast.pools[node]]
             entry["nodes"]["after"] += 1
-            entry["capacity"]["after"] += target.capacity
+            entry["capacity"]["after"] += standing.capacity
     for change in forecast.changes:
         was, now = change.before.policy, change.after.policy
         if now == name and was != name:

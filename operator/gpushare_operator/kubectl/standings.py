@@ -4,7 +4,7 @@ Pure pieces of ``kubectl gpushare plan`` (``kubectl.forecast`` runs them against
 operator's own state and planner):
 
 - ``standing_of``: a node's standing under a decision, read off the very status the operator
-  would publish (``nodestates.render_status``), so that the plan's capacity is the number the
+  would publish (``nodephases.render_status``), so that the plan's capacity is the number the
   GPUNodeState will show, by construction;
 - ``settled_body``: the node as NVIDIA's agents leave it once a config is in force (config
   manager, device plugin and GPU Feature Discovery done: labels and allocatable agree), which
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpushare_operator.core import defaults, devconfigs, nodestates
+from gpushare_operator.core import defaults, devconfigs, nodephases
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import (
     CONFIG_LABEL,
@@ -80,9 +80,9 @@ class NodeStanding:
         return {key: value for key, value in out.items() if value is not None}
 
 
-def standing_of(record: NodeRecord, decision: nodestates.NodeDecision) -> NodeStanding:
+def standing_of(record: NodeRecord, decision: nodephases.NodeDecision) -> NodeStanding:
     """The node's standing, from the status the operator would render for ``decision``."""
-    status = nodestates.render_status(record=record, decision=decision, previous=None, now="")
+    status = nodephases.render_status(record=record, decision=decision, previous=None, now="")
     policy = decision.policy
     unsupported = decision.phase is NodePhase.UNSUPPORTED
     resource = GPU_RESOURCE

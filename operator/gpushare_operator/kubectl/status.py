@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.kubectl import cluster
 from gpushare_operator.kubectl.forecast import KEY_GRACE_PERIOD, MISMATCH_TIMEOUT
@@ -25,28 +25,30 @@ class UnknownPolicy(LookupError):
     """``--policy NAME`` names no policy."""
 
 
-def new_planner(state: ClusterState) -> Planner:
+def new_planner(cache: ClusterCache) -> Planner:
     timings = Timings(
         propagation_delay=0.0, key_grace_period=KEY_GRACE_PERIOD, mismatch_timeout=MISMATCH_TIMEOUT
     )
     # The budget does not matter to a status: the plugin shows what the operator published.
-    return Reconciler(state, timings=timings, max_unavailable=1).planner
+    return Reconciler(cache, timings=timings, max_unavailable=1).planner
 
 
-async def make_status(target: cluster.Target, *, policy: str | None = None) -> dict[str, Any]:
-    state = ClusterState()
-    planner = new_planner(state)
-    async with cluster.connected(target) as api:
-        items = await cluster.load_policies(api, state)
-        if policy is not None and policy not in state.policies:
+async def make_status(
+    cluster_ref: cluster.ClusterRef, *, policy: str | None = None
+) -> dict[str, Any]:
+    cache = ClusterCache()
+    planner = new_planner(cache)
+    async with cluster.connected(cluster_ref) as api:
+        items = await cluster.load_policies(api, cache)
+        if policy is not None and policy not in cache.policies:
             raise UnknownPolicy(f'GPUSharingPolicy "{policy}" not found')
-        await cluster.load_configmap(api, state, target)
-        await cluster.load_fleet(api, state)
+        await cluster.load_configmap(api, cache, cluster_ref)
+        await cluster.load_fleet(api, cache)
     published = {str(i["metadata"]["name"]): i.get("status") or {} for i in items}
     report: dict[str, Any] = {
         "policies": [
-            _policy(planner, p, published.get(name, {}), deleting=name in state.deleting)
-            for name, p in sorted(state.policies.items())
+            _policy(planner, p, published.get(name, {}), deleting=name in cache.deleting)
+            for name, p in sorted(cache.policies.items())
         ]
     }
     if policy is not None:
@@ -89,28 +91,28 @@ def _policy(
 
 
 def _nodes(planner: Planner, name: str) -> list[dict[str, Any]]:
-    state = planner.state
+    cache = planner.cache
     rows = []
-    for node in sorted(state.index.nodes_of(name)):
-        record = state.nodes[node]
+    for node in sorted(cache.index.nodes_of(name)):
+        record = cache.nodes[node]
         decision = planner.decide(record)
-        target = standing_of(record, decision)
-        published = state.node_states.get(node) or {}
+        standing = standing_of(record, decision)
+        published = cache.node_states.get(node) or {}
         ready = next(
             (c for c in published.get("conditions") or () if c.get("type") == "Ready"), None
         )
-        allocated, pods = state.usage.node_usage(node, target.resource)
+        allocated, pods = cache.usage.node_usage(node, standing.resource)
         rows.append(
             {
                 "name": node,
                 "pool": pool_of(record.labels, POOL_LABELS),
-                "policy": target.policy,
+                "policy": standing.policy,
                 "phase": published.get("phase") or str(decision.phase),
                 "reason": (ready or {}).get("reason") or decision.reason,
                 "published": bool(published),
                 "configKey": record.config_label,
-                "gpus": target.gpus,
-                "slots": {"allocated": allocated, "capacity": target.capacity},
+                "gpus": standing.gpus,
+                "slots": {"allocated": allocated, "capacity": standing.capacity},
                 "pods": pods,
             }
         )

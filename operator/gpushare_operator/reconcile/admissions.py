@@ -93,7 +93,7 @@ def _admit_all(book: RolloutBook) -> list[Placement]:
 
 
 def _by_rank(book: RolloutBook, names: list[str]) -> list[str]:
-    policies = book.state.policies
+    policies = book.cache.policies
     known = [policies[n] for n in names if n in policies]
     return [p.name for p in resolution.ranked(known)] + [n for n in names if n not in policies]
 
@@ -105,9 +105,9 @@ def _admit(book: RolloutBook, policy: str, *, cluster_room: int) -> tuple[list[P
     else:
         counts = book.counts(policy)
         room = rollouts.room(counts, spec, cluster_room=cluster_room, paused=paused)
-        deleting = policy in book.state.deleting
+        deleting = policy in book.cache.deleting
         canary = None if deleting else rollouts.canary_room(counts, spec)
-    usage = book.state.usage
+    usage = book.cache.usage
     order = sorted(
         book.at(policy, Step.WAITING),
         key=lambda n: rollouts.order_key(allocated=usage.node_total(n), name=n),

@@ -12,7 +12,7 @@ import datetime
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpushare_operator.core import nodestates
+from gpushare_operator.core import nodephases
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.policies import CompiledPolicy
 
@@ -65,7 +65,7 @@ class AppliedClocks:
             return None
         return now - max(0.0, self._epoch() - at)
 
-    def track(self, name: str, decision: nodestates.NodeDecision) -> None:
+    def track(self, name: str, decision: nodephases.NodeDecision) -> None:
         policy = decision.policy
         first = name not in self._decided
         self._decided.add(name)

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import devconfigs
 from gpushare_operator.core.models import FIELD_MANAGER
 from gpushare_operator.reconcile.memory import WriteMemory
@@ -31,28 +31,28 @@ class Desired:
 class ConfigPlanner:
     """Pure: reads the cache and what ``Reconciler.learn`` recorded of earlier plans."""
 
-    def __init__(self, state: ClusterState, *, grace_period: float, memory: WriteMemory) -> None:
-        self.state = state
+    def __init__(self, cache: ClusterCache, *, grace_period: float, memory: WriteMemory) -> None:
+        self.cache = cache
         self.grace_period = grace_period
         self._memory = memory
 
     def desired(self, *, foreign: Mapping[str, str] | None = None) -> Desired:
         """Every key the ConfigMap should hold; ``foreign``: the keys others own (by default
         those the last plan found)."""
-        state = self.state
+        cache = self.cache
         foreign = self._memory.foreign_keys if foreign is None else foreign
         wanted = {devconfigs.DEFAULT_KEY: devconfigs.render_default_text()}
-        for policy in state.policies.values():
+        for policy in cache.policies.values():
             if policy.config_key and policy.config_text:
                 wanted[policy.config_key] = policy.config_text
-        now = state.clock()
+        now = cache.clock()
         known = self._memory.unused_since
         unused: dict[str, float] = {}
         recheck: float | None = None
-        for key, text in (state.config_data or {}).items():
+        for key, text in (cache.config_data or {}).items():
             if key in wanted or not OUR_KEY.match(key) or key in foreign:
                 continue
-            if state.config_label_counts.get(key):
+            if cache.config_label_counts.get(key):
                 wanted[key] = text  # a node still names it
                 continue
             since = unused[key] = known.get(key, now)
@@ -64,7 +64,7 @@ class ConfigPlanner:
 
     def _foreign(self, data: Mapping[str, str]) -> dict[str, str]:
         """Keys shaped like ours that only other field managers own: key -> managers."""
-        owners = self.state.config_owners
+        owners = self.cache.config_owners
         return {
             key: ", ".join(sorted(owners[key]))
             for key in data
@@ -74,17 +74,17 @@ class ConfigPlanner:
     def plan(self) -> ConfigPlan:
         """The ConfigMap data to apply (None when the cluster already shows it), and what
         planning saw: the foreign keys and the unused keys' clocks."""
-        state = self.state
-        if not state.config_synced:
+        cache = self.cache
+        if not cache.config_synced:
             memory = self._memory
             return ConfigPlan(None, memory.foreign_keys, memory.unused_since)
-        data = state.config_data or {}
+        data = cache.config_data or {}
         foreign = self._foreign(data)
         desired = self.desired(foreign=foreign)
         wanted = {k: v for k, v in desired.data.items() if k not in foreign}
         actual = {k: v for k, v in data.items() if OUR_KEY.match(k) and k not in foreign}
-        shown = state.config_data is not None and wanted == actual
-        sent = state.in_flight.get(("configmap", "")) == wanted
+        shown = cache.config_data is not None and wanted == actual
+        sent = cache.in_flight.get(("configmap", "")) == wanted
         return ConfigPlan(
             None if shown or sent else wanted,
             foreign_keys=foreign,

@@ -16,11 +16,11 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpushare_operator.cache.state import ClusterState
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import (
     devconfigs,
     listpatches,
-    nodestates,
+    nodephases,
     policystatus,
     rollouts,
     statusdiff,
@@ -61,7 +61,7 @@ class Planner:
 
     def __init__(
         self,
-        state: ClusterState,
+        cache: ClusterCache,
         *,
         timings: Timings,
         book: RolloutBook,
@@ -69,50 +69,52 @@ class Planner:
         memory: WriteMemory,
         wallclock: Callable[[], str] = rfc3339_now,
     ) -> None:
-        self.state = state
+        self.cache = cache
         self.timings = timings
         self.book = book
         self.clocks = clocks
         self.memory = memory
-        self.configs = ConfigPlanner(state, grace_period=timings.key_grace_period, memory=memory)
+        self.configs = ConfigPlanner(cache, grace_period=timings.key_grace_period, memory=memory)
         self._wallclock = wallclock
 
     # -- nodes -----------------------------------------------------------------------------------
 
-    def key_state(self, key: str | None) -> nodestates.KeyState:
-        data = self.state.config_data
+    def key_readiness(self, key: str | None) -> nodephases.KeyReadiness:
+        data = self.cache.config_data
         if key is None or data is None or key not in data:
-            return nodestates.KeyState(present=False)
+            return nodephases.KeyReadiness(present=False)
         delay = self.timings.propagation_delay
-        seen = self.state.key_seen_at.get(key, float("-inf"))
-        wall = self.state.key_seen_wall.get(key, float("-inf"))
+        seen = self.cache.key_seen_at.get(key, float("-inf"))
+        wall = self.cache.key_seen_wall.get(key, float("-inf"))
         ready_wall = None if wall == float("-inf") else _rfc3339(wall + delay)
-        return nodestates.KeyState(present=True, ready_at=seen + delay, ready_at_wall=ready_wall)
+        return nodephases.KeyReadiness(
+            present=True, ready_at=seen + delay, ready_at_wall=ready_wall
+        )
 
-    def decide(self, record: NodeRecord) -> nodestates.NodeDecision:
-        policy = self.state.governing(record.name)
-        decision = nodestates.decide(
+    def decide(self, record: NodeRecord) -> nodephases.NodeDecision:
+        policy = self.cache.governing(record.name)
+        decision = nodephases.decide(
             record=record,
             policy=policy,
-            key=self.key_state(policy.config_key if policy else None),
+            key=self.key_readiness(policy.config_key if policy else None),
             applied_since=self.clocks.of(record.name, policy),
-            now=self.state.clock(),
+            now=self.cache.clock(),
             mismatch_timeout=self.timings.mismatch_timeout,
         )
         if decision.phase is not NodePhase.UNSUPPORTED or record.policy_label is None:
             return decision
-        claimants = {p.name for p in self.state.candidates(record.name)}
-        return nodestates.orphan_released(decision, record=record, claimants=claimants)
+        claimants = {p.name for p in self.cache.candidates(record.name)}
+        return nodephases.orphan_released(decision, record=record, claimants=claimants)
 
     def governing(self, node: str) -> CompiledPolicy | None:
-        return self.state.governing(node)
+        return self.cache.governing(node)
 
     def plan_node(self, name: str, *, stage: Stage = Stage.FIRST) -> NodePlan:
         """The node's writes, in order: our taint, then its labels; its status only when the
         labels need no change (after a label write, the LABELLED stage plans it from the Node
         the API server returned; after a refusal, the STATUS stage says why)."""
-        state = self.state
-        record = state.nodes.get(name)
+        cache = self.cache
+        record = cache.nodes.get(name)
         if record is None:  # gone: its GPUNodeState follows through the ownerReference
             return NodePlan(name, "", NodeFacts(None, None, None, None), stage)
         planned = self.decide(record)
@@ -121,11 +123,11 @@ class Planner:
         held_until = self._held_until(decision)
         facts = NodeFacts(decision, judged.placement, held_until, decision.recheck_at)
         labels = decision.labels
-        if labels is not None and nodestates.labels_satisfied(record, labels):
+        if labels is not None and nodephases.labels_satisfied(record, labels):
             labels = None
-        if labels is not None and state.in_flight.get(("node", name)) == labels:
+        if labels is not None and cache.in_flight.get(("node", name)) == labels:
             labels = None
-        create = name not in state.node_states
+        create = name not in cache.node_states
         if stage is not Stage.FIRST:
             if labels is not None and stage is Stage.LABELLED:
                 return NodePlan(name, record.uid, facts, stage)  # its watch event re-plans
@@ -145,11 +147,11 @@ class Planner:
             return None if tainted else rollouts.taint_added(record.taints)
         return rollouts.taint_removed(record.taints) if tainted else None
 
-    def _held_until(self, decision: nodestates.NodeDecision) -> float | None:
+    def _held_until(self, decision: nodephases.NodeDecision) -> float | None:
         """Until when to keep a soon-outdated Pending status to ourselves (see
         ``pending_hold``); None: publish it."""
         until = decision.recheck_at
-        now = self.state.clock()
+        now = self.cache.clock()
         # A rollout's wait carries its own quiet time (most nodes are admitted within it).
         limit = float("inf") if decision.reason in HELD_BY_ROLLOUT else self.timings.pending_hold
         if (
@@ -164,30 +166,30 @@ class Planner:
     def policy_unsettled(self, name: str, *, busy: Collection[str]) -> bool:
         """Whether some node the policy counts has a write still to come (dirty, being
         written, or holding back a Pending status): its tally would change in a moment."""
-        nodes = self.state.index.nodes_of(name)
-        if _meets(nodes, self.state.dirty.nodes) or _meets(nodes, busy):
+        nodes = self.cache.index.nodes_of(name)
+        if _meets(nodes, self.cache.queue.nodes) or _meets(nodes, busy):
             return True
-        now = self.state.clock()
+        now = self.cache.clock()
         return any(until > now and node in nodes for node, until in self.memory.held.items())
 
     def _node_status(
-        self, record: NodeRecord, decision: nodestates.NodeDecision
+        self, record: NodeRecord, decision: nodephases.NodeDecision
     ) -> dict[str, Any] | None:
-        state = self.state
-        exists = record.name in state.node_states
-        if not exists and decision.policy is None and not state.index.policies_of(record.name):
+        cache = self.cache
+        exists = record.name in cache.node_states
+        if not exists and decision.policy is None and not cache.index.policies_of(record.name):
             return None  # never matched by any policy: no GPUNodeState at all
         # What we last wrote, if its watch event is still on its way: its transition times
         # are the ones to keep, or a re-plan a second later would differ and write again.
-        previous = state.in_flight.get(("nodestate", record.name)) or state.node_states.get(
+        previous = cache.in_flight.get(("nodestate", record.name)) or cache.node_states.get(
             record.name
         )
         allocated, pods = 0, 0
         supported = decision.phase is not NodePhase.UNSUPPORTED
         if supported and decision.policy is not None and decision.policy.sharing is not None:
             resource = devconfigs.advertised_resource(decision.policy.sharing)
-            allocated, pods = state.usage.node_usage(record.name, resource)
-        status = nodestates.render_status(
+            allocated, pods = cache.usage.node_usage(record.name, resource)
+        status = nodephases.render_status(
             record=record,
             decision=decision,
             previous=previous,
@@ -197,7 +199,7 @@ class Planner:
             write_problem=self.memory.node_problems.get(record.name),
         )
         status = statusdiff.without(status, self.memory.pruned.get("nodestate", frozenset()))
-        if previous == status or state.in_flight.get(("nodestate", record.name)) == status:
+        if previous == status or cache.in_flight.get(("nodestate", record.name)) == status:
             return None
         return status
 
@@ -208,14 +210,14 @@ class Planner:
 
     def plan_policy(self, name: str, *, stage: Stage = Stage.FIRST) -> PolicyPlan:
         """Our finalizer first, if it needs a change; otherwise (or after it) the status."""
-        policy = self.state.policies.get(name)
+        policy = self.cache.policies.get(name)
         if policy is None:
             return PolicyPlan(name, "", stage, gone=True)
         if stage is Stage.FIRST:
             finalizer = self.plan_finalizer(name)
             if finalizer is not None:
                 return PolicyPlan(name, policy.uid, stage, finalizer=finalizer)
-        previous = self.state.in_flight.get(("policy", name)) or self.state.policy_status.get(name)
+        previous = self.cache.in_flight.get(("policy", name)) or self.cache.policy_status.get(name)
         status = policystatus.render_policy_status(
             policy=policy,
             tally=self.tally(policy),
@@ -227,7 +229,7 @@ class Planner:
         )
         status = statusdiff.without(status, self.memory.pruned.get("policy", frozenset()))
         written = (
-            _same_status(previous, status) or self.state.in_flight.get(("policy", name)) == status
+            _same_status(previous, status) or self.cache.in_flight.get(("policy", name)) == status
         )
         return PolicyPlan(
             name, policy.uid, stage, status=None if written else status, rendered=status
@@ -235,8 +237,8 @@ class Planner:
 
     def _rollout_view(self, name: str) -> policystatus.RolloutView:
         releasing = None
-        if name in self.state.deleting:
-            releasing = self.state.policy_label_counts.get(name, 0)
+        if name in self.cache.deleting:
+            releasing = self.cache.policy_label_counts.get(name, 0)
         return policystatus.RolloutView(
             counts=self.book.counts(name),
             failed_nodes=self.book.nodes_at(name, Step.FAILED),
@@ -246,22 +248,22 @@ class Planner:
     def plan_finalizer(self, name: str) -> JsonPatch | None:
         """Our finalizer: on every policy, so that deleting one releases its nodes under its
         budget; removed once no node carries its label (the finalizer goes last)."""
-        if name not in self.state.policies:
+        if name not in self.cache.policies:
             return None
-        current = self.state.policy_finalizers.get(name, ())
-        if name not in self.state.deleting:
+        current = self.cache.policy_finalizers.get(name, ())
+        if name not in self.cache.deleting:
             if FINALIZER in current:
                 return None
             return listpatches.appended("/metadata/finalizers", current, FINALIZER)
-        if self.state.policy_label_counts.get(name, 0) > 0:
+        if self.cache.policy_label_counts.get(name, 0) > 0:
             return None
         return listpatches.removed("/metadata/finalizers", current, FINALIZER.__eq__)
 
     def finalizers_after(self, name: str) -> tuple[str, ...]:
         """The policy's finalizers once ``plan_finalizer``'s patch has been applied."""
-        current = self.state.policy_finalizers.get(name, ())
+        current = self.cache.policy_finalizers.get(name, ())
         others = tuple(f for f in current if f != FINALIZER)
-        return others if name in self.state.deleting else (*others, FINALIZER)
+        return others if name in self.cache.deleting else (*others, FINALIZER)
 
     def schema_problem(self) -> str | None:
         crds = {"nodestate": "gpunodestates", "policy": "gpusharingpolicies"}

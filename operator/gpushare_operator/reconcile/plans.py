@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpushare_operator.core import nodestates
+from gpushare_operator.core import nodephases
 from gpushare_operator.core.listpatches import JsonPatch
 from gpushare_operator.core.workqueue import CONFIG_KEY, NODE, POLICY, Key
 from gpushare_operator.reconcile.rollouts import Placement
@@ -35,7 +35,7 @@ class Stage(enum.Enum):
 class NodeFacts:
     """What planning a node saw that the write path keeps (see ``Reconciler.learn``)."""
 
-    decision: nodestates.NodeDecision | None  # None: the node is gone
+    decision: nodephases.NodeDecision | None  # None: the node is gone
     placement: Placement | None
     held_until: float | None  # a soon-outdated Pending status kept to ourselves until then
     recheck_at: float | None  # the decision may change by time alone then
@@ -48,7 +48,7 @@ class NodePlan:
     facts: NodeFacts
     stage: Stage = Stage.FIRST
     taint: JsonPatch | None = None  # our NoSchedule taint added or removed, before the labels
-    labels: nodestates.Labels | None = None  # SSA of our two labels; None: no label write
+    labels: nodephases.Labels | None = None  # SSA of our two labels; None: no label write
     status: dict[str, Any] | None = None  # GPUNodeState status; None: no status write
     create_state: bool = False  # the GPUNodeState object does not exist yet
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import data_owners
-from gpushare_operator.cache.state import ClusterState
 from gpushare_operator.core import statusdiff
 from gpushare_operator.core.workqueue import CONFIG, NODE, POLICY, Key
 from gpushare_operator.reconcile import admissions
@@ -44,24 +44,24 @@ class Tick:
 class Reconciler:
     def __init__(
         self,
-        state: ClusterState,
+        cache: ClusterCache,
         *,
         timings: Timings,
         max_unavailable: int | str,
         wallclock: Callable[[], str] = rfc3339_now,
         epoch: Callable[[], float] = time.time,
     ) -> None:
-        self.state = state
+        self.cache = cache
         self.memory = WriteMemory()
-        self.book = RolloutBook(state, max_unavailable=max_unavailable)
+        self.book = RolloutBook(cache, max_unavailable=max_unavailable)
         self.clocks = AppliedClocks(
-            clock=state.clock,
+            clock=cache.clock,
             epoch=epoch,
-            published=state.node_states,
+            published=cache.node_states,
             mismatch_timeout=timings.mismatch_timeout,
         )
         self.planner = Planner(
-            state,
+            cache,
             timings=timings,
             book=self.book,
             clocks=self.clocks,
@@ -115,19 +115,19 @@ class Reconciler:
         at = () if facts.recheck_at is None else ((plan.key, facts.recheck_at),)
         if written is None:
             return Orders(at=at)
-        state, mark = self.state, set[Key]()
+        cache, mark = self.cache, set[Key]()
         if written.labels is not None:
-            state.sent("node", name, written.labels)
-        current = state.nodes.get(name)
+            cache.sent("node", name, written.labels)
+        current = cache.nodes.get(name)
         if written.node is not None and current is not None and current.uid == plan.uid:
             # Not if a DELETED event came while we waited: a response must not revive a node.
-            state.upsert_node(written.node)
+            cache.upsert_node(written.node)
         if written.status is not None:
-            state.sent("nodestate", name, written.status)
+            cache.sent("nodestate", name, written.status)
             if written.echo is not None:
                 mark |= self._echoed("nodestate", written.status, written.echo.get("status"))
             # The node's phase feeds its policies' counts and conditions.
-            mark |= {(POLICY, p) for p in state.index.policies_of(name)}
+            mark |= {(POLICY, p) for p in cache.index.policies_of(name)}
         again = None
         if plan.stage is Stage.FIRST and plan.labels is not None:
             if isinstance(written.outcome, Refused):
@@ -140,7 +140,7 @@ class Reconciler:
         return Orders(written.outcome, frozenset(mark), at=at, again=again)
 
     def _learn_policy(self, plan: PolicyPlan, written: PolicyWritten | None) -> Orders:
-        name, state = plan.name, self.state
+        name, cache = plan.name, self.cache
         if plan.gone:
             self.memory.rendered_policies.pop(name, None)  # nothing to report for it
             return Orders()
@@ -150,24 +150,24 @@ class Reconciler:
             return Orders()
         mark = set[Key]()
         if written.policy is not None:
-            state.upsert_policy(written.policy)
+            cache.upsert_policy(written.policy)
         elif written.finalized:  # no object in the answer: the patch's own result
-            state.finalizers_set(name, self.planner.finalizers_after(name))
+            cache.finalizers_set(name, self.planner.finalizers_after(name))
         if written.status is not None:
-            state.sent("policy", name, written.status)
+            cache.sent("policy", name, written.status)
             if written.echo is not None:
                 mark |= self._echoed("policy", written.status, written.echo.get("status"))
-        proceed = plan.finalizer is not None and written.proceed and name in state.policies
+        proceed = plan.finalizer is not None and written.proceed and name in cache.policies
         return Orders(written.outcome, frozenset(mark), again=Stage.STATUS if proceed else None)
 
     def _learn_config(self, plan: ConfigPlan, written: ConfigWritten | None) -> Orders:
-        memory, state = self.memory, self.state
+        memory, cache = self.memory, self.cache
         memory.foreign_keys = dict(plan.foreign_keys)
         memory.unused_since = dict(plan.unused_since)
         at = () if plan.recheck_at is None else ((plan.key, plan.recheck_at),)
         if written is None:
             return Orders(at=at)
-        every_policy = frozenset((POLICY, name) for name in state.policies)
+        every_policy = frozenset((POLICY, name) for name in cache.policies)
         mark: frozenset[Key] = frozenset()
         if written.problem is not None and written.problem != memory.config_error:
             memory.config_error = written.problem
@@ -184,11 +184,11 @@ class Reconciler:
             # Take the answer as the new state at once: the nodes waiting on a new key start
             # their propagation wait now, not when the watch event arrives.
             version = (answer.get("metadata") or {}).get("resourceVersion")
-            self.state.set_config_data(
+            self.cache.set_config_data(
                 answer["data"], initial=False, version=version, owners=data_owners(answer)
             )
         else:
-            self.state.sent("configmap", "", data)
+            self.cache.sent("configmap", "", data)
 
     def _echoed(self, kind: str, written: Any, echoed: object) -> frozenset[Key]:
         """Compare a status write's answer with what was sent; once the installed CRD of
@@ -205,15 +205,15 @@ class Reconciler:
             memory.suspected[kind] = dropped
             return frozenset()
         memory.pruned[kind] = known | confirmed
-        return frozenset((POLICY, name) for name in self.state.policies)
+        return frozenset((POLICY, name) for name in self.cache.policies)
 
     # -- time and leadership -----------------------------------------------------------------------
 
     def tick(self, *, busy: bool) -> Tick:
         """The timers of no key: forget old tombstones, and run the admission pass."""
-        self.state.expire_tombstones()
+        self.cache.expire_tombstones()
         passed = admissions.admit(
-            book=self.book, pacing=self._pacing, busy=busy, now=self.state.clock()
+            book=self.book, pacing=self._pacing, busy=busy, now=self.cache.clock()
         )
         self._pacing = passed.pacing
         if passed.ran:

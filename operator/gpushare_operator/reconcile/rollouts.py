@@ -22,8 +22,8 @@ from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
-from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.core import devconfigs, nodestates, rollouts
+from gpushare_operator.cache.cluster import ClusterCache
+from gpushare_operator.core import devconfigs, nodephases, rollouts
 from gpushare_operator.core.models import NodePhase, PodPolicy, RolloutSpec
 from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
@@ -72,19 +72,19 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Judgement:
-    decision: nodestates.NodeDecision  # to act on: the planned one, or a wait
+    decision: nodephases.NodeDecision  # to act on: the planned one, or a wait
     placement: Placement
 
 
 class RolloutBook:
     def __init__(
         self,
-        state: ClusterState,
+        cache: ClusterCache,
         *,
         max_unavailable: int | str,
         quiet: float = 5.0,
     ) -> None:
-        self.state = state
+        self.cache = cache
         self.max_unavailable = max_unavailable
         # A node held back says so only after this long: most are admitted sooner, and
         # would otherwise cost one more status write each (a rollout with room for all).
@@ -120,7 +120,7 @@ class RolloutBook:
 
     # -- judging a node (pure) -------------------------------------------------------------------
 
-    def judge(self, record: NodeRecord, decision: nodestates.NodeDecision) -> Judgement:
+    def judge(self, record: NodeRecord, decision: nodephases.NodeDecision) -> Judgement:
         """The node's placement, and the decision to act on: the planned one, or a wait."""
         name = record.name
         charged = self._charged(record, decision)
@@ -147,7 +147,7 @@ class RolloutBook:
     def _hold(
         self,
         record: NodeRecord,
-        decision: nodestates.NodeDecision,
+        decision: nodephases.NodeDecision,
         *,
         place: Placement,
         target: str,
@@ -157,7 +157,7 @@ class RolloutBook:
         misfit = None
         if spec.podPolicy is PodPolicy.WAIT_FOR_PODS:
             misfit = self._misfit(record, None if target == RELEASE else decision.policy)
-        now = self.state.clock()
+        now = self.cache.clock()
         since = self._held_since.get(record.name, now)
         place = replace(
             place,
@@ -168,7 +168,7 @@ class RolloutBook:
         quiet_until = since + self.quiet if now < since + self.quiet else None
         if misfit is not None:
             message = f"{misfit}: the node keeps its config until they fit (podPolicy WaitForPods)"
-            held = nodestates.held_back(
+            held = nodephases.held_back(
                 decision, reason="WaitingForPods", message=message, quiet_until=quiet_until
             )
             return Judgement(held, place)
@@ -181,21 +181,21 @@ class RolloutBook:
         else:
             reason = "RolloutWaiting"
             message = f"waiting for its turn in the rollout of {who}"
-        held = nodestates.held_back(
+        held = nodephases.held_back(
             decision, reason=reason, message=message, quiet_until=quiet_until
         )
         return Judgement(held, place)
 
-    def _charged(self, record: NodeRecord, decision: nodestates.NodeDecision) -> str:
-        if decision.policy is not None and not nodestates.releases(decision):
+    def _charged(self, record: NodeRecord, decision: nodephases.NodeDecision) -> str:
+        if decision.policy is not None and not nodephases.releases(decision):
             return decision.policy.name
         losing = record.policy_label
-        return losing if losing is not None and losing in self.state.policies else CLUSTER
+        return losing if losing is not None and losing in self.cache.policies else CLUSTER
 
     @staticmethod
-    def _target(decision: nodestates.NodeDecision) -> str:
+    def _target(decision: nodephases.NodeDecision) -> str:
         policy = decision.policy
-        if policy is None or policy.config_key is None or nodestates.releases(decision):
+        if policy is None or policy.config_key is None or nodephases.releases(decision):
             return RELEASE
         return policy.config_key
 
@@ -215,7 +215,7 @@ class RolloutBook:
         return None, changing
 
     @staticmethod
-    def _settled(record: NodeRecord, decision: nodestates.NodeDecision) -> bool:
+    def _settled(record: NodeRecord, decision: nodephases.NodeDecision) -> bool:
         released = (
             decision.policy is None
             and record.policy_label is None
@@ -228,7 +228,7 @@ class RolloutBook:
         so that autoscaled nodes are usable quickly, unless its rollout is halted or paused."""
         if target == RELEASE or record.config_label is not None or record.policy_label is not None:
             return False
-        if self.state.usage.node_total(record.name):
+        if self.cache.usage.node_total(record.name):
             return False
         _, paused = self._spec(charged)
         return not paused and not (charged and self._halted_without(charged, record.name))
@@ -245,13 +245,13 @@ class RolloutBook:
         return self._spec(charged)
 
     def _spec(self, charged: str) -> tuple[RolloutSpec, bool]:
-        policy = self.state.policies.get(charged)
+        policy = self.cache.policies.get(charged)
         if policy is None or policy.spec is None:
             return rollouts.DEFAULT_ROLLOUT, False
         return policy.spec.rollout, policy.paused
 
     def _misfit(self, record: NodeRecord, policy: CompiledPolicy | None) -> str | None:
-        held = self.state.usage.node_slots(record.name)
+        held = self.cache.usage.node_slots(record.name)
         if not held:
             return None
         gpus = record.gpus or 0
@@ -304,7 +304,7 @@ class RolloutBook:
             self._wanted.pop(node, None)
             self._held_since.pop(node, None)
         else:
-            self._held_since.setdefault(node, self.state.clock() if since is None else since)
+            self._held_since.setdefault(node, self.cache.clock() if since is None else since)
         self._set_down(node, down)
 
     def _set_down(self, node: str, down: str | None) -> None:
@@ -369,7 +369,7 @@ class RolloutBook:
         return len(self._down)
 
     def cluster_budget(self) -> int:
-        return rollouts.max_unavailable(self.max_unavailable, total=len(self.state.nodes))
+        return rollouts.max_unavailable(self.max_unavailable, total=len(self.cache.nodes))
 
     def wants_taint(self, placement: Placement, *, tainted: bool) -> bool:
         """Whether the node is in a change of a policy that cordons during changes: admitted,

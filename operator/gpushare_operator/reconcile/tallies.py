@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gpushare_operator.cache.state import ClusterState
-from gpushare_operator.core import nodestates, policystatus, resolution
+from gpushare_operator.cache.cluster import ClusterCache
+from gpushare_operator.core import nodephases, policystatus, resolution
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
@@ -15,16 +15,16 @@ class Deciding(Protocol):
     """What a tally needs of the planner: the cache, and each node's decision."""
 
     @property
-    def state(self) -> ClusterState: ...
+    def cache(self) -> ClusterCache: ...
 
-    def decide(self, record: NodeRecord) -> nodestates.NodeDecision: ...
+    def decide(self, record: NodeRecord) -> nodephases.NodeDecision: ...
 
 
 def tally(planner: Deciding, policy: CompiledPolicy) -> policystatus.PolicyTally:
-    state = planner.state
+    cache = planner.cache
     counted = policystatus.PolicyTally()
-    for node in sorted(state.index.nodes_of(policy.name)):
-        record = state.nodes.get(node)
+    for node in sorted(cache.index.nodes_of(policy.name)):
+        record = cache.nodes.get(node)
         if record is None:
             continue
         counted.matched += 1
@@ -33,21 +33,21 @@ def tally(planner: Deciding, policy: CompiledPolicy) -> policystatus.PolicyTally
         if winner is not None and winner.name == policy.name:
             _count(counted, record, decision, policy)
             continue
-        problem = nodestates.unsupported(record, policy)
+        problem = nodephases.unsupported(record, policy)
         outranks = winner is None or resolution.rank_key(policy) < resolution.rank_key(winner)
         if problem is not None and outranks and policy.usable:
             counted.unsupported += 1  # skipped here: the next usable policy governs it
             counted.skipped.append((node, problem[1]))
         else:
             counted.conflicts.append((node, winner.name if winner else "none"))
-    counted.allocated = state.usage.policy_slots(policy.name)
+    counted.allocated = cache.usage.policy_slots(policy.name)
     return counted
 
 
 def _count(
     counted: policystatus.PolicyTally,
     record: NodeRecord,
-    decision: nodestates.NodeDecision,
+    decision: nodephases.NodeDecision,
     policy: CompiledPolicy,
 ) -> None:
     counted.governed += 1
@@ -55,7 +55,7 @@ def _count(
     if phase is NodePhase.UNSUPPORTED:
         counted.unsupported += 1
         counted.unusable += 1
-        problem = nodestates.unsupported(record, policy)
+        problem = nodephases.unsupported(record, policy)
         counted.skipped.append((record.name, problem[1] if problem else decision.message))
         return
     gpus = record.gpus or 0

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpushare_operator.cache.index import MatchIndex
 from gpushare_operator.cache.usage import UsageLedger
-from gpushare_operator.core import devconfigs, nodestates, resolution
+from gpushare_operator.core import devconfigs, nodephases, resolution
 from gpushare_operator.core import nodes as core_nodes
 from gpushare_operator.core import pods as core_pods
 from gpushare_operator.core.nodes import NodeRecord
@@ -38,7 +38,7 @@ def _version(metadata: Mapping[str, Any]) -> int | None:
     return int(text) if isinstance(text, str) and text.isdigit() else None
 
 
-class ClusterState:
+class ClusterCache:
     def __init__(
         self,
         *,
@@ -69,7 +69,7 @@ class ClusterState:
         self.policy_finalizers: dict[str, tuple[str, ...]] = {}
         self.index = MatchIndex()
         # What needs a fresh look: the cache only marks it; the writer takes it (see workqueue).
-        self.dirty = WorkQueue(clock=clock)
+        self.queue = WorkQueue(clock=clock)
         # Payloads written but not yet seen back through a watch: (kind, name) → payload.
         self.in_flight: dict[tuple[str, str], Any] = {}
         self.usage = UsageLedger()
@@ -105,7 +105,7 @@ class ClusterState:
         record = self.nodes.get(node)
         if record is None:
             return None
-        return nodestates.choose(record, self.candidates(node))
+        return nodephases.choose(record, self.candidates(node))
 
     def _refresh_governors(self, nodes: Iterable[str]) -> None:
         for node in nodes:
@@ -116,12 +116,12 @@ class ClusterState:
                 policy is not None
                 and policy.sharing is not None
                 and record is not None
-                and nodestates.unsupported(record, policy) is None  # no slots there to use
+                and nodephases.unsupported(record, policy) is None  # no slots there to use
             ):
                 governor = (policy.name, devconfigs.advertised_resource(policy.sharing))
             old = self.usage.set_governor(node, governor)
             if old != governor:
-                self.dirty.many_policies(g[0] for g in (old, governor) if g is not None)
+                self.queue.many_policies(g[0] for g in (old, governor) if g is not None)
 
     # -- nodes (informer sink) -----------------------------------------------------------------
 
@@ -158,10 +158,10 @@ class ClusterState:
         if old is None or old.labels != new.labels or old.is_gpu_node != new.is_gpu_node:
             self.index.update_node(new, self.policies.values())
             self._refresh_governors((name,))
-        self.dirty.node(name)
-        self.dirty.many_policies(before | self.index.policies_of(name))
+        self.queue.node(name)
+        self.queue.many_policies(before | self.index.policies_of(name))
         if old is None or old.config_label != new.config_label:
-            self.dirty.config()
+            self.queue.config()
 
     def delete_node(self, name: str) -> None:
         old = self.nodes.pop(name, None)
@@ -169,10 +169,10 @@ class ClusterState:
             return
         self._count_config_label(old, -1)
         self.in_flight.pop(("node", name), None)
-        self.dirty.node(name)  # the planner forgets its clocks for it
-        self.dirty.many_policies(self.index.remove_node(name))
+        self.queue.node(name)  # the planner forgets its clocks for it
+        self.queue.many_policies(self.index.remove_node(name))
         self._refresh_governors((name,))
-        self.dirty.config()
+        self.queue.config()
 
     # -- policies (kopf events) ---------------------------------------------------------------
 
@@ -204,7 +204,7 @@ class ClusterState:
         self.policy_status[name] = body.get("status") or {}
         self.in_flight.pop(("policy", name), None)
         old = self.policies.get(name)
-        self.dirty.policy(name)
+        self.queue.policy(name)
         if old is not None and (old.uid, old.generation) == (uid, generation):
             return  # status-only change (usually our own write): nothing to recompile
         new = compile_policy(name=name, uid=uid, generation=generation, spec=body.get("spec"))
@@ -223,9 +223,9 @@ class ClusterState:
             self.deleting.add(name)
             affected = set(self.index.nodes_of(name))
             self._refresh_governors(affected)
-            self.dirty.many_nodes(affected)
-            self.dirty.many_policies({p for n in affected for p in self.index.policies_of(n)})
-            self.dirty.config()
+            self.queue.many_nodes(affected)
+            self.queue.many_policies({p for n in affected for p in self.index.policies_of(n)})
+            self.queue.config()
 
     def _reindex_policy(self, old: CompiledPolicy | None, new: CompiledPolicy) -> None:
         if old is not None and old.selector == new.selector:
@@ -234,9 +234,9 @@ class ClusterState:
             changed = self.index.update_policy(new, self.nodes)
             affected = changed | set(self.index.nodes_of(new.name))
         self._refresh_governors(affected)
-        self.dirty.many_nodes(affected)
-        self.dirty.many_policies({p for n in affected for p in self.index.policies_of(n)})
-        self.dirty.config()
+        self.queue.many_nodes(affected)
+        self.queue.many_policies({p for n in affected for p in self.index.policies_of(n)})
+        self.queue.config()
 
     def delete_policy(self, name: str, *, uid: str | None = None) -> None:
         """Forget a policy; ``uid``, when given, must be the one held (a stale delete of an
@@ -252,12 +252,12 @@ class ClusterState:
         self.policy_versions.pop(name, None)
         self.in_flight.pop(("policy", name), None)
         self._untrack_unused_resources()
-        self.dirty.policy(name)  # the planner forgets what it rendered for it
+        self.queue.policy(name)  # the planner forgets what it rendered for it
         affected = self.index.remove_policy(name)
         self._refresh_governors(affected)
-        self.dirty.many_nodes(affected)
-        self.dirty.many_policies({p for n in affected for p in self.index.policies_of(n)})
-        self.dirty.config()
+        self.queue.many_nodes(affected)
+        self.queue.many_policies({p for n in affected for p in self.index.policies_of(n)})
+        self.queue.config()
 
     def expire_tombstones(self) -> None:
         """Forget deleted uids that no list in flight can still carry."""
@@ -308,10 +308,10 @@ class ClusterState:
             return
         for node in {r.node for r in (old, record) if r is not None and r.node is not None}:
             if node in self.nodes:
-                self.dirty.node(node)
+                self.queue.node(node)
             governor = self.usage.governor(node)
             if governor is not None:
-                self.dirty.policy(governor[0])
+                self.queue.policy(governor[0])
 
     # -- GPUNodeStates and the ConfigMap (informer sinks) -------------------------------------
 
@@ -320,13 +320,13 @@ class ClusterState:
         self.node_states[name] = obj.get("status") or {}
         self.in_flight.pop(("nodestate", name), None)
         if name in self.nodes:
-            self.dirty.node(name)
+            self.queue.node(name)
 
     def delete_node_state(self, name: str) -> None:
         self.node_states.pop(name, None)
         self.in_flight.pop(("nodestate", name), None)
         if name in self.nodes:
-            self.dirty.node(name)
+            self.queue.node(name)
 
     def set_config_data(
         self,
@@ -364,7 +364,7 @@ class ClusterState:
         self.config_synced = True
         self.in_flight.pop(("configmap", ""), None)
         if changed:
-            self.dirty.config()
+            self.queue.config()
             self._dirty_nodes_waiting_on_keys()
 
     def settle_initial_keys(self) -> None:
@@ -379,5 +379,5 @@ class ClusterState:
 
     def _dirty_nodes_waiting_on_keys(self) -> None:
         for policy in self.policies.values():
-            self.dirty.many_nodes(self.index.nodes_of(policy.name))
-            self.dirty.policy(policy.name)
+            self.queue.many_nodes(self.index.nodes_of(policy.name))
+            self.queue.policy(policy.name)

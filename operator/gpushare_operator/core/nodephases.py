@@ -23,7 +23,7 @@ Labels = dict[str, str | None]
 
 
 @dataclass(frozen=True, slots=True)
-class KeyState:
+class KeyReadiness:
     """What the writer knows of a config key: in the ConfigMap, and usable from when."""
 
     present: bool
@@ -141,7 +141,7 @@ def decide(
     *,
     record: NodeRecord,
     policy: CompiledPolicy | None,
-    key: KeyState,
+    key: KeyReadiness,
     applied_since: float | None,
     now: float,
     mismatch_timeout: float,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -68,38 +68,123 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]) -> None:
-    """Declare every ``run`` flag with its ``GPUSHARE_*`` environment default."""
+@dataclass(frozen=True, slots=True)
+class _Flag:
+    """One ``run`` flag: its default (or how to find it in the environment), help and type."""
 
-    def flag(name: str, default: str | float, help_text: str, kind: object = str) -> None:
-        # As a user would type it (75, not 75.0): the environment's values are text too.
-        text = default if isinstance(default, str) else f"{default:g}"
-        described = f"{help_text} (env {_env_name(name)}; default {text!r})"
-        parser.add_argument(
-            f"--{name}",
-            default=_env_default(env, name, text),
-            type=kind,  # type: ignore[arg-type]
-            help=described.replace("%", "%%"),  # argparse %-formats help: '10%' would break it
-        )
+    name: str
+    default: str | float | Callable[[Mapping[str, str]], str]
+    help: str
+    kind: Callable[[str], object] = str
 
-    flag(
+
+_SECONDS, _RATE = flagvalues.seconds, flagvalues.rate
+_FLAGS: tuple[_Flag, ...] = (
+    _Flag(
         "namespace",
-        env.get("POD_NAMESPACE", "gpushare-system"),
+        lambda env: env.get("POD_NAMESPACE", "gpushare-system"),
         "namespace of the Lease and Events",
-    )
-    flag(
+    ),
+    _Flag(
         "device-plugin-namespace",
         defaults.DEVICE_PLUGIN_NAMESPACE,
         "namespace of the device-plugin ConfigMap",
-    )
-    flag(
+    ),
+    _Flag(
         "device-plugin-configmap", defaults.DEVICE_PLUGIN_CONFIGMAP, "device-plugin ConfigMap name"
-    )
-    flag("http-port", "8080", "plain-HTTP port for /healthz and /readyz", _positive_int)
-    flag(
+    ),
+    _Flag("http-port", "8080", "plain-HTTP port for /healthz and /readyz", _positive_int),
+    _Flag(
         "metrics-port", "8443", "port for /metrics (HTTPS unless --metrics-insecure)", _positive_int
+    ),
+    _Flag(
+        "metrics-cert-file",
+        "",
+        "PEM certificate for the /metrics server; empty: a self-signed one made at start",
+    ),
+    _Flag("metrics-key-file", "", "PEM private key of --metrics-cert-file"),
+    _Flag("identity", lambda _: socket.gethostname(), "this replica's identity in the Lease"),
+    _Flag("write-qps", defaults.WRITE_QPS, "sustained API writes per second", _RATE),
+    _Flag("write-burst", "200", "API writes allowed in a burst", _positive_int),
+    _Flag(
+        "write-concurrency",
+        defaults.WRITE_CONCURRENCY,
+        "API writes in flight at once",
+        _positive_int,
+    ),
+    _Flag(
+        "policy-status-max-delay",
+        defaults.POLICY_STATUS_MAX_DELAY,
+        "seconds a policy status may wait for its nodes to settle",
+        _SECONDS,
+    ),
+    _Flag(
+        "write-backoff-cap",
+        defaults.WRITE_BACKOFF_CAP,
+        "seconds a failing write's retry back-off grows to at most",
+        _SECONDS,
+    ),
+    _Flag(
+        "config-propagation-delay",
+        defaults.CONFIG_PROPAGATION_DELAY,
+        "seconds before a new config key is put on nodes",
+        _SECONDS,
+    ),
+    _Flag(
+        "config-key-grace-period",
+        defaults.CONFIG_KEY_GRACE_PERIOD,
+        "seconds an unused config key is kept",
+        _SECONDS,
+    ),
+    _Flag(
+        "mismatch-timeout",
+        defaults.MISMATCH_TIMEOUT,
+        "seconds Applied may last before it is a Mismatch",
+        _SECONDS,
+    ),
+    _Flag(
+        "max-unavailable",
+        defaults.MAX_UNAVAILABLE,
+        "GPU nodes that may be between a config label change and Verified at once, over all"
+        " policies: a count or a percentage of GPU nodes (rounded down, at least 1)",
+        flagvalues.max_unavailable,
+    ),
+    _Flag("lease-duration", defaults.LEASE_DURATION, "leader Lease duration in seconds", _RATE),
+    _Flag(
+        "renew-deadline",
+        defaults.RENEW_DEADLINE,
+        "seconds the leader may go without renewing",
+        _RATE,
+    ),
+    _Flag("retry-period", defaults.RETRY_PERIOD, "seconds between Lease attempts", _RATE),
+)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]) -> None:
+    """Declare every ``run`` flag with its ``GPUSHARE_*`` environment default."""
+    for spec in _FLAGS:
+        default = spec.default(env) if callable(spec.default) else spec.default
+        # As a user would type it (75, not 75.0): the environment's values are text too.
+        text = default if isinstance(default, str) else f"{default:g}"
+        described = f"{spec.help} (env {_env_name(spec.name)}; default {text!r})"
+        parser.add_argument(
+            f"--{spec.name}",
+            default=_env_default(env, spec.name, text),
+            type=spec.kind,
+            help=described.replace("%", "%%"),  # argparse %-formats help: '10%' would break it
+        )
+        if spec.name == "metrics-port":  # in --help, the switch beside the port it changes
+            _add_metrics_insecure(parser, env=env)
+    parser.add_argument(
+        "--log-format",
+        choices=["json", "console"],
+        default=_env_default(env, "log-format", "json"),
+        help="log format (env GPUSHARE_LOG_FORMAT; default 'json')",
     )
-    # A switch that the environment can turn on and a flag can still turn off, both ways.
+
+
+def _add_metrics_insecure(parser: argparse.ArgumentParser, *, env: Mapping[str, str]) -> None:
+    """A switch that the environment can turn on and a flag can still turn off, both ways."""
     try:
         insecure = _boolean(_env_default(env, "metrics-insecure", "false"))
     except argparse.ArgumentTypeError as exc:
@@ -110,77 +195,6 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]
         default=insecure,
         help="serve /metrics over plain HTTP to anyone, without TokenReview and "
         "SubjectAccessReview (env GPUSHARE_METRICS_INSECURE; default false)",
-    )
-    flag(
-        "metrics-cert-file",
-        "",
-        "PEM certificate for the /metrics server; empty: a self-signed one made at start",
-    )
-    flag("metrics-key-file", "", "PEM private key of --metrics-cert-file")
-    flag("identity", socket.gethostname(), "this replica's identity in the Lease")
-    flag("write-qps", defaults.WRITE_QPS, "sustained API writes per second", flagvalues.rate)
-    flag("write-burst", "200", "API writes allowed in a burst", _positive_int)
-    flag(
-        "write-concurrency",
-        defaults.WRITE_CONCURRENCY,
-        "API writes in flight at once",
-        _positive_int,
-    )
-    flag(
-        "policy-status-max-delay",
-        defaults.POLICY_STATUS_MAX_DELAY,
-        "seconds a policy status may wait for its nodes to settle",
-        flagvalues.seconds,
-    )
-    flag(
-        "write-backoff-cap",
-        defaults.WRITE_BACKOFF_CAP,
-        "seconds a failing write's retry back-off grows to at most",
-        flagvalues.seconds,
-    )
-    flag(
-        "config-propagation-delay",
-        defaults.CONFIG_PROPAGATION_DELAY,
-        "seconds before a new config key is put on nodes",
-        flagvalues.seconds,
-    )
-    flag(
-        "config-key-grace-period",
-        defaults.CONFIG_KEY_GRACE_PERIOD,
-        "seconds an unused config key is kept",
-        flagvalues.seconds,
-    )
-    flag(
-        "mismatch-timeout",
-        defaults.MISMATCH_TIMEOUT,
-        "seconds Applied may last before it is a Mismatch",
-        flagvalues.seconds,
-    )
-    flag(
-        "max-unavailable",
-        defaults.MAX_UNAVAILABLE,
-        "GPU nodes that may be between a config label change and Verified at once, over all"
-        " policies: a count or a percentage of GPU nodes (rounded down, at least 1)",
-        flagvalues.max_unavailable,
-    )
-    flag(
-        "lease-duration",
-        defaults.LEASE_DURATION,
-        "leader Lease duration in seconds",
-        flagvalues.rate,
-    )
-    flag(
-        "renew-deadline",
-        defaults.RENEW_DEADLINE,
-        "seconds the leader may go without renewing",
-        flagvalues.rate,
-    )
-    flag("retry-period", defaults.RETRY_PERIOD, "seconds between Lease attempts", flagvalues.rate)
-    parser.add_argument(
-        "--log-format",
-        choices=["json", "console"],
-        default=_env_default(env, "log-format", "json"),
-        help="log format (env GPUSHARE_LOG_FORMAT; default 'json')",
     )
 
 

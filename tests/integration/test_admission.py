@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from gpushare_operator.core import models, rewrittenlabels
+from gpushare_operator.core import models, rewrittenlabels, statuses
 from gpushare_testing.controlplane import ControlPlane
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
@@ -922,7 +922,7 @@ def test_policy_status_is_written_only_through_the_status_subresource(objects: O
     stored = objects.read(path)
     assert stored["status"] == POLICY_STATUS
     assert stored["metadata"]["generation"] == 1, "a status write is not a spec change"
-    models.GPUSharingPolicyStatus.model_validate(stored["status"])
+    statuses.GPUSharingPolicyStatus.model_validate(stored["status"])
 
 
 @pytest.mark.parametrize(
@@ -1000,7 +1000,7 @@ def test_good_node_state_status_is_accepted(objects: Objects, status_body: Json)
     assert status == 200, json.dumps(response)
     stored = objects.read(path)["status"]
     assert stored.items() >= status_body.items()
-    parsed = models.GPUNodeStateStatus.model_validate(stored)
+    parsed = statuses.GPUNodeStateStatus.model_validate(stored)
     assert parsed.phase == status_body["phase"]
 
 

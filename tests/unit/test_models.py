@@ -14,13 +14,15 @@ from pydantic import ValidationError
 
 from gpushare_operator.core import models
 from gpushare_operator.core.models import (
-    Condition,
-    GPUNodeStateStatus,
     GPUSharingPolicySpec,
-    GPUSharingPolicyStatus,
     LabelSelector,
     NodePhase,
     SharingStrategy,
+)
+from gpushare_operator.core.statuses import (
+    Condition,
+    GPUNodeStateStatus,
+    GPUSharingPolicyStatus,
     Slots,
 )
 

@@ -15,7 +15,7 @@ from typing import Any, Final, TypedDict
 
 from pydantic import BaseModel
 
-from gpushare_operator.core import models, rewrittenlabels
+from gpushare_operator.core import models, rewrittenlabels, statuses
 
 Schema = dict[str, Any]
 
@@ -202,10 +202,10 @@ _EXTENSIONS: Final[dict[tuple[type[BaseModel], str | None], Schema]] = {
     (models.GPUSharingPolicySpec, "resourceName"): {
         "x-kubernetes-validations": RESOURCE_NAME_RULES
     },
-    (models.Condition, "type"): {"x-kubernetes-validations": LABEL_KEY_RULES},
+    (statuses.Condition, "type"): {"x-kubernetes-validations": LABEL_KEY_RULES},
     (models.RolloutSpec, "maxUnavailable"): {"x-kubernetes-validations": MAX_UNAVAILABLE_RULES},
-    (models.GPUSharingPolicyStatus, "conditions"): _CONDITIONS,
-    (models.GPUNodeStateStatus, "conditions"): _CONDITIONS,
+    (statuses.GPUSharingPolicyStatus, "conditions"): _CONDITIONS,
+    (statuses.GPUNodeStateStatus, "conditions"): _CONDITIONS,
 }
 _EXTENSIONS_BY_NAME: Final = {
     (model.__name__, field): extension for (model, field), extension in _EXTENSIONS.items()
@@ -403,7 +403,7 @@ def policy_crd() -> Schema:
     schema = _root_schema(
         description="GPUSharingPolicy shares the GPUs of the nodes it selects: how, and how much.",
         spec=structural_schema(models.GPUSharingPolicySpec),
-        status=structural_schema(models.GPUSharingPolicyStatus),
+        status=structural_schema(statuses.GPUSharingPolicyStatus),
     )
     schema["x-kubernetes-validations"] = list(POLICY_NAME_RULES)
     return _crd(
@@ -420,7 +420,7 @@ def node_state_crd() -> Schema:
     schema = _root_schema(
         description="GPUNodeState reports the GPU-sharing state of the GPU node of the same name.",
         spec=None,
-        status=structural_schema(models.GPUNodeStateStatus),
+        status=structural_schema(statuses.GPUNodeStateStatus),
     )
     return _crd(
         kind=models.NODE_STATE_KIND,

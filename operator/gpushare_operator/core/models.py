@@ -27,7 +27,6 @@ from pydantic import (
     Field,
     StrictBool,
     StrictInt,
-    computed_field,
     model_validator,
 )
 from pydantic.json_schema import WithJsonSchema
@@ -97,7 +96,7 @@ RESOURCE_NAME_PATTERN: Final = f"{DNS_SUBDOMAIN_PATTERN}/{DNS_SUBDOMAIN_PATTERN}
 RESOURCE_NAME_MAX_LENGTH: Final = 63
 
 _RFC3339_RE: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)")
-_CONDITION_REASON_PATTERN: Final = "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+CONDITION_REASON_PATTERN: Final = "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 
 
 def resource_name_error(name: str) -> str | None:
@@ -226,14 +225,16 @@ class NodePhase(enum.StrEnum):
     UNMANAGED = "Unmanaged"
 
 
-class _Model(BaseModel):
+class ApiModel(BaseModel):
+    """The base of every API model, spec and status alike."""
+
     # Frozen: records are shared between caches and snapshots, never copied (docs/architecture.md).
     # Unknown fields are ignored, not refused: the apiserver prunes them anyway, and a newer CRD
     # must not make an older operator fail on fields it does not know yet.
     model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
 
-class LabelSelectorRequirement(_Model):
+class LabelSelectorRequirement(ApiModel):
     """A selector requirement: a label key, an operator and values (metav1 shape)."""
 
     key: LabelKey
@@ -252,7 +253,7 @@ class LabelSelectorRequirement(_Model):
         return self
 
 
-class LabelSelector(_Model):
+class LabelSelector(ApiModel):
     """A label selector (metav1.LabelSelector); its requirements are ANDed, and {} matches all."""
 
     matchLabels: (
@@ -282,7 +283,7 @@ class RolloutPhase(enum.StrEnum):
     PAUSED = "Paused"
 
 
-class RolloutSpec(_Model):
+class RolloutSpec(ApiModel):
     """How a change of the policy reaches its nodes: in budgeted batches, a canary first."""
 
     maxUnavailable: IntOrPercent = defaults.ROLLOUT_MAX_UNAVAILABLE
@@ -300,7 +301,7 @@ class RolloutSpec(_Model):
     changes until it is Verified, so no pod is admitted while the device plugin restarts."""
 
 
-class GPUSharingPolicySpec(_Model):
+class GPUSharingPolicySpec(ApiModel):
     """How the GPUs of the selected nodes are shared."""
 
     nodeSelector: LabelSelector = LabelSelector()
@@ -367,142 +368,3 @@ class GPUSharingPolicySpec(_Model):
         if self.failRequestsGreaterThanOne is not None:
             return self.failRequestsGreaterThanOne
         return self.strategy is SharingStrategy.MPS
-
-
-class Condition(_Model):
-    """An observation of one aspect of the object's state (metav1.Condition shape)."""
-
-    type: LabelKey
-    """The condition type, e.g. Ready."""
-    status: Literal["True", "False", "Unknown"]
-    """Whether the condition holds: True, False or Unknown."""
-    reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=_CONDITION_REASON_PATTERN)]
-    """A CamelCase machine-readable reason for the last transition."""
-    message: Annotated[str, Field(max_length=32768)] = ""
-    """A human-readable account of the last transition."""
-    lastTransitionTime: Rfc3339
-    """When the status last changed (RFC 3339)."""
-    observedGeneration: Count | None = None
-    """The object generation that the condition was set from."""
-
-
-class Slots(_Model):
-    """Sharing slots: capacity is GPUs times replicas; allocated is what pods request of them."""
-
-    capacity: Count = 0
-    """Slots advertised."""
-    allocated: Count = 0
-    """Slots requested by running or pending pods; may exceed capacity (overcommitted)."""
-
-
-class _HasSlots(_Model):
-    slots: Slots = Slots()
-    """Sharing slots over the nodes concerned."""
-
-    # A field, not a JSON path expression, because a printer column is a single JSON path.
-    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented form, unknown to mypy
-    @property
-    def slotsSummary(self) -> str:
-        """Allocated/capacity slots, e.g. 3/16, for display."""
-        return f"{self.slots.allocated}/{self.slots.capacity}"
-
-
-Conditions = Annotated[list[Condition], Field(max_length=MAX_CONDITIONS)]
-
-
-class RolloutStatus(_Model):
-    """The rollout of the generation in force: how many of its nodes are where."""
-
-    generation: Count = 0
-    """The policy generation being rolled out (the one in force)."""
-    state: RolloutPhase = RolloutPhase.PROGRESSING
-    """Progressing, Complete, Halted, WaitingForPods or Paused."""
-    totalNodes: Count = 0
-    """Nodes this rollout concerns: those the policy governs, and those it releases."""
-    updatedNodes: Count = 0
-    """Nodes on this generation's config and Verified (or released and settled)."""
-    unavailableNodes: Count = 0
-    """Nodes between their config label change and Verified; Mismatch nodes stay here."""
-    waitingNodes: Count = 0
-    """Nodes still to be changed: waiting for their turn, or for their pods to fit."""
-    failedNodes: Count = 0
-    """Nodes on this generation's config that ended in Mismatch."""
-    startedAt: Rfc3339 | None = None
-    """When this generation's rollout started (RFC 3339)."""
-    completedAt: Rfc3339 | None = None
-    """When it completed (RFC 3339); absent until then."""
-
-    @computed_field  # type: ignore[prop-decorator]  # as slotsSummary
-    @property
-    def progress(self) -> str:
-        """Updated/total nodes, e.g. 37/40, for display."""
-        return f"{self.updatedNodes}/{self.totalNodes}"
-
-
-class AppliedSpec(_Model):
-    """The last valid spec in force, kept so that a new leader facing a broken spec keeps it."""
-
-    generation: Count = 0
-    """The policy generation this spec is from."""
-    spec: Annotated[
-        dict[str, object],
-        WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
-    ] = {}
-    """The spec as the operator understood it."""
-
-
-class GPUSharingPolicyStatus(_HasSlots):
-    """What the policy governs and how far its configuration has got."""
-
-    observedGeneration: Count | None = None
-    """The spec generation that this status reflects."""
-    matchedNodes: Count = 0
-    """GPU nodes that the selector matches."""
-    appliedNodes: Count = 0
-    """Nodes this policy won that carry its config label."""
-    verifiedNodes: Count = 0
-    """Applied nodes whose GPU Feature Discovery labels confirm the config."""
-    conflictingNodes: Count = 0
-    """Matched nodes won by a higher-priority policy."""
-    unsupportedNodes: Count = 0
-    """Matched nodes this policy would win but cannot work on; the next usable policy governs."""
-    gpus: Count = 0
-    """Physical GPUs on the nodes this policy governs."""
-    configKey: str | None = None
-    """The device-plugin config key that this spec renders to."""
-    appliedSpec: AppliedSpec | None = None
-    """The last valid spec in force, with its generation."""
-    rollout: RolloutStatus | None = None
-    """How far the rollout of the generation in force has got."""
-    conditions: Conditions = []
-    """Ready, SelectorValid, Conflicting, Paused and related conditions."""
-
-
-class GPUNodeStateStatus(_HasSlots):
-    """The sharing state of one GPU node."""
-
-    policy: str | None = None
-    """The policy that governs the node, if any."""
-    strategy: SharingStrategy | None = None
-    """The governing policy's strategy."""
-    configKey: str | None = None
-    """The device-plugin config key that the node is labelled with, or is to be."""
-    phase: NodePhase
-    """Pending, Applied, Verified, Mismatch, Unsupported or Unmanaged."""
-    gpus: Count = 0
-    """Physical GPUs on the node."""
-    product: str | None = None
-    """The GPU product name from GPU Feature Discovery, without its -SHARED suffix."""
-    memoryMiBPerGPU: Count | None = None
-    """Memory per GPU in MiB, from GPU Feature Discovery."""
-    replicas: SpecReplicas | None = None
-    """Replicas per GPU of the governing policy (1 for Exclusive)."""
-    configReadyAt: Rfc3339 | None = None
-    """When a newly written config key will have reached the node's device plugin, and the
-    node may be labelled with it (RFC 3339); set only while the node waits for that."""
-    pods: Count = 0
-    """Running or pending pods that hold slots on the node."""
-    conditions: Conditions = []
-    """Conditions of the node's sharing state."""
-    lastTransitionTime: Rfc3339 | None = None
-    """When the phase last changed (RFC 3339)."""

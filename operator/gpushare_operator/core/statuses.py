@@ -1,0 +1,165 @@
+"""The status halves of the gpushare.dev/v1alpha1 API, as pydantic models.
+
+Written only by the operator, through the status subresource; like the specs in
+``core.models``, the CRDs' status schemas are generated from them (``core.crds``) and what the
+operator reads back is validated with them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, computed_field
+from pydantic.json_schema import WithJsonSchema
+
+from gpushare_operator.core.models import (
+    CONDITION_REASON_PATTERN,
+    MAX_CONDITIONS,
+    ApiModel,
+    Count,
+    LabelKey,
+    NodePhase,
+    Rfc3339,
+    RolloutPhase,
+    SharingStrategy,
+    SpecReplicas,
+)
+
+
+class Condition(ApiModel):
+    """An observation of one aspect of the object's state (metav1.Condition shape)."""
+
+    type: LabelKey
+    """The condition type, e.g. Ready."""
+    status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds: True, False or Unknown."""
+    reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN)]
+    """A CamelCase machine-readable reason for the last transition."""
+    message: Annotated[str, Field(max_length=32768)] = ""
+    """A human-readable account of the last transition."""
+    lastTransitionTime: Rfc3339
+    """When the status last changed (RFC 3339)."""
+    observedGeneration: Count | None = None
+    """The object generation that the condition was set from."""
+
+
+class Slots(ApiModel):
+    """Sharing slots: capacity is GPUs times replicas; allocated is what pods request of them."""
+
+    capacity: Count = 0
+    """Slots advertised."""
+    allocated: Count = 0
+    """Slots requested by running or pending pods; may exceed capacity (overcommitted)."""
+
+
+class _HasSlots(ApiModel):
+    slots: Slots = Slots()
+    """Sharing slots over the nodes concerned."""
+
+    # A field, not a JSON path expression, because a printer column is a single JSON path.
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented form, unknown to mypy
+    @property
+    def slotsSummary(self) -> str:
+        """Allocated/capacity slots, e.g. 3/16, for display."""
+        return f"{self.slots.allocated}/{self.slots.capacity}"
+
+
+Conditions = Annotated[list[Condition], Field(max_length=MAX_CONDITIONS)]
+
+
+class RolloutStatus(ApiModel):
+    """The rollout of the generation in force: how many of its nodes are where."""
+
+    generation: Count = 0
+    """The policy generation being rolled out (the one in force)."""
+    state: RolloutPhase = RolloutPhase.PROGRESSING
+    """Progressing, Complete, Halted, WaitingForPods or Paused."""
+    totalNodes: Count = 0
+    """Nodes this rollout concerns: those the policy governs, and those it releases."""
+    updatedNodes: Count = 0
+    """Nodes on this generation's config and Verified (or released and settled)."""
+    unavailableNodes: Count = 0
+    """Nodes between their config label change and Verified; Mismatch nodes stay here."""
+    waitingNodes: Count = 0
+    """Nodes still to be changed: waiting for their turn, or for their pods to fit."""
+    failedNodes: Count = 0
+    """Nodes on this generation's config that ended in Mismatch."""
+    startedAt: Rfc3339 | None = None
+    """When this generation's rollout started (RFC 3339)."""
+    completedAt: Rfc3339 | None = None
+    """When it completed (RFC 3339); absent until then."""
+
+    @computed_field  # type: ignore[prop-decorator]  # as slotsSummary
+    @property
+    def progress(self) -> str:
+        """Updated/total nodes, e.g. 37/40, for display."""
+        return f"{self.updatedNodes}/{self.totalNodes}"
+
+
+class AppliedSpec(ApiModel):
+    """The last valid spec in force, kept so that a new leader facing a broken spec keeps it."""
+
+    generation: Count = 0
+    """The policy generation this spec is from."""
+    spec: Annotated[
+        dict[str, object],
+        WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+    ] = {}
+    """The spec as the operator understood it."""
+
+
+class GPUSharingPolicyStatus(_HasSlots):
+    """What the policy governs and how far its configuration has got."""
+
+    observedGeneration: Count | None = None
+    """The spec generation that this status reflects."""
+    matchedNodes: Count = 0
+    """GPU nodes that the selector matches."""
+    appliedNodes: Count = 0
+    """Nodes this policy won that carry its config label."""
+    verifiedNodes: Count = 0
+    """Applied nodes whose GPU Feature Discovery labels confirm the config."""
+    conflictingNodes: Count = 0
+    """Matched nodes won by a higher-priority policy."""
+    unsupportedNodes: Count = 0
+    """Matched nodes this policy would win but cannot work on; the next usable policy governs."""
+    gpus: Count = 0
+    """Physical GPUs on the nodes this policy governs."""
+    configKey: str | None = None
+    """The device-plugin config key that this spec renders to."""
+    appliedSpec: AppliedSpec | None = None
+    """The last valid spec in force, with its generation."""
+    rollout: RolloutStatus | None = None
+    """How far the rollout of the generation in force has got."""
+    conditions: Conditions = []
+    """Ready, SelectorValid, Conflicting, Paused and related conditions."""
+
+
+class GPUNodeStateStatus(_HasSlots):
+    """The sharing state of one GPU node."""
+
+    policy: str | None = None
+    """The policy that governs the node, if any."""
+    strategy: SharingStrategy | None = None
+    """The governing policy's strategy."""
+    configKey: str | None = None
+    """The device-plugin config key that the node is labelled with, or is to be."""
+    phase: NodePhase
+    """Pending, Applied, Verified, Mismatch, Unsupported or Unmanaged."""
+    gpus: Count = 0
+    """Physical GPUs on the node."""
+    product: str | None = None
+    """The GPU product name from GPU Feature Discovery, without its -SHARED suffix."""
+    memoryMiBPerGPU: Count | None = None
+    """Memory per GPU in MiB, from GPU Feature Discovery."""
+    replicas: SpecReplicas | None = None
+    """Replicas per GPU of the governing policy (1 for Exclusive)."""
+    configReadyAt: Rfc3339 | None = None
+    """When a newly written config key will have reached the node's device plugin, and the
+    node may be labelled with it (RFC 3339); set only while the node waits for that."""
+    pods: Count = 0
+    """Running or pending pods that hold slots on the node."""
+    conditions: Conditions = []
+    """Conditions of the node's sharing state."""
+    lastTransitionTime: Rfc3339 | None = None
+    """When the phase last changed (RFC 3339)."""

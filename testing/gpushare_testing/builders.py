@@ -10,6 +10,7 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink
+from gpushare_operator.core import devconfigs
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_testing import writepath
@@ -107,12 +108,22 @@ def pod(uid: str, node_name: str, slots: int, resource: str = "nvidia.com/gpu") 
     }
 
 
+def config_texts(cache: ClusterCache) -> dict[str, str]:
+    """The ConfigMap data the operator would write for the policies ``cache`` holds now: each
+    key with its real text (whether a node runs a key is judged from that text)."""
+    data = {devconfigs.DEFAULT_KEY: devconfigs.render_default_text()}
+    for compiled in cache.policies.values():
+        if compiled.config_key and compiled.config_text:
+            data[compiled.config_key] = compiled.config_text
+    return data
+
+
 def converged(forecaster: Forecaster, nodes: int, **spec: Any) -> str:
     """``nodes`` nodes in pool a, Verified on policy p (replicas 2); returns p's key."""
     cache = forecaster.cache
     cache.upsert_policy(policy("p", replicas=2, **spec))
     key = str(cache.policies["p"].config_key)
-    cache.set_config_data({key: "x", "default": "d"}, initial=True)
+    cache.set_config_data(config_texts(cache), initial=True)
     for i in range(nodes):
         cache.upsert_node(node(f"n{i}", **on(key, "p", 2)))
     return key

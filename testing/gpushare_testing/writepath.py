@@ -93,6 +93,13 @@ class PlanningLoop:
         due = [when for when in (tick.again_at, timer) if when is not None]
         return min(due, default=None)
 
+    def plan_admitted(self, name: str) -> NodePlan:
+        """Plan ``name`` as the loop would once its turn came: every queued node placed, the
+        admission pass run (a change waits for its turn under the budget), then planned."""
+        self.plan_queued_nodes()
+        self.due()
+        return self.plan_node(name)
+
     def plan_queued_nodes(self) -> list[NodePlan]:
         """Plan (and learn from) every queued node, in queue order, as the loop takes them."""
         return [self.plan_node(name) for name in take_nodes(self.cache.queue)]

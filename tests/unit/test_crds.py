@@ -208,7 +208,8 @@ def test_collections_are_bounded_for_cel_cost(by_plural: dict[str, dict[str, Any
 def test_optional_fields_are_plain_not_nullable(by_plural: dict[str, dict[str, Any]]) -> None:
     status = schema_of(by_plural[models.NODE_STATE_PLURAL])["properties"]["status"]
     assert status["properties"]["policy"] == {
-        "description": "The policy that governs the node, if any.",
+        "description": "The policy that governs the node, if any (while Releasing: the one it"
+        " leaves).",
         "type": "string",
     }
     assert status["required"] == ["phase"]  # slotsSummary is derived, never required

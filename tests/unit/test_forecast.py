@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import nodephases, rollouts
+from gpushare_operator.core import nodephases
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_operator.kubectl.standings import (
@@ -22,7 +22,7 @@ from gpushare_operator.kubectl.standings import (
 )
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
-from gpushare_testing.builders import converged, node, on, pod, policy
+from gpushare_testing.builders import config_texts, converged, node, on, pod, policy
 
 PACE = RolloutPace(propagation_delay=75, write_qps=100, verify_seconds=60)
 
@@ -48,7 +48,7 @@ def test_a_settled_node_is_verified_on_its_policy_and_a_released_one_is_back_uns
     assert decision.phase is NodePhase.VERIFIED, decision.message
     cache.upsert_node(settled_body(cache.nodes["n"], None))
     released = cache.nodes["n"]
-    assert released.policy_label is None and rollouts.release_settled(released)
+    assert released.policy_label is None and nodephases.release_settled(released)
 
 
 def test_the_target_is_what_the_published_status_says() -> None:
@@ -130,7 +130,7 @@ def test_nodes_whose_key_exists_go_while_a_new_key_propagates_and_take_the_budge
     }
     cache.upsert_policy(wide)
     keys = {n: str(p.config_key) for n, p in cache.policies.items()}
-    cache.set_config_data({**dict.fromkeys(keys.values(), "x"), "default": "d"}, initial=True)
+    cache.set_config_data(config_texts(cache), initial=True)
     for name, pool, owner, replicas in (
         ("a0", "a", "p", 2),
         ("a1", "a", "p", 2),
@@ -244,7 +244,7 @@ def test_every_node_to_change_is_in_exactly_one_batch_or_held(
     for name, pool in (("p", "a"), ("q", "b")):
         cache.upsert_policy(policy(name, pool=pool, replicas=2))
     keys = {n: str(p.config_key) for n, p in cache.policies.items()}
-    cache.set_config_data({**dict.fromkeys(keys.values(), "x"), "default": "d"}, initial=True)
+    cache.set_config_data(config_texts(cache), initial=True)
     for i, (pool, slots) in enumerate(nodes):
         owner = "p" if pool == "a" else "q"
         cache.upsert_node(node(f"n{i}", pool=pool, **on(keys[owner], owner, 2)))

@@ -36,7 +36,7 @@ def cache(clock: Clock) -> ClusterCache:
 def planner(cache: ClusterCache) -> PlanningLoop:
     timings = Timings(propagation_delay=75, key_grace_period=300, mismatch_timeout=60)
     reconciler = Reconciler(
-        cache, timings=timings, max_unavailable="10%", wallclock=lambda: "2026-11-29T00:00:00Z"
+        cache, timings=timings, max_unavailable="100%", wallclock=lambda: "2026-11-29T00:00:00Z"
     )
     return PlanningLoop(reconciler)
 
@@ -104,7 +104,7 @@ def test_gfd_suffix_keeps_the_node_with_its_policy(
     assert key is not None
     sync_config(cache, {key: "x"}, initial=True)
     cache.upsert_node(node("n1", **{PRODUCT: "NVIDIA-A10G"}))
-    plan = planner.plan_node("n1")
+    plan = planner.plan_admitted("n1")
     assert plan is not None and plan.labels == {CONFIG_LABEL: key, POLICY_LABEL: "a10g"}
     applied(
         cache,
@@ -230,7 +230,7 @@ def test_an_unsupported_winner_falls_through_to_the_next_policy(
     cache.upsert_node(node("plain"))
     governing = planner.governing("mig")
     assert governing is not None and governing.name == "ts"
-    plan = planner.plan_node("mig")
+    plan = planner.plan_admitted("mig")
     assert plan is not None and plan.labels == {
         CONFIG_LABEL: cache.policies["ts"].config_key,
         POLICY_LABEL: "ts",

@@ -453,7 +453,9 @@ def test_enums_carry_the_api_spellings() -> None:
         "Pending",
         "Applied",
         "Verified",
+        "Degraded",
         "Mismatch",
+        "Releasing",
         "Unsupported",
         "Unmanaged",
     ]

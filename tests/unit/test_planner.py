@@ -60,7 +60,7 @@ def test_new_key_waits_for_propagation_then_labels(
     assert plan.status["conditions"][0]["reason"] == "WaitingForConfigPropagation"
 
     clock.now += 75
-    plan = planner.plan_node("n1")
+    plan = planner.plan_admitted("n1")
     assert plan is not None
     assert plan.labels == {CONFIG_LABEL: key, POLICY_LABEL: "p"}
 
@@ -73,7 +73,7 @@ def test_keys_present_at_startup_are_used_at_once(
     assert key is not None
     sync_config(cache, {key: "x"}, initial=True)
     cache.upsert_node(node("n1"))
-    plan = planner.plan_node("n1")
+    plan = planner.plan_admitted("n1")
     assert plan is not None and plan.labels == {CONFIG_LABEL: key, POLICY_LABEL: "p"}
 
 
@@ -263,7 +263,7 @@ def test_a_key_found_at_startup_but_named_by_no_node_still_waits(
     assert plan.status is not None
     assert plan.status["conditions"][0]["reason"] == "WaitingForConfigPropagation"
     clock.now += 75
-    plan = planner.plan_node("n1")
+    plan = planner.plan_admitted("n1")
     assert plan is not None
     assert plan.labels == {CONFIG_LABEL: key, POLICY_LABEL: "p"}
 
@@ -275,10 +275,11 @@ def test_a_key_some_node_names_is_used_at_once_after_startup(
     key = cache.policies["p"].config_key
     assert key is not None
     sync_config(cache, {key: "x"}, initial=True)
-    cache.upsert_node(node("n0", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
+    verified = {"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"}
+    cache.upsert_node(node("n0", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}, **verified))
     cache.upsert_node(node("n1"))
     cache.settle_initial_keys()
-    plan = planner.plan_node("n1")
+    plan = planner.plan_admitted("n1")
     assert plan is not None
     assert plan.labels == {CONFIG_LABEL: key, POLICY_LABEL: "p"}
 
@@ -349,7 +350,7 @@ def test_a_pending_status_replaced_within_the_hold_is_not_published(
     assert planner.memory.held == {"n1": clock.now + 1}
     assert planner.due() == clock.now + 1
     clock.now += 1
-    plan = planner.plan_node("n1")
+    plan = planner.plan_admitted("n1")
     assert plan is not None and plan.labels is not None
     assert "n1" not in planner.memory.held
 
@@ -539,7 +540,7 @@ def test_a_node_labelled_again_starts_a_fresh_mismatch_clock(
     plan = planner.plan_node("n1")  # first sight since start: the published Mismatch stands
     assert plan is None or plan.status is None or plan.status["phase"] == "Mismatch"
     cache.upsert_node(node("n1"))  # someone strips our labels
-    plan = planner.plan_node("n1")
+    plan = planner.plan_admitted("n1")
     assert plan is not None and plan.labels is not None  # we label it again
     cache.upsert_node(node("n1", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))
     decision = planner.decide(cache.nodes["n1"])

@@ -14,7 +14,7 @@ from gpushare_operator.core.models import GPUSharingPolicySpec, RolloutPhase, Ro
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.reconcile.planner import FINALIZER, Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
-from gpushare_testing.builders import Clock, node, policy
+from gpushare_testing.builders import Clock, config_texts, node, on, policy
 from gpushare_testing.writepath import PlanningLoop
 
 # -- arithmetic ------------------------------------------------------------------------------
@@ -158,29 +158,30 @@ def cluster(
     cache = ClusterCache(clock=clock)
     old = policy("p", replicas=2)
     cache.upsert_policy(old)
-    old_key = cache.policies["p"].config_key
+    old_key = str(cache.policies["p"].config_key)
+    old_data = config_texts(cache)
     new = policy("p", replicas=4)
     new["metadata"]["generation"] = 2
     new["spec"]["rollout"] = rollout
     cache.upsert_policy(new)
-    key = cache.policies["p"].config_key
-    cache.set_config_data({str(old_key): "x", str(key): "y", "default": "z"}, initial=True)
+    cache.set_config_data(old_data | config_texts(cache), initial=True)
     cache.settle_initial_keys()
     clock.now += 100  # past the propagation delay
     for i in range(nodes):
-        cache.upsert_node(node(f"n{i:02d}", **{CONFIG_LABEL: str(old_key), POLICY_LABEL: "p"}))
+        cache.upsert_node(node(f"n{i:02d}", **on(old_key, "p", 2)))  # Verified on the old key
     timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
     return cache, PlanningLoop(Reconciler(cache, timings=timings, max_unavailable="100%"))
 
 
 def labelled(cache: ClusterCache, planner: PlanningLoop, clock: Clock) -> list[str]:
-    """A few writer rounds: plan every queued node, advance the rollout; who gets labels."""
+    """A few writer rounds: plan every queued node, advance the rollout; who gets labels (a
+    label the test has not played back through the cache is planned again: named once)."""
     out = []
     for _ in range(3):
         out += [plan.name for plan in planner.plan_queued_nodes() if plan.labels is not None]
         clock.now += 1
         planner.due()
-    return sorted(out)
+    return sorted(set(out))
 
 
 def test_a_canary_first_then_batches_in_order_of_fewest_slots(clock: Clock) -> None:
@@ -193,12 +194,34 @@ def test_a_canary_first_then_batches_in_order_of_fewest_slots(clock: Clock) -> N
     assert (counts.admitted + counts.changing, counts.waiting) == (1, 5)
 
 
-def test_a_node_joining_the_pool_is_configured_at_once(clock: Clock) -> None:
-    cache, planner = cluster(clock, nodes=2, rollout={"maxUnavailable": 1, "canary": 1})
+def test_a_node_joining_an_established_pool_is_configured_at_once(clock: Clock) -> None:
+    cache, planner = cluster(clock, nodes=1, rollout={"maxUnavailable": 1, "canary": 1})
+    key = str(cache.policies["p"].config_key)
+    assert labelled(cache, planner, clock) == ["n00"]  # the canary
     cache.upsert_node(node("new"))
+    assert planner.plan_node("new").labels is None  # the canary is not proven yet
+    cache.upsert_node(node("n00", **on(key, "p", 4)))  # Verified on the new config
+    planner.plan_node("n00")
     plan = planner.plan_node("new")
-    assert plan is not None and plan.labels is not None
-    assert plan.labels[POLICY_LABEL] == "p"
+    assert plan.labels is not None and plan.labels[POLICY_LABEL] == "p"  # no budget, no wait
+
+
+def test_a_new_policy_has_a_canary_too(clock: Clock) -> None:
+    """A brand-new policy over an idle pool: its first node goes alone and must be Verified
+    before the next ones go, under the budget (nodes joining it later go at once)."""
+    cache = ClusterCache(clock=clock)
+    cache.upsert_policy(policy("p", rollout={"maxUnavailable": 2, "canary": 1}))
+    cache.set_config_data(config_texts(cache), initial=True)
+    cache.settle_initial_keys()
+    clock.now += 100
+    for i in range(5):
+        cache.upsert_node(node(f"n{i}"))
+    timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
+    planner = PlanningLoop(Reconciler(cache, timings=timings, max_unavailable="100%"))
+    assert labelled(cache, planner, clock) == ["n0"]
+    key = str(cache.policies["p"].config_key)
+    cache.upsert_node(node("n0", **on(key, "p", 4)))
+    assert labelled(cache, planner, clock) == ["n1", "n2"]  # then maxUnavailable 2 at a time
 
 
 def test_spec_rollout_defaults_are_the_documented_ones() -> None:
@@ -305,15 +328,13 @@ def test_the_cluster_budget_caps_all_policies_together(clock: Clock) -> None:
         old = policy(name, pool=pool, replicas=2)
         cache.upsert_policy(old)
     keys = {n: str(cache.policies[n].config_key) for n in ("p", "q")}
+    old_data = config_texts(cache)
     for i in range(4):
-        cache.upsert_node(node(f"a{i}", pool="a", **{CONFIG_LABEL: keys["p"], POLICY_LABEL: "p"}))
-        cache.upsert_node(node(f"b{i}", pool="b", **{CONFIG_LABEL: keys["q"], POLICY_LABEL: "q"}))
+        cache.upsert_node(node(f"a{i}", pool="a", **on(keys["p"], "p", 2)))
+        cache.upsert_node(node(f"b{i}", pool="b", **on(keys["q"], "q", 2)))
     for name, pool in (("p", "a"), ("q", "b")):
         cache.upsert_policy(policy(name, pool=pool, replicas=4, generation=2, rollout=unpaced))
-    data = dict.fromkeys(keys.values(), "x") | {
-        str(cache.policies[n].config_key): "y" for n in ("p", "q")
-    }
-    cache.set_config_data(data | {"default": "z"}, initial=True)
+    cache.set_config_data(old_data | config_texts(cache), initial=True)
     cache.settle_initial_keys()
     clock.now += 100
     timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)

@@ -25,7 +25,7 @@ from gpushare_operator.kube.writeloop import ConfigMapRef, WriteLoop
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing import writepath
-from gpushare_testing.builders import node, policy
+from gpushare_testing.builders import config_texts, node, policy
 from gpushare_testing.gates import AlwaysLeader, ManualGate
 from gpushare_testing.waiting import eventually
 
@@ -79,15 +79,14 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> tuple[ClusterCache, Reconciler, 
     bodies = {f"n{i}": node(f"n{i}") for i in range(NODES)}
     api = SlowApi(copy.deepcopy(bodies))
     monkeypatch.setattr(http, "request", api.request)
-    cache.upsert_policy(policy("p"))
-    key = cache.policies["p"].config_key
-    assert key is not None
-    cache.set_config_data({key: "x", "default": "y"}, initial=True)  # written long ago
+    # Every node at once: these tests are about writes in flight, not about pacing.
+    cache.upsert_policy(policy("p", rollout={"maxUnavailable": "100%", "canary": 0}))
+    cache.set_config_data(config_texts(cache), initial=True)  # written long ago
     for body in bodies.values():
         cache.upsert_node(body)
     cache.config_synced = True
     timings = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=600)
-    return cache, Reconciler(cache, timings=timings, max_unavailable="10%"), api
+    return cache, Reconciler(cache, timings=timings, max_unavailable="100%"), api
 
 
 def writer(
@@ -230,6 +229,8 @@ async def test_a_write_dropped_for_lost_leadership_stays_queued(
     cache, reconciler, api = cluster
     gate = ManualGate(leading=False)  # the lease lapsed between the loop's check and the send
     w = writer(cache, reconciler, concurrency=1, gate=gate)
+    planning = writepath.PlanningLoop(reconciler)
+    assert planning.plan_admitted("n5").labels is not None  # its turn has come
     writepath.drain(cache.queue)
     await w._job(("node", "n5"))
     assert api.writes == []  # nothing was sent

@@ -17,6 +17,7 @@ from gpushare_operator.cache.usage import UsageLedger
 from gpushare_operator.core import devconfigs, nodephases, resolution
 from gpushare_operator.core import nodes as core_nodes
 from gpushare_operator.core import pods as core_pods
+from gpushare_operator.core.devconfigs import SharingConfig, parse_config_text
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import (
     CompiledPolicy,
@@ -58,6 +59,8 @@ class ClusterCache:
         self.config_owners: dict[str, frozenset[str]] = {}
         self.config_synced = False
         self.config_version: int | None = None  # resourceVersion of what config_data shows
+        # Every key of config_data -> what it configures (None: not a config gpushare renders).
+        self.key_configs: dict[str, SharingConfig | None] = {}
         self.key_seen_at: dict[str, float] = {}
         # The same moments on the wall clock, fixed once: a published wait never drifts.
         self.key_seen_wall: dict[str, float] = {}
@@ -66,6 +69,9 @@ class ClusterCache:
         # Policies being deleted (deletionTimestamp set): they govern nothing, and are kept
         # until our finalizer goes, which is when no node carries their label any more.
         self.deleting: set[str] = set()
+        # Moves on every change of a compiled policy (spec, generation, deletion, removal): the
+        # admission pass looks again at each, a rollout-only edit included.
+        self.policy_epoch = 0
         self.policy_finalizers: dict[str, tuple[str, ...]] = {}
         self.index = MatchIndex()
         # What needs a fresh look: the cache only marks it; the writer takes it (see workqueue).
@@ -213,6 +219,7 @@ class ClusterCache:
         else:
             new = keep_recorded(new, body.get("status"))
         self.policies[name] = new
+        self.policy_epoch += 1
         self._track_resource(new)
         self._reindex_policy(old, new)
 
@@ -221,6 +228,7 @@ class ClusterCache:
         self.policy_finalizers[name] = tuple(str(f) for f in metadata.get("finalizers") or ())
         if metadata.get("deletionTimestamp") and name not in self.deleting:
             self.deleting.add(name)
+            self.policy_epoch += 1
             affected = set(self.index.nodes_of(name))
             self._refresh_governors(affected)
             self.queue.many_nodes(affected)
@@ -246,6 +254,7 @@ class ClusterCache:
             return
         self.deleted_policies[held.uid] = self.clock()
         del self.policies[name]
+        self.policy_epoch += 1
         self.deleting.discard(name)
         self.policy_finalizers.pop(name, None)
         self.policy_status.pop(name, None)
@@ -360,12 +369,23 @@ class ClusterCache:
                 del self.key_seen_at[key]
                 self.key_seen_wall.pop(key, None)
         changed = fresh != self.config_data
+        self._parse_keys(fresh)
         self.config_data = fresh
         self.config_synced = True
         self.in_flight.pop(("configmap", ""), None)
         if changed:
             self.queue.config()
             self._dirty_nodes_waiting_on_keys()
+
+    def _parse_keys(self, fresh: Mapping[str, str] | None) -> None:
+        """What each key configures, parsed once per key and text (keys are few): whether a node
+        runs the config its label names is judged from it (``RolloutBook.unavailable_for``)."""
+        old = self.config_data or {}
+        parsed = self.key_configs
+        self.key_configs = {
+            key: parsed[key] if key in parsed and old.get(key) == text else parse_config_text(text)
+            for key, text in (fresh or {}).items()
+        }
 
     def settle_initial_keys(self) -> None:
         """Once every cache has synced: a key present at startup but named by no node may be

@@ -33,7 +33,14 @@ _POLICY_RULES = {
 
 # Node conditions: type → reasons that deserve a Warning on the Node when they appear.
 _NODE_RULES = {
-    "Ready": ("InvalidNodeLabel", "MPSWithMixedMIG", "NotConfirmed"),
+    "Ready": (
+        "InvalidNodeLabel",
+        "MPSWithMixedMIG",
+        "NotConfirmed",
+        "Degraded",
+        "ReleaseNotConfirmed",
+        "ReleaseBlocked",
+    ),
     "Overcommitted": ("AllocationExceedsCapacity",),
 }
 

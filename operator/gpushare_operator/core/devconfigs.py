@@ -139,6 +139,35 @@ def config_key(*, policy_name: str, config: SharingConfig) -> str:
     return f"{prefix}-{suffix}" if prefix else suffix
 
 
+def parse_config_text(text: str) -> SharingConfig | None:
+    """What a key of ours configures, read back from its text; None for text this module would
+    not render (another manager's, or broken): what such a key makes a node do is unknown.
+
+    A node may carry a key other than its policy's current one (the spec moved on, the policy
+    is gone): whether its device plugin runs that key's config is judged from the key itself.
+    """
+    try:
+        config = yaml.safe_load(text)
+        validate_config(config)
+    except (yaml.YAMLError, ConfigError):
+        return None
+    sharing = config.get("sharing")
+    if sharing is None:
+        return SharingConfig(strategy=EXCLUSIVE, replicas=1)
+    [(section, body)] = [(name, body) for name, body in sharing.items() if body is not None]
+    [resource] = body["resources"] if len(body["resources"]) == 1 else [None]
+    if resource is None:
+        return None  # several resources: never rendered by gpushare
+    strategy = TIME_SLICING if section == _SECTIONS[TIME_SLICING] else MPS
+    return SharingConfig(
+        strategy=strategy,
+        replicas=int(resource["replicas"]),
+        resource_name=str(resource["name"]),
+        rename_by_default=bool(body.get("renameByDefault", False)),
+        fail_requests_greater_than_one=bool(body.get("failRequestsGreaterThanOne", False)),
+    )
+
+
 def advertised_resource(config: SharingConfig) -> str:
     """The extended resource whose slots pods request on a node governed by ``config``."""
     if config.rename_by_default and config.shared:

@@ -78,6 +78,8 @@ MAX_MATCH_LABELS: Final = 64
 MAX_MATCH_EXPRESSIONS: Final = 64
 MAX_SELECTOR_VALUES: Final = 256
 MAX_CONDITIONS: Final = 32
+# Nodes a status names (a rollout's waits, a halt's failures): enough to act on, bounded.
+MAX_LISTED_NODES: Final = 10
 
 # The patterns below are RE2 and ECMA-262 compatible, written without backslashes (`[.]`, not an
 # escaped dot) so that the same text works in Python, in an OpenAPI `pattern` and inside a CEL
@@ -220,7 +222,13 @@ class NodePhase(enum.StrEnum):
     PENDING = "Pending"
     APPLIED = "Applied"
     VERIFIED = "Verified"
+    # Verified for its config once, disagreeing since (a GPU lost, the device plugin down):
+    # drift, not a failure of the change.
+    DEGRADED = "Degraded"
     MISMATCH = "Mismatch"
+    # Our labels are gone; the device plugin is not yet back unshared (the policy it is
+    # released from keeps it in its budget meanwhile).
+    RELEASING = "Releasing"
     UNSUPPORTED = "Unsupported"
     UNMANAGED = "Unmanaged"
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpushare_operator.core import conditions, devconfigs
 from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL, NodeRecord
+from gpushare_operator.core.nodes import CONFIG_LABEL, GPU_RESOURCE, POLICY_LABEL, NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
 
 Labels = dict[str, str | None]
@@ -40,16 +40,108 @@ class NodeDecision:
     labels: Labels | None  # our two labels as wanted (None value = remove); None = leave as is
     recheck_at: float | None = None  # when the decision may change by time alone
     config_ready_at: str | None = None  # published while waiting for config propagation
+    # While our labels are gone but the device plugin is not yet back unshared: the policy the
+    # node is being released from (its status keeps naming it, and its budget keeps the node).
+    released_from: str | None = None
 
 
-def _release(record: NodeRecord) -> NodeDecision:
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What the node's GPUNodeState says, as last written: every leader reads the same."""
+
+    policy: str | None = None
+    config_key: str | None = None
+    phase: str | None = None
+    since: float | None = None  # its lastTransitionTime, on the caller's monotonic clock
+
+    @classmethod
+    def of(cls, status: Mapping[str, Any] | None, *, since: float | None) -> Published:
+        status = status or {}
+        return cls(
+            policy=status.get("policy"),
+            config_key=status.get("configKey"),
+            phase=status.get("phase"),
+            since=since,
+        )
+
+    def verified(self, policy: CompiledPolicy) -> bool:
+        """Whether the node was confirmed for ``policy``'s config in force (drift since)."""
+        return (
+            self.policy == policy.name
+            and self.config_key == policy.config_key
+            and self.phase in (NodePhase.VERIFIED, NodePhase.DEGRADED)
+        )
+
+
+NOTHING_PUBLISHED = Published()
+
+
+def _release(
+    record: NodeRecord, *, published: Published, now: float, timeout: float
+) -> NodeDecision:
+    """No policy governs the node: our labels go, then the release is watched until the device
+    plugin runs unshared again, for at most ``timeout`` (a node that never settles, say a bad
+    GPU, is reported and stops counting against its policy's budget)."""
     # Only a node carrying our policy label is ours to clean; a config label set by someone else
     # without it is theirs, and SSA could not remove it anyway.
-    labels: Labels | None = None
-    if record.policy_label is not None:
-        labels = {CONFIG_LABEL: None, POLICY_LABEL: None}
     message = "no GPUSharingPolicy selects this node"
-    return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, labels)
+    if record.policy_label is not None:
+        labels: Labels = {CONFIG_LABEL: None, POLICY_LABEL: None}
+        return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, labels)
+    losing = published.policy
+    if losing is None or published.phase == NodePhase.UNMANAGED or release_settled(record):
+        return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, None)
+    since = published.since if published.phase == NodePhase.RELEASING else None
+    deadline = (now if since is None else since) + timeout
+    seen = "; ".join(_release_disagreements(record))
+    if now >= deadline:
+        message = (
+            f"released from GPUSharingPolicy {losing}, but the device plugin did not come back"
+            f" unshared within {timeout:.0f} s: {seen}; it no longer counts against {losing}"
+        )
+        return NodeDecision(None, NodePhase.UNMANAGED, "ReleaseNotConfirmed", message, None)
+    message = (
+        f"released from GPUSharingPolicy {losing}: waiting for the device plugin to run"
+        " unshared (GPU Feature Discovery and kubelet to confirm)"
+    )
+    return NodeDecision(
+        None,
+        NodePhase.RELEASING,
+        "Releasing",
+        message,
+        None,
+        recheck_at=deadline,
+        released_from=losing,
+    )
+
+
+def release_blocked(record: NodeRecord, *, owners: Sequence[str]) -> NodeDecision:
+    """Our labels stay on the node after our release: other field managers own them too."""
+    message = (
+        f"no GPUSharingPolicy selects this node, but its {POLICY_LABEL} label is also owned by"
+        f" field manager(s) {', '.join(owners)}: gpushare gave up its part and leaves them"
+        " (remove the label with that manager, or by hand)"
+    )
+    return NodeDecision(None, NodePhase.UNMANAGED, "ReleaseBlocked", message, None)
+
+
+def release_settled(record: NodeRecord) -> bool:
+    """Whether a released node runs the unshared config again: GFD reports no sharing and
+    kubelet shows one ``nvidia.com/gpu`` per GPU (what the default config advertises)."""
+    return not _release_disagreements(record)
+
+
+def _release_disagreements(record: NodeRecord) -> list[str]:
+    problems = []
+    if record.reported_replicas not in (None, 1):
+        problems.append(f"nvidia.com/gpu.replicas is {record.reported_replicas}, expected 1")
+    if record.sharing_strategy not in (None, "none"):
+        problems.append(f"nvidia.com/gpu.sharing-strategy is {record.sharing_strategy}")
+    gpus = record.gpus
+    allocatable = record.allocatable_of(GPU_RESOURCE)
+    if gpus is not None and allocatable != gpus:
+        problems.append(f"allocatable {GPU_RESOURCE} is {allocatable}, expected {gpus}")
+    return problems
 
 
 def unsupported(record: NodeRecord, policy: CompiledPolicy) -> tuple[str, str] | None:
@@ -83,12 +175,13 @@ def _applied(
     policy: CompiledPolicy,
     *,
     applied_since: float | None,
+    published: Published,
     now: float,
     mismatch_timeout: float,
 ) -> NodeDecision:
-    disagreements = _disagreements(record, policy)
-    if not disagreements:
-        assert policy.sharing is not None
+    assert policy.sharing is not None
+    problems = disagreements(record, policy.sharing)
+    if not problems:
         strategy = devconfigs.sharing_strategy_label(policy.sharing)
         resource = devconfigs.advertised_resource(policy.sharing)
         message = (
@@ -96,9 +189,14 @@ def _applied(
             f" {record.allocatable_of(resource)} {resource} allocatable"
         )
         return NodeDecision(policy, NodePhase.VERIFIED, "Verified", message, None)
+    seen = "; ".join(problems)
+    if published.verified(policy):
+        # Confirmed once for this very config: whatever changed since is drift on the node,
+        # not a failure of the change (a lost GPU, the device plugin restarting or down).
+        message = f"was Verified for {policy.config_key}; now {seen}"
+        return NodeDecision(policy, NodePhase.DEGRADED, "Degraded", message, None)
     since = now if applied_since is None else applied_since
     deadline = since + mismatch_timeout
-    seen = "; ".join(disagreements)
     if now >= deadline:
         message = f"not confirmed within {mismatch_timeout:.0f} s: {seen}"
         return NodeDecision(policy, NodePhase.MISMATCH, "NotConfirmed", message, None)
@@ -108,19 +206,18 @@ def _applied(
     return NodeDecision(policy, NodePhase.APPLIED, "Applied", message, None, recheck_at=deadline)
 
 
-def _disagreements(record: NodeRecord, policy: CompiledPolicy) -> list[str]:
-    """What the node shows that the policy's config in force would not: GFD's replicas and
+def disagreements(record: NodeRecord, sharing: devconfigs.SharingConfig) -> list[str]:
+    """What the node shows that ``sharing`` in force would not: GFD's replicas and
     sharing-strategy labels, and kubelet's allocatable of the advertised resource.
 
     An Exclusive config is confirmed by the absence of sharing labels as well as by GFD's
     explicit ``1`` / ``none``: GFD releases before sharing support wrote neither; the
     allocatable check still proves the GPUs are there, one slot each.
     """
-    assert policy.sharing is not None
-    replicas = policy.replicas or 1
-    strategy = devconfigs.sharing_strategy_label(policy.sharing)
-    shared = policy.sharing.shared
-    resource = devconfigs.advertised_resource(policy.sharing)
+    replicas = sharing.replicas if sharing.shared else 1
+    strategy = devconfigs.sharing_strategy_label(sharing)
+    shared = sharing.shared
+    resource = devconfigs.advertised_resource(sharing)
     problems = []
     reported = record.reported_replicas
     if reported != replicas and (shared or reported is not None):
@@ -145,16 +242,23 @@ def decide(
     applied_since: float | None,
     now: float,
     mismatch_timeout: float,
+    published: Published = NOTHING_PUBLISHED,
 ) -> NodeDecision:
-    """The node's phase and the labels we want on it, from current state alone (level-based)."""
+    """The node's phase and the labels we want on it, from current state alone (level-based):
+    the node's record, and what its GPUNodeState says (which any leader reads the same)."""
     if policy is None or policy.config_key is None:
-        return _release(record)
+        return _release(record, published=published, now=now, timeout=mismatch_timeout)
     problem = _unsupported(record, policy)
     if problem is not None:
         return NodeDecision(policy, NodePhase.UNSUPPORTED, problem[0], problem[1], None)
     if record.config_label == policy.config_key and record.policy_label == policy.name:
         return _applied(
-            record, policy, applied_since=applied_since, now=now, mismatch_timeout=mismatch_timeout
+            record,
+            policy,
+            applied_since=applied_since,
+            published=published,
+            now=now,
+            mismatch_timeout=mismatch_timeout,
         )
     if policy.paused:
         message = "policy is paused: the node is left as it is"
@@ -226,6 +330,13 @@ def labels_satisfied(record: NodeRecord, labels: Labels) -> bool:
     return all(record.labels.get(key) == value for key, value in labels.items())
 
 
+def _degraded(decision: NodeDecision) -> list[conditions.Cond]:
+    """Shown only while the node drifts from a config it was confirmed for: absent otherwise."""
+    if decision.phase is not NodePhase.DEGRADED:
+        return []
+    return [conditions.Cond("Degraded", "True", "NoLongerConfirmed", decision.message)]
+
+
 def _write_failed(problem: str | None) -> list[conditions.Cond]:
     """Shown only while our labels cannot be written (say, RBAC revoked): absent otherwise."""
     if problem is None:
@@ -254,7 +365,7 @@ def render_status(
         since = now
     ready = "True" if decision.phase is NodePhase.VERIFIED else "False"
     status: dict[str, Any] = {
-        "policy": policy.name if policy else None,
+        "policy": policy.name if policy else decision.released_from,
         "strategy": str(policy.strategy) if policy and policy.strategy else None,
         "configKey": policy.config_key if policy else None,
         "phase": str(decision.phase),
@@ -270,6 +381,7 @@ def render_status(
             [
                 conditions.Cond("Ready", ready, decision.reason, decision.message),
                 conditions.overcommitted(allocated=allocated, capacity=capacity),
+                *_degraded(decision),
                 *_write_failed(write_problem),
             ],
             previous=previous.get("conditions"),

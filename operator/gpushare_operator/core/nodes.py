@@ -71,9 +71,6 @@ class NodeRecord:
     # list it changes, so that another manager's taints are never replaced or reordered.
     taints: tuple[Mapping[str, Any], ...] = ()
 
-    def has_taint(self, key: str) -> bool:
-        return any(taint.get("key") == key for taint in self.taints)
-
     def allocatable_of(self, resource: str) -> int | None:
         """What kubelet says pods may request of ``resource`` now; None when it is absent."""
         for name, quantity in self.allocatable:

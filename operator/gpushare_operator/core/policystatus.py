@@ -8,10 +8,8 @@ from typing import Any
 
 from gpushare_operator.core import conditions, rollouts
 from gpushare_operator.core.conditions import Cond
-from gpushare_operator.core.models import RolloutPhase
+from gpushare_operator.core.models import MAX_LISTED_NODES, RolloutPhase, RolloutSpec
 from gpushare_operator.core.policies import CompiledPolicy
-
-MAX_LISTED_NODES = 10
 
 
 @dataclass(slots=True)
@@ -115,6 +113,52 @@ class RolloutView:
     counts: rollouts.Counts
     failed_nodes: Sequence[str] = ()
     releasing: int | None = None  # deleting: nodes that still carry the policy's label
+    unavailable_nodes: Sequence[str] = ()  # charged to this policy, not yet confirmed
+    blocked_nodes: Sequence[str] = ()  # keeping their config until their pods fit
+    waiting_nodes: Sequence[str] = ()  # waiting for their turn (or for a key to propagate)
+
+
+def waiting_on(
+    view: RolloutView, spec: RolloutSpec, *, state: RolloutPhase
+) -> tuple[list[str], str]:
+    """The nodes a rollout waits on, and why, in words: no rollout waits without saying so."""
+    counts = view.counts
+
+    def named(nodes: Sequence[str]) -> str:
+        more = len(nodes) - MAX_LISTED_NODES
+        return ", ".join(nodes[:MAX_LISTED_NODES]) + (f" and {more} more" if more > 0 else "")
+
+    if state is RolloutPhase.HALTED:
+        nodes = list(view.failed_nodes)
+        return nodes[:MAX_LISTED_NODES], (
+            f"halted: {counts.failed} node(s) never confirmed their new config (failureThreshold"
+            f" {spec.failureThreshold}): {named(nodes)}; fix them, or change the spec"
+        )
+    if state is RolloutPhase.PAUSED:
+        nodes = list(view.waiting_nodes) + list(view.blocked_nodes)
+        return nodes[:MAX_LISTED_NODES], (
+            f"paused: {len(nodes)} node(s) keep their config until the policy is resumed"
+            + (f": {named(nodes)}" if nodes else "")
+        )
+    if state is RolloutPhase.WAITING_FOR_PODS:
+        nodes = list(view.blocked_nodes)
+        return nodes[:MAX_LISTED_NODES], (
+            f"{len(nodes)} node(s) keep their config until their pods fit the new one (podPolicy"
+            f" WaitForPods): {named(nodes)}"
+        )
+    if state is RolloutPhase.COMPLETE:
+        return [], ""
+    if view.unavailable_nodes:
+        nodes = list(view.unavailable_nodes)
+        return nodes[:MAX_LISTED_NODES], (
+            f"waiting for {len(nodes)} node(s) to confirm their config (maxUnavailable"
+            f" {spec.maxUnavailable}): {named(nodes)}"
+            + (f"; {counts.waiting} more to change after them" if counts.waiting else "")
+        )
+    nodes = list(view.waiting_nodes)
+    return nodes[:MAX_LISTED_NODES], (
+        f"{len(nodes)} node(s) to change: {named(nodes)}" if nodes else "admitting the next nodes"
+    )
 
 
 def render_rollout(
@@ -131,6 +175,7 @@ def render_rollout(
         return None
     counts = view.counts
     state = rollouts.phase(counts, policy.spec.rollout, paused=policy.paused)
+    waiting, why = waiting_on(view, policy.spec.rollout, state=state)
     before = previous if previous and previous.get("generation") == generation else {}
     complete = state is RolloutPhase.COMPLETE
     rollout = {
@@ -141,6 +186,9 @@ def render_rollout(
         "unavailableNodes": counts.unavailable,
         "waitingNodes": counts.waiting + counts.blocked + counts.admitted,
         "failedNodes": counts.failed,
+        "degradedNodes": counts.degraded,
+        "waitingOn": waiting,
+        "message": why,
         "progress": f"{counts.updated}/{counts.total}",
         "startedAt": before.get("startedAt") or now,
         "completedAt": (before.get("completedAt") or now) if complete else None,
@@ -168,6 +216,14 @@ def _rollout_conditions(policy: CompiledPolicy, view: RolloutView) -> list[Cond]
             f"{view.releasing} node(s) still carry this policy's config; they are released"
             " under its rollout budget, then the policy goes"
         )
+        held = list(view.blocked_nodes)
+        if held:
+            more = len(held) - MAX_LISTED_NODES
+            message += (
+                f"; {len(held)} keep it until their pods fit the default config (podPolicy"
+                f" WaitForPods): {', '.join(held[:MAX_LISTED_NODES])}"
+                + (f" and {more} more" if more > 0 else "")
+            )
         wanted.append(Cond("Deleting", "True", "ReleasingNodes", message))
     return wanted
 

@@ -15,7 +15,6 @@ from typing import Any, Final
 from gpushare_operator.core import listpatches
 from gpushare_operator.core.listpatches import JsonPatch
 from gpushare_operator.core.models import RolloutPhase, RolloutSpec
-from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
 
 TAINT_KEY: Final = "gpushare.dev/reconfiguring"
 TAINT: Final[Mapping[str, str]] = {"key": TAINT_KEY, "effect": "NoSchedule"}
@@ -28,17 +27,6 @@ def max_unavailable(value: int | str, *, total: int) -> int:
         return max(1, value)
     percent = int(value.rstrip("%"))
     return max(1, total * percent // 100)
-
-
-def release_settled(record: NodeRecord) -> bool:
-    """Whether a released node runs the unshared config again: GFD reports no sharing and
-    kubelet shows one ``nvidia.com/gpu`` per GPU (what the default config advertises)."""
-    if record.reported_replicas not in (None, 1):
-        return False
-    if record.sharing_strategy not in (None, "none"):
-        return False
-    gpus = record.gpus
-    return gpus is None or record.allocatable_of(GPU_RESOURCE) == gpus
 
 
 def misfit(held: Mapping[str, int], *, resource: str, capacity: int) -> str | None:
@@ -65,7 +53,8 @@ class Counts:
     total: int = 0  # nodes the rollout concerns (governed, or released by this policy)
     updated: int = 0  # on the target and Verified
     changing: int = 0  # on the target (label written), not yet Verified, not Mismatch
-    failed: int = 0  # on the target, Mismatch
+    failed: int = 0  # on the target, Mismatch: never confirmed after our change
+    degraded: int = 0  # confirmed once, disagreeing since (drift: unavailable, no failure)
     admitted: int = 0  # cleared to change, label not written yet
     waiting: int = 0  # to change, waiting for their turn
     blocked: int = 0  # to change, waiting for their pods to fit
@@ -81,16 +70,26 @@ def canary_room(counts: Counts, spec: RolloutSpec) -> int | None:
     None once it is (or there is no canary)."""
     if spec.canary <= 0:
         return None
-    in_rollout = counts.updated + counts.changing + counts.failed + counts.admitted
+    # A failed canary is no longer one: the next node takes its place, within the budget (the
+    # failed node stays unavailable), until failureThreshold failures halt the rollout.
+    in_rollout = counts.updated + counts.changing + counts.admitted
     target = min(spec.canary, in_rollout + counts.waiting + counts.blocked)
     if counts.updated >= target:
         return None
     return max(0, target - in_rollout)
 
 
-def room(counts: Counts, spec: RolloutSpec, *, cluster_room: int, paused: bool) -> int:
-    """How many more nodes may start changing now under the policy's and the cluster's budget."""
-    if paused or halted(counts, spec):
+def room(
+    counts: Counts,
+    spec: RolloutSpec,
+    *,
+    cluster_room: int,
+    paused: bool = False,
+    deleting: bool = False,
+) -> int:
+    """How many more nodes may start changing now under the policy's and the cluster's budget
+    (a deleted policy's releases go on even when it was paused or halted)."""
+    if not deleting and (paused or halted(counts, spec)):
         return 0
     budget = max_unavailable(spec.maxUnavailable, total=counts.total)
     return max(0, min(budget - counts.unavailable, cluster_room))
@@ -114,6 +113,12 @@ def taint_added(taints: Sequence[Mapping[str, Any]]) -> JsonPatch:
     return listpatches.appended("/spec/taints", taints, TAINT)
 
 
+def is_ours(taint: Mapping[str, Any]) -> bool:
+    """Our taint is our key with our effect: one with our key and another effect is someone
+    else's (a human's NoExecute, say), and never removed."""
+    return taint.get("key") == TAINT_KEY and taint.get("effect") == TAINT["effect"]
+
+
 def taint_removed(taints: Sequence[Mapping[str, Any]]) -> JsonPatch | None:
     """Remove our taint only; None when it is not there."""
-    return listpatches.removed("/spec/taints", taints, lambda t: t.get("key") == TAINT_KEY)
+    return listpatches.removed("/spec/taints", taints, is_ours)

@@ -15,6 +15,7 @@ from pydantic.json_schema import WithJsonSchema
 from gpushare_operator.core.models import (
     CONDITION_REASON_PATTERN,
     MAX_CONDITIONS,
+    MAX_LISTED_NODES,
     ApiModel,
     Count,
     LabelKey,
@@ -84,6 +85,12 @@ class RolloutStatus(ApiModel):
     """Nodes still to be changed: waiting for their turn, or for their pods to fit."""
     failedNodes: Count = 0
     """Nodes on this generation's config that ended in Mismatch."""
+    degradedNodes: Count = 0
+    """Nodes that were Verified for their config and disagree since (drift, not failure)."""
+    waitingOn: Annotated[list[str], Field(max_length=MAX_LISTED_NODES)] = []
+    """The nodes the rollout waits on now (at most 10), as the message says."""
+    message: Annotated[str, Field(max_length=4096)] = ""
+    """What the rollout waits for, in words: never a wait without a reason."""
     startedAt: Rfc3339 | None = None
     """When this generation's rollout started (RFC 3339)."""
     completedAt: Rfc3339 | None = None
@@ -139,13 +146,13 @@ class GPUNodeStateStatus(_HasSlots):
     """The sharing state of one GPU node."""
 
     policy: str | None = None
-    """The policy that governs the node, if any."""
+    """The policy that governs the node, if any (while Releasing: the one it leaves)."""
     strategy: SharingStrategy | None = None
     """The governing policy's strategy."""
     configKey: str | None = None
     """The device-plugin config key that the node is labelled with, or is to be."""
     phase: NodePhase
-    """Pending, Applied, Verified, Mismatch, Unsupported or Unmanaged."""
+    """Pending, Applied, Verified, Degraded, Mismatch, Releasing, Unsupported or Unmanaged."""
     gpus: Count = 0
     """Physical GPUs on the node."""
     product: str | None = None

@@ -16,6 +16,7 @@ import structlog
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import announcements, models
+from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.kube import http
 from gpushare_operator.kube.events import ObjectRef
 from gpushare_operator.kube.sending import (
@@ -130,7 +131,8 @@ class Patches:
             log.warning("node label write refused", kind="Node", name=plan.name, problem=problem)
             await self._sender.report(_node_ref(plan), problem)
             return NodeWritten(Refused(problem), node)
-        return NodeWritten(Done(), slim(answer) or node, labels=plan.labels)
+        co_owners = other_label_owners(answer) if isinstance(answer, dict) else ()
+        return NodeWritten(Done(), slim(answer) or node, labels=plan.labels, co_owners=co_owners)
 
     async def _write_node_state(
         self, plan: NodePlan, tokens: Tokens, node: dict[str, Any] | None
@@ -255,6 +257,22 @@ class Patches:
             )
         echo = answer if isinstance(answer, dict) else None
         return PolicyWritten(Done(), status=plan.status, echo=echo)
+
+
+def other_label_owners(node: dict[str, Any]) -> tuple[str, ...]:
+    """The field managers other than ours that own one of our labels on ``node`` (read from
+    the apply's answer, before its managedFields are dropped)."""
+    ours = {f"f:{CONFIG_LABEL}", f"f:{POLICY_LABEL}"}
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if CONFIG_LABEL not in labels and POLICY_LABEL not in labels:
+        return ()
+    owners = set()
+    for entry in (node.get("metadata") or {}).get("managedFields") or ():
+        fields = (((entry or {}).get("fieldsV1") or {}).get("f:metadata") or {}).get("f:labels")
+        manager = (entry or {}).get("manager")
+        if isinstance(fields, dict) and manager != FIELD_MANAGER and ours & set(fields):
+            owners.add(str(manager))
+    return tuple(sorted(owners))
 
 
 def _node_ref(plan: NodePlan) -> ObjectRef:

@@ -30,6 +30,9 @@ class Pacing:
     busy_since: float | None = None  # nodes have been queued without a break since then
     last: float = float("-inf")  # the last pass
     halted: frozenset[str] = frozenset()  # policies whose waiting nodes were told so
+    # The cache's policy epoch at the last pass: any edit of a spec (a rollout-only one too)
+    # is a reason to look again, since what halts or admits may have changed with it.
+    epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +46,8 @@ class Admissions:
 
 def admit(*, book: RolloutBook, pacing: Pacing, busy: bool, now: float) -> Admissions:
     """The next admissions, if anything moved since the last pass and its time has come."""
-    if not book.stale:
+    epoch = book.cache.policy_epoch
+    if not book.stale and epoch == pacing.epoch:
         return Admissions(pacing)
     primed, busy_since = pacing.primed, pacing.busy_since
     if not busy:
@@ -65,7 +69,7 @@ def admit(*, book: RolloutBook, pacing: Pacing, busy: bool, now: float) -> Admis
         for node in book.at(policy, step)
     }
     admitted = _admit_all(book)
-    done = replace(waited, last=now, halted=frozenset(halted))
+    done = replace(waited, last=now, halted=frozenset(halted), epoch=epoch)
     return Admissions(done, tuple(admitted), frozenset(restate), ran=True)
 
 
@@ -102,11 +106,17 @@ def _admit(book: RolloutBook, policy: str, *, cluster_room: int) -> tuple[list[P
     spec, paused = book.spec_of(policy)
     if policy == CLUSTER:
         room, canary = cluster_room, None
+    elif policy in book.cache.deleting:
+        # A deleted policy's nodes go under its budget whatever its spec said: paused or
+        # halted, it would otherwise never let its finalizer go.
+        room = rollouts.room(book.counts(policy), spec, cluster_room=cluster_room, deleting=True)
+        canary = None
     else:
         counts = book.counts(policy)
-        room = rollouts.room(counts, spec, cluster_room=cluster_room, paused=paused)
-        deleting = policy in book.cache.deleting
-        canary = None if deleting else rollouts.canary_room(counts, spec)
+        if paused or rollouts.halted(counts, spec):
+            return [], 0  # not even a node already unavailable takes a new target
+        room = rollouts.room(counts, spec, cluster_room=cluster_room)
+        canary = rollouts.canary_room(counts, spec)
     usage = book.cache.usage
     order = sorted(
         book.at(policy, Step.WAITING),
@@ -132,7 +142,6 @@ def _admit(book: RolloutBook, policy: str, *, cluster_room: int) -> tuple[list[P
                 Step.ADMITTED,
                 down=was_down or policy,
                 grant=(target, policy),
-                changing=book.changing.get(node),
             )
         )
         used += was_down is None

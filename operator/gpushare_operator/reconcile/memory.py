@@ -36,3 +36,7 @@ class WriteMemory:
     foreign_keys: dict[str, str] = field(default_factory=dict)
     # Our ConfigMap keys that no node names, and since when (their grace period runs).
     unused_since: dict[str, float] = field(default_factory=dict)
+    # node -> the other field managers that own our labels on it too: our release apply gave
+    # up our ownership and the labels stayed.  Reported on the node; it holds no finalizer and
+    # counts against no budget.  A new leader learns it again from its first release apply.
+    release_blocked: dict[str, tuple[str, ...]] = field(default_factory=dict)

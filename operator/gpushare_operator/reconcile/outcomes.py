@@ -61,6 +61,8 @@ class NodeWritten:
     outcome: Outcome
     node: dict[str, Any] | None = None  # the Node as our last patch (taint, labels) returned it
     labels: Labels | None = None  # the labels applied
+    # Other field managers owning our labels after the apply (what a release could not remove)
+    co_owners: tuple[str, ...] = ()
     status: Mapping[str, Any] | None = None  # the GPUNodeState status written
     echo: dict[str, Any] | None = None  # the GPUNodeState the status write returned
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,8 +69,10 @@ class Planner:
         clocks: AppliedClocks,
         memory: WriteMemory,
         wallclock: Callable[[], str] = rfc3339_now,
+        epoch: Callable[[], float] = time.time,
     ) -> None:
         self.cache = cache
+        self._epoch = epoch
         self.timings = timings
         self.book = book
         self.clocks = clocks
@@ -100,11 +103,24 @@ class Planner:
             applied_since=self.clocks.of(record.name, policy),
             now=self.cache.clock(),
             mismatch_timeout=self.timings.mismatch_timeout,
+            published=self.published(record.name),
         )
-        if decision.phase is not NodePhase.UNSUPPORTED or record.policy_label is None:
-            return decision
-        claimants = {p.name for p in self.cache.candidates(record.name)}
-        return nodephases.orphan_released(decision, record=record, claimants=claimants)
+        if decision.phase is NodePhase.UNSUPPORTED and record.policy_label is not None:
+            claimants = {p.name for p in self.cache.candidates(record.name)}
+            decision = nodephases.orphan_released(decision, record=record, claimants=claimants)
+        blocked = self.memory.release_blocked.get(record.name)
+        if blocked is not None and nodephases.releases(decision):
+            return nodephases.release_blocked(record, owners=blocked)
+        return decision
+
+    def published(self, name: str) -> nodephases.Published:
+        """What the node's GPUNodeState says (what we wrote, if its echo is still on its way),
+        with its transition time on our monotonic clock."""
+        cache = self.cache
+        status = cache.in_flight.get(("nodestate", name)) or cache.node_states.get(name)
+        stamp = _epoch((status or {}).get("lastTransitionTime"))
+        since = None if stamp is None else cache.clock() - max(0.0, self._epoch() - stamp)
+        return nodephases.Published.of(status, since=since)
 
     def governing(self, node: str) -> CompiledPolicy | None:
         return self.cache.governing(node)
@@ -121,7 +137,9 @@ class Planner:
         judged = self.book.judge(record, planned)
         decision = judged.decision
         held_until = self._held_until(decision)
-        facts = NodeFacts(decision, judged.placement, held_until, decision.recheck_at)
+        taint, uncordon_at = self._taint(record, judged.placement, decision)
+        recheck = [when for when in (decision.recheck_at, uncordon_at) if when is not None]
+        facts = NodeFacts(decision, judged.placement, held_until, min(recheck, default=None))
         labels = decision.labels
         if labels is not None and nodephases.labels_satisfied(record, labels):
             labels = None
@@ -133,19 +151,35 @@ class Planner:
                 return NodePlan(name, record.uid, facts, stage)  # its watch event re-plans
             status = self._node_status(record, decision) if held_until is None else None
             return NodePlan(name, record.uid, facts, stage, status=status, create_state=create)
-        taint = self._taint(record, judged.placement)
         status = None
         if labels is None and held_until is None:
             status = self._node_status(record, decision)
         return NodePlan(name, record.uid, facts, stage, taint, labels, status, create)
 
-    def _taint(self, record: NodeRecord, placement: Placement) -> JsonPatch | None:
+    def _taint(
+        self, record: NodeRecord, placement: Placement, decision: nodephases.NodeDecision
+    ) -> tuple[JsonPatch | None, float | None]:
         """Our NoSchedule taint: on from just before a cordoned change's label write until the
-        node is Verified; only ever ours, added and removed in place."""
-        tainted = record.has_taint(rollouts.TAINT_KEY)
-        if self.book.wants_taint(placement, tainted=tainted):
-            return None if tainted else rollouts.taint_added(record.taints)
-        return rollouts.taint_removed(record.taints) if tainted else None
+        node is available again; only ever ours (key and effect), added and removed in place.
+
+        A node that will not recover by itself loses it: at once when it turns Mismatch (it has
+        been unconfirmed for a whole --mismatch-timeout since its label changed), and after one
+        --mismatch-timeout in Degraded (time for a device plugin to restart).  Also returns
+        when the taint is due to go, to look again then."""
+        tainted = any(rollouts.is_ours(taint) for taint in record.taints)
+        wanted = self.book.wants_taint(placement, tainted=tainted)
+        due = None
+        if wanted and decision.phase is NodePhase.MISMATCH:
+            wanted = False
+        elif wanted and decision.phase is NodePhase.DEGRADED:
+            since = self.published(record.name)
+            started = since.since if since.phase == NodePhase.DEGRADED else None
+            due = self.cache.clock() if started is None else started
+            due += self.timings.mismatch_timeout
+            wanted = self.cache.clock() < due
+        if wanted:
+            return (None if tainted else rollouts.taint_added(record.taints)), due
+        return (rollouts.taint_removed(record.taints) if tainted else None), None
 
     def _held_until(self, decision: nodephases.NodeDecision) -> float | None:
         """Until when to keep a soon-outdated Pending status to ourselves (see
@@ -236,14 +270,28 @@ class Planner:
         )
 
     def _rollout_view(self, name: str) -> policystatus.RolloutView:
+        book = self.book
         releasing = None
         if name in self.cache.deleting:
-            releasing = self.cache.policy_label_counts.get(name, 0)
+            releasing = self.labelled_nodes(name)
         return policystatus.RolloutView(
-            counts=self.book.counts(name),
-            failed_nodes=self.book.nodes_at(name, Step.FAILED),
+            counts=book.counts(name),
+            failed_nodes=book.nodes_at(name, Step.FAILED),
             releasing=releasing,
+            unavailable_nodes=book.down_nodes(name),
+            blocked_nodes=book.nodes_at(name, Step.BLOCKED),
+            waiting_nodes=book.nodes_at(name, Step.WAITING) + book.nodes_at(name, Step.PREPARING),
         )
+
+    def labelled_nodes(self, name: str) -> int:
+        """Nodes carrying the policy's label that we can still release (a label another field
+        manager owns too is not ours to remove: such a node is reported, not waited for)."""
+        blocked = sum(
+            1
+            for node in self.memory.release_blocked
+            if (record := self.cache.nodes.get(node)) is not None and record.policy_label == name
+        )
+        return max(0, self.cache.policy_label_counts.get(name, 0) - blocked)
 
     def plan_finalizer(self, name: str) -> JsonPatch | None:
         """Our finalizer: on every policy, so that deleting one releases its nodes under its
@@ -255,7 +303,7 @@ class Planner:
             if FINALIZER in current:
                 return None
             return listpatches.appended("/metadata/finalizers", current, FINALIZER)
-        if self.cache.policy_label_counts.get(name, 0) > 0:
+        if self.labelled_nodes(name) > 0:
             return None
         return listpatches.removed("/metadata/finalizers", current, FINALIZER.__eq__)
 
@@ -287,6 +335,15 @@ class Planner:
 
     def desired_config(self) -> dict[str, str]:
         return self.configs.desired().data
+
+
+def _epoch(stamp: object) -> float | None:
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _rfc3339(epoch: float) -> str:

@@ -67,6 +67,7 @@ class Reconciler:
             clocks=self.clocks,
             memory=self.memory,
             wallclock=wallclock,
+            epoch=epoch,
         )
         self._pacing = admissions.Pacing()
 
@@ -103,6 +104,7 @@ class Reconciler:
         if facts.decision is None or facts.placement is None:  # the node is gone
             memory.held.pop(name, None)
             memory.node_problems.pop(name, None)
+            memory.release_blocked.pop(name, None)
             self.clocks.forget(name)
             self.book.forget(name)
             return Orders()
@@ -118,6 +120,7 @@ class Reconciler:
         cache, mark = self.cache, set[Key]()
         if written.labels is not None:
             cache.sent("node", name, written.labels)
+            self._release_outcome(name, written)
         current = cache.nodes.get(name)
         if written.node is not None and current is not None and current.uid == plan.uid:
             # Not if a DELETED event came while we waited: a response must not revive a node.
@@ -138,6 +141,15 @@ class Reconciler:
                     mark.add(plan.key)  # its status drops the condition
                 again = Stage.LABELLED
         return Orders(written.outcome, frozenset(mark), at=at, again=again)
+
+    def _release_outcome(self, name: str, written: NodeWritten) -> None:
+        """After a release apply: labels that other field managers own too stay on the node."""
+        assert written.labels is not None
+        releasing = all(value is None for value in written.labels.values())
+        if releasing and written.co_owners:
+            self.memory.release_blocked[name] = written.co_owners
+        else:
+            self.memory.release_blocked.pop(name, None)
 
     def _learn_policy(self, plan: PolicyPlan, written: PolicyWritten | None) -> Orders:
         name, cache = plan.name, self.cache

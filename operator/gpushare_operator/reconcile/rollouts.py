@@ -9,10 +9,12 @@ while the policy's ``maxUnavailable``, its canary and the cluster-wide budget le
 ``judge`` works out a node's placement without changing the book (planning is pure);
 ``record`` enters it, from ``Reconciler.learn`` alone.
 
-Level-based where it can be: a node on its policy's current config and not Verified is
-unavailable whoever changed it, so a new leader counts what the last one left in flight.  What
-state cannot show (a node we changed whose target has moved on since, a release whose device
-plugin has not come back unshared yet) is remembered in ``changing`` for as long as it lasts.
+Whether a node is unavailable is read from the cluster, never remembered: a node whose label
+names a config that GPU Feature Discovery and kubelet do not confirm (whatever the current
+target is: a key the spec has moved on from is judged by its own text), or whose release is
+not yet confirmed (its GPUNodeState still says Releasing), is unavailable whoever changed it,
+so that any leader, at any moment, counts the same nodes.  The only process memory that counts
+is an admission not yet written: it can only make the count larger.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ CLUSTER = ""  # charged to no policy, only to the cluster-wide budget (names are
 
 class Step(enum.Enum):
     UPDATED = "updated"  # on the target, Verified
-    CHANGING = "changing"  # on the target, not Verified yet
-    FAILED = "failed"  # on the target, Mismatch
+    CHANGING = "changing"  # on the target, not Verified yet (or releasing, not yet settled)
+    FAILED = "failed"  # on the target, Mismatch: never confirmed after our change
+    DEGRADED = "degraded"  # on the target, confirmed once and disagreeing since
     ADMITTED = "admitted"  # cleared to change; label not written yet
     WAITING = "waiting"  # wants to change; waits for its turn
     BLOCKED = "blocked"  # wants to change; waits for its pods to fit
@@ -46,7 +49,10 @@ HELD_STEPS = frozenset({Step.WAITING, Step.BLOCKED})
 _SETTLED_STEP = {
     NodePhase.VERIFIED: Step.UPDATED,
     NodePhase.APPLIED: Step.CHANGING,
+    NodePhase.RELEASING: Step.CHANGING,
     NodePhase.MISMATCH: Step.FAILED,
+    NodePhase.DEGRADED: Step.DEGRADED,
+    NodePhase.PENDING: Step.PREPARING,
 }
 
 
@@ -65,7 +71,6 @@ class Placement:
     step: Step | None  # None: the node leaves the book
     down: str | None  # unavailable, charged to this policy; None: available
     grant: tuple[str, str] | None  # its admission (target, charged) from now on
-    changing: str | None  # changed by us and not settled, charged to; None: not
     wanted: str | None = None  # the target it waits for, while held back
     held_since: float | None = None  # when it began to be held back
 
@@ -101,8 +106,9 @@ class RolloutBook:
         self._down_by: defaultdict[str, set[str]] = defaultdict(set)
         # node at a HELD_STEPS step -> the target it waits for.
         self._wanted: dict[str, str] = {}
-        self.admitted: dict[str, tuple[str, str]] = {}  # node -> (target, charged)
-        self.changing: dict[str, str] = {}  # changed by us, not settled -> charged
+        # node -> (target, charged): admitted, its label not written yet.  Process memory, but
+        # it only ever adds to what the cluster shows as unavailable; a new leader starts empty.
+        self.admitted: dict[str, tuple[str, str]] = {}
         # Something moved since the last admission pass (see reconcile.admissions).
         self.stale = True
 
@@ -115,7 +121,6 @@ class RolloutBook:
 
     def forget(self, node: str) -> None:
         self.admitted.pop(node, None)
-        self.changing.pop(node, None)
         self._place(node, CLUSTER, None)
 
     # -- judging a node (pure) -------------------------------------------------------------------
@@ -126,23 +131,40 @@ class RolloutBook:
         charged = self._charged(record, decision)
         target = self._target(decision)
         wants = decision.labels is not None
-        grant, changing = self._granted(record, target=target, wants=wants)
-        if changing is not None and self._settled(record, decision):
-            changing = None
-        place = Placement(name, charged, None, changing, grant, changing)
+        grant = self._grant(record, target=target, wants=wants)
+        down = self.unavailable_for(record, decision)
+        place = Placement(name, charged, None, down, grant)
         if not wants:
-            step = _SETTLED_STEP.get(decision.phase)
-            if step is None and decision.phase is NodePhase.PENDING:
-                step = Step.PREPARING
-            down = changing
-            if down is None and decision.phase in (NodePhase.APPLIED, NodePhase.MISMATCH):
-                down = charged
-            return Judgement(decision, replace(place, step=step, down=down))
+            return Judgement(decision, replace(place, step=_SETTLED_STEP.get(decision.phase)))
         if (grant is not None and grant[0] == target) or self._fresh(record, target, charged):
             grant = grant or (target, charged)
-            down = charged if changing is None else changing
-            return Judgement(decision, replace(place, step=Step.ADMITTED, down=down, grant=grant))
+            admitted = replace(place, step=Step.ADMITTED, down=down or charged, grant=grant)
+            return Judgement(decision, admitted)
         return self._hold(record, decision, place=place, target=target)
+
+    def unavailable_for(self, record: NodeRecord, decision: nodephases.NodeDecision) -> str | None:
+        """The policy charged while the node runs a config not yet confirmed (or a release not
+        yet settled); None while it is available.  From the node and the ConfigMap alone."""
+        phase = decision.phase
+        if phase is NodePhase.UNSUPPORTED or decision.reason == "ReleaseBlocked":
+            return None  # not ours to change: out of every rollout
+        if phase is NodePhase.RELEASING:
+            return self._existing(decision.released_from)
+        key, owner = record.config_label, record.policy_label
+        if key is None or owner is None:
+            return None  # none of our config on it
+        policy = decision.policy
+        if policy is not None and (key, owner) == (policy.config_key, policy.name):
+            confirmed = phase is NodePhase.VERIFIED  # decided already, on the same key
+        else:
+            sharing = self.cache.key_configs.get(key)
+            # A key that is not (or no longer) in the ConfigMap: the config manager cannot
+            # apply it, and the device plugin does not run.
+            confirmed = sharing is not None and not nodephases.disagreements(record, sharing)
+        return None if confirmed else self._existing(owner)
+
+    def _existing(self, policy: str | None) -> str:
+        return policy if policy is not None and policy in self.cache.policies else CLUSTER
 
     def _hold(
         self,
@@ -189,8 +211,9 @@ class RolloutBook:
     def _charged(self, record: NodeRecord, decision: nodephases.NodeDecision) -> str:
         if decision.policy is not None and not nodephases.releases(decision):
             return decision.policy.name
-        losing = record.policy_label
-        return losing if losing is not None and losing in self.cache.policies else CLUSTER
+        if decision.released_from is not None:
+            return self._existing(decision.released_from)
+        return self._existing(record.policy_label)
 
     @staticmethod
     def _target(decision: nodephases.NodeDecision) -> str:
@@ -199,39 +222,37 @@ class RolloutBook:
             return RELEASE
         return policy.config_key
 
-    def _granted(
-        self, record: NodeRecord, *, target: str, wants: bool
-    ) -> tuple[tuple[str, str] | None, str | None]:
-        """(admission, charged if mid-change) once the node is looked at again: an admission
-        is used up once the node shows its target (the change is under way), and void once
-        the node wants something else."""
+    def _grant(self, record: NodeRecord, *, target: str, wants: bool) -> tuple[str, str] | None:
+        """The node's admission, while it stands: used up once the node shows its target (the
+        change is under way, and the cluster shows it unavailable), void once it wants
+        something else."""
         grant = self.admitted.get(record.name)
-        changing = self.changing.get(record.name)
         if grant is None or (wants and grant[0] == target):
-            return grant, changing
-        used = grant[0]
-        if (record.config_label == used) if used else (record.policy_label is None):
-            changing = grant[1]
-        return None, changing
-
-    @staticmethod
-    def _settled(record: NodeRecord, decision: nodephases.NodeDecision) -> bool:
-        released = (
-            decision.policy is None
-            and record.policy_label is None
-            and rollouts.release_settled(record)
-        )
-        return decision.phase in (NodePhase.VERIFIED, NodePhase.UNSUPPORTED) or released
+            return grant
+        return None
 
     def _fresh(self, record: NodeRecord, target: str, charged: str) -> bool:
-        """A node joining the pool (none of our config, no GPU pods) is configured at once,
-        so that autoscaled nodes are usable quickly, unless its rollout is halted or paused."""
+        """A node joining an established pool (none of our config, no GPU pods) is configured
+        at once, so that autoscaled nodes are usable quickly: established means the policy has
+        a node Verified on its current config, its canary is proven, no other node waits in
+        its rollout, and it is neither halted nor paused.  A new policy over an idle pool is no
+        such pool: its first node is its canary, the rest go under its budget."""
         if target == RELEASE or record.config_label is not None or record.policy_label is not None:
             return False
-        if self.cache.usage.node_total(record.name):
+        if not charged or self.cache.usage.node_total(record.name):
             return False
-        _, paused = self._spec(charged)
-        return not paused and not (charged and self._halted_without(charged, record.name))
+        spec, paused = self._spec(charged)
+        counts = self.counts(charged)
+        if paused or counts.updated == 0 or rollouts.canary_room(counts, spec) is not None:
+            return False
+        if self._held_besides(charged, record.name):
+            return False  # its rollout is still under way: the node waits its turn with them
+        return not self._halted_without(charged, record.name)
+
+    def _held_besides(self, policy: str, node: str) -> bool:
+        """Whether nodes other than ``node`` wait in the policy's rollout."""
+        steps = self._steps.get(policy, {})
+        return any(steps.get(step, set()) - {node} for step in (*HELD_STEPS, Step.PREPARING))
 
     def _halted_without(self, policy: str, node: str) -> bool:
         """Whether the policy's rollout is halted, not counting ``node`` (being judged anew:
@@ -269,10 +290,6 @@ class RolloutBook:
             self.admitted.pop(node, None)
         else:
             self.admitted[node] = placement.grant
-        if placement.changing is None:
-            self.changing.pop(node, None)
-        else:
-            self.changing[node] = placement.changing
         self._place(
             node, placement.charged, placement.step, down=placement.down, since=placement.held_since
         )
@@ -340,11 +357,16 @@ class RolloutBook:
             updated=size[Step.UPDATED],
             changing=size[Step.CHANGING],
             failed=size[Step.FAILED],
+            degraded=size[Step.DEGRADED],
             admitted=size[Step.ADMITTED],
             waiting=size[Step.WAITING] + size[Step.PREPARING],
             blocked=size[Step.BLOCKED],
             unavailable=down,
         )
+
+    def down_nodes(self, policy: str) -> list[str]:
+        """The nodes unavailable and charged to ``policy``."""
+        return sorted(self._down_by.get(policy, ()))
 
     def nodes_at(self, policy: str, step: Step) -> list[str]:
         return sorted(self._steps.get(policy, {}).get(step, ()))
@@ -373,12 +395,8 @@ class RolloutBook:
 
     def wants_taint(self, placement: Placement, *, tainted: bool) -> bool:
         """Whether the node is in a change of a policy that cordons during changes: admitted,
-        or changed and not yet settled (by us, or, if it carries the taint, by a leader
-        before us)."""
-        if placement.down is None:
-            return False
-        ours = placement.grant is not None or placement.changing is not None or tainted
-        if not ours or not placement.down:
+        or unavailable since and carrying the taint (ours, by a leader before us or by us)."""
+        if not placement.down or (placement.grant is None and not tainted):
             return False
         spec, _ = self._spec(placement.down)
         return spec.cordonDuringChange

@@ -145,8 +145,10 @@ def spawn(
 ) -> RunningOperator:
     """Start an operator process (not waiting for it to sync) in ``OPERATOR_NAMESPACE``.
 
-    Its propagation delay is 1 s, so that tests need not wait out the default; ``env`` adds
-    or overrides ``GPUSHARE_*`` settings.
+    Its propagation delay is 1 s, so that tests need not wait out the default, and its
+    cluster-wide budget is every GPU node (a new policy's nodes count against it: tests of
+    other things should not wait on pacing; test_rollouts sets its own); ``env`` adds or
+    overrides ``GPUSHARE_*`` settings, and flags override both.
     """
     ensure_namespace(plane, OPERATOR_NAMESPACE)
     config = kubeconfig or plane.kubeconfig_for_user(user, groups=groups)
@@ -156,6 +158,7 @@ def spawn(
         "KUBECONFIG": str(config),
         "GPUSHARE_NAMESPACE": OPERATOR_NAMESPACE,
         "GPUSHARE_CONFIG_PROPAGATION_DELAY": "1",
+        "GPUSHARE_MAX_UNAVAILABLE": "100%",
         "GPUSHARE_HTTP_PORT": str(port),
         # Tests scrape over plain HTTP; test_observability passes --no-metrics-insecure.
         "GPUSHARE_METRICS_PORT": str(metrics_port),

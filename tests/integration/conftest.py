@@ -73,8 +73,6 @@ async def start_operator(
             user=user,
             groups=groups,
             kubeconfig=kubeconfig,
-            # No cluster-wide pacing unless a test asks (test_rollouts does).
-            env={"GPUSHARE_MAX_UNAVAILABLE": "100%"},
         )
         started.append(running)
         if wait:

@@ -29,7 +29,16 @@ _POLICY_NODE_FIELDS = {
     "verified": "verifiedNodes",
     "conflicting": "conflictingNodes",
 }
-_ROLLOUT_STATES = ("updated", "changing", "failed", "admitted", "waiting", "blocked", "unavailable")
+_ROLLOUT_STATES = (
+    "updated",
+    "changing",
+    "failed",
+    "degraded",
+    "admitted",
+    "waiting",
+    "blocked",
+    "unavailable",
+)
 
 
 class IngestCounts(Collector):

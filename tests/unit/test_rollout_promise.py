@@ -1,0 +1,291 @@
+"""The rollout promise, held by the cluster's state alone: what any leader counts as unavailable,
+drift that is no failure, halts an edit lifts, canaries, deletions and our own taint."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from gpushare_operator.cache.cluster import ClusterCache
+from gpushare_operator.core import rollouts
+from gpushare_operator.core.models import NodePhase
+from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.reconcile.outcomes import Done, NodeWritten
+from gpushare_operator.reconcile.planner import FINALIZER, Timings
+from gpushare_operator.reconcile.reconciler import Reconciler
+from gpushare_testing.builders import Clock, config_texts, node, on, policy
+from gpushare_testing.writepath import PlanningLoop
+
+TIMINGS = Timings(propagation_delay=1, key_grace_period=300, mismatch_timeout=60)
+TS = "time-slicing"
+
+
+EPOCH = 1_800_000_000.0
+
+
+def leader(cache: ClusterCache, *, budget: int | str = "100%") -> PlanningLoop:
+    """A replica's write path over the same cache: a new one is a new leader.  Its wall clock
+    follows the cache's, so that times it publishes read back as they would."""
+
+    def wall() -> str:
+        return datetime.datetime.fromtimestamp(cache.wallclock(), datetime.UTC).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )
+
+    reconciler = Reconciler(
+        cache, timings=TIMINGS, max_unavailable=budget, wallclock=wall, epoch=cache.wallclock
+    )
+    return PlanningLoop(reconciler)
+
+
+def pool(clock: Clock, *, nodes: int, rollout: dict[str, Any]) -> ClusterCache:
+    """``nodes`` nodes Verified on policy p's replicas-2 config; p now wants replicas 4."""
+    cache = ClusterCache(clock=clock, wallclock=lambda: EPOCH + clock.now)
+    cache.upsert_policy(policy("p", replicas=2))
+    old = str(cache.policies["p"].config_key)
+    before = config_texts(cache)
+    for i in range(nodes):
+        cache.upsert_node(node(f"n{i}", **on(old, "p", 2)))
+    cache.upsert_policy(policy("p", replicas=4, generation=2, rollout=rollout))
+    cache.set_config_data(before | config_texts(cache), initial=True)
+    cache.settle_initial_keys()
+    clock.now += 100
+    return cache
+
+
+def steady(clock: Clock, *, nodes: int) -> ClusterCache:
+    """``nodes`` nodes Verified on policy p's config, p unchanged since."""
+    cache = ClusterCache(clock=clock, wallclock=lambda: EPOCH + clock.now)
+    cache.upsert_policy(policy("p", replicas=2, rollout={"maxUnavailable": 1, "canary": 0}))
+    key = str(cache.policies["p"].config_key)
+    cache.set_config_data(config_texts(cache), initial=True)
+    for i in range(nodes):
+        cache.upsert_node(node(f"n{i}", **on(key, "p", 2)))
+    clock.now += 100
+    return cache
+
+
+def changed(loop: PlanningLoop, clock: Clock, rounds: int = 3) -> list[str]:
+    """Some write-loop rounds; the label writes each round plans are played back as written
+    (the node now names its new key; GFD has not confirmed it)."""
+    out: list[str] = []
+    for _ in range(rounds):
+        for plan in loop.plan_queued_nodes():
+            if plan.labels is not None:
+                out.append(plan.name)
+                labelled(loop.cache, plan.name, plan.labels)
+        clock.now += 1
+        loop.due()
+    return out
+
+
+def labelled(cache: ClusterCache, name: str, labels: dict[str, str | None]) -> None:
+    record = cache.nodes[name]
+    body = node(name, **{k: v for k, v in record.labels.items() if k not in labels})
+    body["metadata"]["labels"].update({k: v for k, v in labels.items() if v is not None})
+    body["status"]["allocatable"] = dict(record.allocatable) | {"cpu": "8"}
+    body["status"]["capacity"] = dict(record.allocatable)
+    update(cache, body)
+
+
+def update(cache: ClusterCache, body: dict[str, Any]) -> None:
+    """The node's next version, as its watch event brings it."""
+    held = cache.nodes.get(body["metadata"]["name"])
+    version = int(held.resource_version) + 1 if held is not None else 1
+    body["metadata"]["resourceVersion"] = str(version)
+    cache.upsert_node(body)
+
+
+def confirm(cache: ClusterCache, name: str, replicas: int) -> None:
+    """GFD and kubelet confirm what the node's label names."""
+    record = cache.nodes[name]
+    update(cache, node(name, **on(str(record.config_label), "p", replicas)))
+
+
+def published(loop: PlanningLoop, name: str) -> dict[str, Any]:
+    """Plan the node's status and play it back as written."""
+    status = loop.plan_node(name).status or loop.cache.node_states[name]
+    loop.cache.upsert_node_state({"metadata": {"name": name}, "status": status})
+    return status
+
+
+# -- unavailability is derived ----------------------------------------------------------------
+
+
+def test_a_new_leader_counts_the_nodes_mid_change_that_the_last_one_left() -> None:
+    clock = Clock()
+    cache = pool(clock, nodes=6, rollout={"maxUnavailable": 2, "canary": 0})
+    first = leader(cache)
+    assert sorted(changed(first, clock)) == ["n0", "n1"]  # two at once: the budget
+    newest = {"maxUnavailable": 2, "canary": 0}
+    cache.upsert_policy(policy("p", replicas=8, generation=3, rollout=newest))
+    cache.set_config_data(dict(cache.config_data or {}) | config_texts(cache), initial=False)
+    clock.now += 10  # the second spec change: n0 and n1 still on generation 2's key
+    second = leader(cache)  # a failover: nothing of the first process survives
+    second.plan_queued_nodes()
+    assert second.book.unavailable() == 2  # both nodes, though this process changed neither
+    assert changed(second, clock) == ["n0", "n1"]  # taking the newest key costs nothing more
+    assert second.book.unavailable() == 2  # and nothing more is admitted
+
+
+def test_a_mismatch_node_nobody_changed_in_this_process_is_unavailable() -> None:
+    clock = Clock()
+    cache = pool(clock, nodes=3, rollout={"maxUnavailable": 1, "canary": 0, "failureThreshold": 5})
+    key = str(cache.policies["p"].config_key)
+    update(cache, node("n0", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}))  # an old leader's
+    loop = leader(cache)
+    loop.plan_queued_nodes()
+    assert loop.book.unavailable() == 1
+    assert changed(loop, clock) == []  # the budget of one is n0's, Mismatch or not
+
+
+def test_a_release_counts_until_the_device_plugin_is_back_unshared() -> None:
+    clock = Clock()
+    cache = steady(clock, nodes=2)
+    old = str(cache.policies["p"].config_key)
+    loop = leader(cache)
+    loop.plan_queued_nodes()
+    for name in ("n0", "n1"):
+        assert published(loop, name)["phase"] == NodePhase.VERIFIED
+    update(cache, node("n0", pool="gone", **on(old, "p", 2)))  # no policy selects it now
+    assert changed(loop, clock) == ["n0"]  # our labels go
+    assert published(loop, "n0")["phase"] == NodePhase.RELEASING
+    fresh = leader(cache)  # a new leader sees the same, from the GPUNodeState
+    fresh.plan_queued_nodes()
+    assert fresh.book.unavailable() == 1 and fresh.book.down_nodes("p") == ["n0"]
+    update(cache, node("n0", pool="gone"))  # GFD and kubelet: unshared again
+    assert published(fresh, "n0")["phase"] == NodePhase.UNMANAGED
+    assert fresh.book.unavailable() == 0
+
+
+def test_a_release_that_never_settles_stops_counting_after_the_timeout() -> None:
+    clock = Clock()
+    cache = steady(clock, nodes=1)
+    old = str(cache.policies["p"].config_key)
+    loop = leader(cache)
+    loop.plan_queued_nodes()
+    assert published(loop, "n0")["phase"] == NodePhase.VERIFIED
+    update(cache, node("n0", pool="gone", **on(old, "p", 2)))
+    changed(loop, clock)
+    assert published(loop, "n0")["phase"] == NodePhase.RELEASING
+    clock.now += TIMINGS.mismatch_timeout + 1
+    status = published(loop, "n0")
+    assert status["phase"] == NodePhase.UNMANAGED
+    assert status["conditions"][0]["reason"] == "ReleaseNotConfirmed"
+    assert loop.book.unavailable() == 0
+
+
+# -- drift, halts, canaries -----------------------------------------------------------------
+
+
+def test_drift_on_a_verified_node_is_degraded_and_halts_nothing() -> None:
+    clock = Clock()
+    cache = pool(clock, nodes=3, rollout={"maxUnavailable": 1, "canary": 0})
+    loop = leader(cache)
+    assert changed(loop, clock) == ["n0"]
+    confirm(cache, "n0", 4)
+    assert published(loop, "n0")["phase"] == NodePhase.VERIFIED
+    lost = node("n0", allocatable="12", **on(str(cache.nodes["n0"].config_label), "p", 4))
+    update(cache, lost)  # one GPU of four gone: 12 slots, not 16
+    clock.now += TIMINGS.mismatch_timeout * 3  # however long it lasts
+    status = published(loop, "n0")
+    assert status["phase"] == NodePhase.DEGRADED
+    assert any(c["type"] == "Degraded" and c["status"] == "True" for c in status["conditions"])
+    counts = loop.book.counts("p")
+    assert (counts.degraded, counts.failed, counts.unavailable) == (1, 0, 1)
+    assert not rollouts.halted(counts, cache.policies["p"].spec.rollout)  # type: ignore[union-attr]
+
+
+def test_raising_the_failure_threshold_resumes_a_halted_rollout_at_once() -> None:
+    clock = Clock()
+    cache = pool(clock, nodes=3, rollout={"maxUnavailable": 2, "canary": 0})
+    loop = leader(cache)
+    assert sorted(changed(loop, clock)) == ["n0", "n1"]
+    clock.now += TIMINGS.mismatch_timeout + 1  # both failed: the rollout halts
+    assert changed(loop, clock) == []
+    key = cache.policies["p"].config_key
+    edit = {"maxUnavailable": 3, "canary": 0, "failureThreshold": 3}
+    cache.upsert_policy(policy("p", replicas=4, generation=3, rollout=edit))
+    assert cache.policies["p"].config_key == key  # a rollout-only edit: the same key
+    assert changed(loop, clock) == ["n2"]
+
+
+def test_a_failed_canary_is_replaced_by_the_next_node_until_the_threshold() -> None:
+    clock = Clock()
+    rollout = {"maxUnavailable": 2, "canary": 1, "failureThreshold": 2}
+    cache = pool(clock, nodes=4, rollout=rollout)
+    loop = leader(cache)
+    assert changed(loop, clock) == ["n0"]
+    clock.now += TIMINGS.mismatch_timeout + 1  # the canary failed: one failure of two allowed
+    assert changed(loop, clock) == ["n1"]  # the next node is the canary now
+    status = loop.plan_policy("p").rendered
+    assert status is not None and status["rollout"]["state"] == "Progressing"
+    assert status["rollout"]["waitingOn"] == ["n0", "n1"]  # what holds the budget, named
+
+
+def test_deleting_a_paused_policy_releases_its_nodes_under_its_budget() -> None:
+    clock = Clock()
+    cache = pool(clock, nodes=3, rollout={"maxUnavailable": 1, "canary": 0})
+    for i in range(3):  # converged on the new config, then paused
+        confirm(cache, f"n{i}", 2)
+    body = policy("p", replicas=2, generation=3, paused=True, rollout={"maxUnavailable": 1})
+    body["metadata"] |= {"deletionTimestamp": "2026-12-01T00:00:00Z", "finalizers": [FINALIZER]}
+    cache.upsert_policy(body)
+    loop = leader(cache)
+    assert changed(loop, clock) == ["n0"]  # one at a time, paused or not
+    status = loop.plan_policy("p").rendered or {}
+    deleting = next(c for c in status["conditions"] if c["type"] == "Deleting")
+    assert deleting["status"] == "True"
+
+
+def test_a_label_another_manager_owns_too_blocks_the_release_but_not_the_finalizer() -> None:
+    clock = Clock()
+    cache = pool(clock, nodes=1, rollout={"maxUnavailable": 1, "canary": 0})
+    old = str(cache.policies["p"].config_key)
+    body = policy("p", replicas=4, generation=3)
+    body["metadata"] |= {"deletionTimestamp": "2026-12-01T00:00:00Z", "finalizers": [FINALIZER]}
+    cache.upsert_policy(body)
+    loop = leader(cache)
+    plans = loop.plan_queued_nodes()
+    loop.due()
+    plan = loop.plan_node("n0")
+    assert plan.labels == {CONFIG_LABEL: None, POLICY_LABEL: None}
+    assert loop.planner.plan_finalizer("p") is None  # n0 still carries p's label
+    # The apply went through, but another manager owns the labels too: they stay.
+    kept = node("n0", **on(old, "p", 2))
+    answer = NodeWritten(Done(), kept, labels=plan.labels, co_owners=("hand-edit",))
+    loop.reconciler.learn(plan, answer)
+    assert plans
+    status = loop.plan_node("n0").status or {}
+    assert status["conditions"][0]["reason"] == "ReleaseBlocked"
+    assert "hand-edit" in status["conditions"][0]["message"]
+    assert loop.planner.plan_finalizer("p") is not None  # the finalizer goes all the same
+
+
+# -- our taint ---------------------------------------------------------------------------------
+
+
+def test_a_taint_with_our_key_and_another_effect_is_not_ours() -> None:
+    theirs = {"key": rollouts.TAINT_KEY, "effect": "NoExecute"}
+    ours = dict(rollouts.TAINT)
+    assert rollouts.taint_removed([theirs]) is None
+    patch = rollouts.taint_removed([theirs, ours])
+    assert patch is not None and patch[-1] == {"op": "remove", "path": "/spec/taints/1"}
+
+
+def test_a_mismatch_node_loses_our_taint() -> None:
+    clock = Clock()
+    rollout = {"maxUnavailable": 1, "canary": 0, "cordonDuringChange": True}
+    cache = pool(clock, nodes=1, rollout=rollout)
+    loop = leader(cache)
+    loop.plan_queued_nodes()
+    loop.due()
+    plan = loop.plan_node("n0")
+    assert plan.taint is not None and plan.labels is not None  # cordoned for the change
+    tainted = node("n0", **{CONFIG_LABEL: str(plan.labels[CONFIG_LABEL]), POLICY_LABEL: "p"})
+    tainted["spec"] = {"taints": [dict(rollouts.TAINT)]}
+    update(cache, tainted)
+    assert loop.plan_node("n0").taint is None  # kept while the change is under way
+    clock.now += TIMINGS.mismatch_timeout + 1
+    removed = loop.plan_node("n0").taint
+    assert removed is not None and removed[-1]["op"] == "remove"

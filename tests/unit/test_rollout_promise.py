@@ -173,6 +173,8 @@ def test_a_release_that_never_settles_stops_counting_after_the_timeout() -> None
     assert status["phase"] == NodePhase.UNMANAGED
     assert status["conditions"][0]["reason"] == "ReleaseNotConfirmed"
     assert loop.book.unavailable() == 0
+    clock.now += 1000
+    assert not loop.plan_node("n0").writes  # said once: no status rewritten for it
 
 
 # -- drift, halts, canaries -----------------------------------------------------------------

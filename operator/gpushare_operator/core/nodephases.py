@@ -52,15 +52,20 @@ class Published:
     policy: str | None = None
     config_key: str | None = None
     phase: str | None = None
+    reason: str | None = None  # its Ready condition's
+    message: str = ""  # and that condition's message
     since: float | None = None  # its lastTransitionTime, on the caller's monotonic clock
 
     @classmethod
     def of(cls, status: Mapping[str, Any] | None, *, since: float | None) -> Published:
         status = status or {}
+        ready = conditions.find(status.get("conditions"), "Ready") or {}
         return cls(
             policy=status.get("policy"),
             config_key=status.get("configKey"),
             phase=status.get("phase"),
+            reason=ready.get("reason"),
+            message=str(ready.get("message") or ""),
             since=since,
         )
 
@@ -74,6 +79,7 @@ class Published:
 
 
 NOTHING_PUBLISHED = Published()
+_UNCONFIRMED = "ReleaseNotConfirmed"
 
 
 def _release(
@@ -88,8 +94,13 @@ def _release(
     if record.policy_label is not None:
         labels: Labels = {CONFIG_LABEL: None, POLICY_LABEL: None}
         return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, labels)
+    if release_settled(record):
+        return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, None)
+    if published.reason == _UNCONFIRMED:
+        # Said once, kept as it was: the node stays out of every budget until it settles.
+        return NodeDecision(None, NodePhase.UNMANAGED, _UNCONFIRMED, published.message, None)
     losing = published.policy
-    if losing is None or published.phase == NodePhase.UNMANAGED or release_settled(record):
+    if losing is None or published.phase == NodePhase.UNMANAGED:
         return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, None)
     since = published.since if published.phase == NodePhase.RELEASING else None
     deadline = (now if since is None else since) + timeout
@@ -99,7 +110,7 @@ def _release(
             f"released from GPUSharingPolicy {losing}, but the device plugin did not come back"
             f" unshared within {timeout:.0f} s: {seen}; it no longer counts against {losing}"
         )
-        return NodeDecision(None, NodePhase.UNMANAGED, "ReleaseNotConfirmed", message, None)
+        return NodeDecision(None, NodePhase.UNMANAGED, _UNCONFIRMED, message, None)
     message = (
         f"released from GPUSharingPolicy {losing}: waiting for the device plugin to run"
         " unshared (GPU Feature Discovery and kubelet to confirm)"

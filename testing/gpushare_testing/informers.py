@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -166,3 +166,40 @@ async def running(informer: Informer) -> AsyncIterator[asyncio.Task[None]]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+Request = Callable[..., Awaitable[Any]]
+
+
+def expiring_after_first_page(
+    real: Request,
+    nodes: Nodes,
+    *,
+    victim: str,
+    bumped: str,
+    compact: Callable[[], Awaitable[object]],
+    calls: list[tuple[dict[str, str], int]],
+) -> Request:
+    """A stand-in for ``http.request`` that, once the first page of nodes has been answered,
+    deletes ``victim``, relabels ``bumped`` and compacts etcd: the continue token of that
+    page has then expired (410).  Every node list asked is recorded in ``calls`` as (query,
+    HTTP status); every other request goes through unchanged."""
+
+    async def request(
+        api: Any, *, method: str, path: str, query: Sequence[tuple[str, str]] = (), **kw: Any
+    ) -> Any:
+        if method != "GET" or path != NODES:
+            return await real(api, method=method, path=path, query=query, **kw)
+        try:
+            answer = await real(api, method=method, path=path, query=query, **kw)
+        except Exception as exc:
+            calls.append((dict(query), int(getattr(exc, "status", 0))))
+            raise
+        calls.append((dict(query), 200))
+        if len(calls) == 1:
+            await nodes.delete(victim)
+            await nodes.label(bumped, {"gpushare.dev/team": "bump"})
+            await compact()
+        return answer
+
+    return request

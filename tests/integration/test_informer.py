@@ -26,7 +26,13 @@ from gpushare_operator.kube.reading import Gone
 from gpushare_operator.kube.streams import LineSplitter
 from gpushare_testing import bodies, controlplane, writepath
 from gpushare_testing.controlplane import ControlPlane
-from gpushare_testing.informers import NODES, Nodes, RecordingSink, running
+from gpushare_testing.informers import (
+    NODES,
+    Nodes,
+    RecordingSink,
+    expiring_after_first_page,
+    running,
+)
 from gpushare_testing.waiting import eventually
 
 RECORD_FIELDS = {
@@ -341,28 +347,14 @@ async def test_an_expired_continue_token_restarts_the_list_from_scratch(
     real_request = http.request
     calls: list[tuple[dict[str, str], int]] = []  # (query, HTTP status)
 
-    async def compacted_after_first_page(
-        api: client.ApiClient,
-        *,
-        method: str,
-        path: str,
-        query: Sequence[tuple[str, str]] = (),
-        **kw: Any,
-    ) -> Any:
-        if method != "GET" or path != NODES:
-            return await real_request(api, method=method, path=path, query=query, **kw)
-        try:
-            answer = await real_request(api, method=method, path=path, query=query, **kw)
-        except http.ApiError as exc:
-            calls.append((dict(query), exc.status))
-            raise
-        calls.append((dict(query), 200))
-        if len(calls) == 1:
-            await nodes.delete(victim)
-            await nodes.label(names[-1], {"gpushare.dev/team": "bump"})
-            await compact_etcd(uncached_plane)
-        return answer
-
+    compacted_after_first_page = expiring_after_first_page(
+        real_request,
+        nodes,
+        victim=victim,
+        bumped=names[-1],
+        compact=lambda: compact_etcd(uncached_plane),
+        calls=calls,
+    )
     monkeypatch.setattr(http, "request", compacted_after_first_page)
     cache = ClusterCache()
     sink = RecordingSink(NodeSink(cache))

@@ -22,7 +22,14 @@ from gpushare_operator.kube.reading import Sink
 from gpushare_operator.kubectl import cluster
 from gpushare_testing import controlplane
 from gpushare_testing.controlplane import ControlPlane
-from gpushare_testing.informers import NODES, TAG, Nodes, RecordingSink, running
+from gpushare_testing.informers import (
+    NODES,
+    TAG,
+    Nodes,
+    RecordingSink,
+    expiring_after_first_page,
+    running,
+)
 from gpushare_testing.waiting import eventually
 
 POISON = "gpushare.dev/poison"
@@ -221,28 +228,14 @@ async def test_an_expired_continue_token_restarts_the_paged_list_of_informer_and
     real_request = http.request
     calls: list[tuple[dict[str, str], int]] = []  # (query, HTTP status) of each page asked
 
-    async def compacted_after_first_page(
-        api: client.ApiClient,
-        *,
-        method: str,
-        path: str,
-        query: Sequence[tuple[str, str]] = (),
-        **kw: Any,
-    ) -> Any:
-        if method != "GET" or path != NODES:
-            return await real_request(api, method=method, path=path, query=query, **kw)
-        try:
-            answer = await real_request(api, method=method, path=path, query=query, **kw)
-        except http.ApiError as exc:
-            calls.append((dict(query), exc.status))
-            raise
-        calls.append((dict(query), 200))
-        if len(calls) == 1:
-            await nodes.delete(victim)
-            await nodes.label(bumped, {"gpushare.dev/team": "bump"})
-            await asyncio.to_thread(legacy_plane.compact_etcd)
-        return answer
-
+    compacted_after_first_page = expiring_after_first_page(
+        real_request,
+        nodes,
+        victim=victim,
+        bumped=bumped,
+        compact=lambda: asyncio.to_thread(legacy_plane.compact_etcd),
+        calls=calls,
+    )
     monkeypatch.setattr(http, "request", compacted_after_first_page)
     collection = nodes.collection(page_size=2)
     cache = ClusterCache()

@@ -87,8 +87,13 @@ def test_a_window_closes_when_gfd_and_allocatable_both_agree() -> None:
 
 def test_a_lost_gpu_keeps_it_open_until_allocatable_is_whole() -> None:
     found = windows(
-        [created(0, "a"), label(1, "a", "k4"), allocatable(2, "a", 4), gfd(3, "a", 4)]
-        + [allocatable(9, "a", 8)]
+        [
+            created(0, "a"),
+            label(1, "a", "k4"),
+            allocatable(2, "a", 4),
+            gfd(3, "a", 4),
+            allocatable(9, "a", 8),
+        ]
     )
     assert spans(found) == [("a", 1, 9)]
 

@@ -15,6 +15,12 @@ I/O and the waiting.  The rules and their sources are in ``docs/simulator.md``; 
   back-off (allocatable stays 0) until a start finds a config it accepts.
 - GFD relabels once the plugin is back with the same config (it refuses what the plugin
   refuses); each pass is counted so that the caller can stamp ``gfd.timestamp``.
+- A GPU that fails its health check (``lose_gpus``) stays in capacity and leaves allocatable,
+  with every device the plugin made of it (``replicas`` of them), until ``restore_gpus``:
+  a plugin restart does not bring it back.  GFD's labels do not change.
+- A device-plugin outage (``stop_plugin``: its pod gone, the config manager with it) leaves
+  capacity and zeroes allocatable until ``start_plugin``; label changes meanwhile are read when
+  the pod starts again, as its init container does.
 """
 
 from __future__ import annotations
@@ -68,6 +74,8 @@ class NodeAgents:
     gfd_sharing: Sharing = NO_SHARING
     gfd_passes: int = 0
     restarts: int = 0  # plugin starts that came up with a config after a signal
+    lost: int = 0  # GPUs the plugin reports unhealthy (failed health check), until restored
+    outage: bool = False  # the device-plugin pod is gone, its config manager with it
 
     @classmethod
     def start(
@@ -106,9 +114,9 @@ class NodeAgents:
         if label == self.label:
             return  # config-manager only acts on a change of the label value
         self.label = label
-        if self.cm_restart_at is None:
+        if self.cm_restart_at is None and not self.outage:
             self._config_manager_run(now=now, view=view)
-        # else: it is crash-looping; it reads the label when kubelet restarts it
+        # else: it is crash-looping (or gone); it reads the label when kubelet restarts it
 
     def advance(self, *, now: float, view: Mapping[str, str]) -> None:
         """Run every timer due at ``now`` (back-off restarts, the end of a plugin restart)."""
@@ -121,6 +129,33 @@ class NodeAgents:
                 self._config_manager_run(now=now, view=view)
             elif self.plugin_start_at is not None and self.plugin_start_at <= now:
                 self._plugin_start(now=now, view=view)
+
+    def lose_gpus(self, count: int) -> None:
+        """``count`` more GPUs fail their health check (an XID error, a GPU fallen off the bus)."""
+        self.lost = min(self.gpus, self.lost + count)
+
+    def restore_gpus(self) -> None:
+        """The failed GPUs are healthy again (replaced, or the node rebooted)."""
+        self.lost = 0
+
+    def stop_plugin(self) -> None:
+        """The device-plugin pod goes away (evicted, deleted, its node's runtime stuck): no
+        timer of its containers runs until it is back."""
+        self.outage = True
+        self.plugin_up = False
+        self.plugin_start_at = None
+        self.cm_restart_at = None
+
+    def start_plugin(self, *, now: float, view: Mapping[str, str]) -> None:
+        """The pod is back: its config manager links what the label names now, and the plugin
+        starts with that config (after the usual restart window)."""
+        if not self.outage:
+            return
+        self.outage = False
+        self.cm_failures.clear()
+        self.plugin_failures = 0
+        self.linked = _UNLINKED  # a new pod: nothing linked yet, so the plugin starts anew
+        self._config_manager_run(now=now, view=view)
 
     # -- outputs -----------------------------------------------------------------------------
 
@@ -147,11 +182,22 @@ class NodeAgents:
     def status(self) -> dict[str, dict[str, str | None]]:
         """The capacity and allocatable kubelet shows for the GPU resources."""
         if self.plugin_up:
-            return {"capacity": dict(self.capacity), "allocatable": dict(self.capacity)}
+            return {"capacity": dict(self.capacity), "allocatable": self._healthy()}
         # Plugin gone (restarting or crash-looping): kubelet's device manager marks its
         # devices unhealthy, which keeps them in capacity and takes them out of allocatable.
         down = {k: (None if v is None else "0") for k, v in self.capacity.items()}
         return {"capacity": dict(self.capacity), "allocatable": down}
+
+    def _healthy(self) -> dict[str, str | None]:
+        """Allocatable with the plugin up: kubelet's device manager counts healthy devices only,
+        and each device of a failed GPU (one per replica) is unhealthy."""
+        allocatable = dict(self.capacity)
+        resource = self.sharing.advertised
+        count = allocatable.get(resource)
+        if self.lost and count is not None:
+            healthy = int(count) - self.lost * self.sharing.replicas
+            allocatable[resource] = str(max(0, healthy))
+        return allocatable
 
     # -- the agents --------------------------------------------------------------------------
 

@@ -91,6 +91,11 @@ class GpuClusterSimulator(NodeWatcher):
     ``verify=False`` breaks GFD everywhere: capacity still follows the config but the sharing
     labels never do, which is how a test drives the operator into its ``Mismatch`` phase;
     ``set_healthy(name, False)`` breaks one node's agents (they write nothing) until healed.
+    Drift on a node that was fine: ``lose_gpu`` (a GPU fails its health check: allocatable
+    drops by the devices made of it, GFD's labels stay) until ``restore_gpus``, and
+    ``stop_device_plugin`` (allocatable 0, labels kept) until ``start_device_plugin``.
+    ``recreate_node`` deletes a node and registers it again under the same name, as a replaced
+    machine does.
     ``run_pods=False`` leaves pods alone (no kubelet: bound pods stay Pending).
     Nodes it did not create are never touched; those it created are deleted on exit unless
     ``cleanup=False``.
@@ -134,6 +139,8 @@ class GpuClusterSimulator(NodeWatcher):
         self._label_queue: dict[str, collections.deque[tuple[float, str | None]]] = {}
         self._gfd_written: collections.Counter[str] = collections.Counter()
         self._unhealthy: set[str] = set()
+        self._bodies: dict[str, Mapping[str, Any]] = {}  # as registered, to register again
+        self._gone: set[str] = set()  # uids of nodes deleted: their late events are ignored
         self._wake: dict[str, asyncio.Event] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._writes = asyncio.Semaphore(16)
@@ -191,6 +198,11 @@ class GpuClusterSimulator(NodeWatcher):
     def node_names(self) -> list[str]:
         return sorted(self._gpus)
 
+    @property
+    def gpu_counts(self) -> Mapping[str, int]:
+        """The physical GPUs of each node we created (lost ones included)."""
+        return dict(self._gpus)
+
     def set_healthy(self, name: str, healthy: bool) -> None:
         """Break (or heal) one node's agents: while broken, nothing of theirs reaches the node.
 
@@ -203,6 +215,41 @@ class GpuClusterSimulator(NodeWatcher):
             self._mark(name)
         else:
             self._unhealthy.add(name)
+
+    def lose_gpu(self, name: str, count: int = 1) -> None:
+        """``count`` GPUs of the node fail their health check (an XID error): the device plugin
+        marks their devices unhealthy, so kubelet keeps them in capacity and takes them out of
+        allocatable; GFD still counts and labels them.  They stay lost until ``restore_gpus``,
+        whatever the plugin does meanwhile."""
+        self._agents[name].lose_gpus(count)
+        self._mark(name)
+
+    def restore_gpus(self, name: str) -> None:
+        self._agents[name].restore_gpus()
+        self._mark(name)
+
+    def stop_device_plugin(self, name: str) -> None:
+        """The node's device-plugin pod goes away: allocatable 0, capacity and labels kept."""
+        self._agents[name].stop_plugin()
+        self._mark(name)
+
+    def start_device_plugin(self, name: str) -> None:
+        """The pod is back: it links what the node's label names now and starts with it."""
+        self._agents[name].start_plugin(now=time.monotonic(), view=self._configs.view or {})
+        self._mark(name)
+
+    async def recreate_node(self, name: str) -> JsonObject:
+        """Delete the node and register it again under the same name, as kubelet registers a
+        replaced machine: a new uid, the labels it was first created with (none of the
+        operator's), its GPUs unshared and healthy."""
+        body = self._bodies[name]
+        await self.delete_node(name)
+        await self._until(lambda: self._absent(name), timeout=30.0, what=f"{name} deleted")
+        return await self.create_node(body)
+
+    async def _absent(self, name: str) -> bool:
+        status, _ = await self.client.get(f"/api/v1/nodes/{name}")
+        return status == 404
 
     async def create_node(self, body: Mapping[str, Any]) -> JsonObject:
         """Register a node as kubelet does (``bodies.gpu_node`` makes one) and return it.
@@ -225,6 +272,7 @@ class GpuClusterSimulator(NodeWatcher):
         )
         self._labels[name] = label
         self._gpus[name] = gpus
+        self._bodies[name] = body
         status, created = await self.client.post(
             "/api/v1/nodes", {**body, "metadata": metadata}, params={"fieldManager": "kubelet"}
         )
@@ -261,6 +309,9 @@ class GpuClusterSimulator(NodeWatcher):
         return await self._patch(name, {"metadata": {"labels": dict(labels)}}, as_="kubectl-label")
 
     async def delete_node(self, name: str) -> None:
+        uid = (self._nodes.get(name) or {}).get("metadata", {}).get("uid")
+        if uid:
+            self._gone.add(str(uid))
         self._drop(name)
         status, body = await self.client.delete(f"/api/v1/nodes/{name}")
         if status not in (200, 202, 404):
@@ -282,6 +333,8 @@ class GpuClusterSimulator(NodeWatcher):
 
     def _observe(self, node: JsonObject) -> None:
         name = node.get("metadata", {}).get("name")
+        if node.get("metadata", {}).get("uid") in self._gone:
+            return  # a late event of a node deleted since (its name may be registered again)
         if name in self._gpus and rv(node) > rv(self._nodes.get(name)):
             self._nodes[name] = node
             label = _config_label(node)
@@ -293,6 +346,8 @@ class GpuClusterSimulator(NodeWatcher):
 
     def _forget(self, node: JsonObject) -> None:
         name = node.get("metadata", {}).get("name")
+        if node.get("metadata", {}).get("uid") in self._gone:
+            return
         if name in self._nodes and rv(node) >= rv(self._nodes[name]):
             self._drop(name)
 

@@ -34,7 +34,9 @@ AUDIT_POLICY: Final[dict[str, Any]] = {
         {
             "level": "Request",
             "resources": [
-                {"group": "", "resources": ["nodes", "pods/binding"]},
+                # nodes/status too: the device plugin's allocatable, which the rollout
+                # promise's checker reads (a resource rule does not cover its subresources).
+                {"group": "", "resources": ["nodes", "nodes/status", "pods/binding"]},
                 {"group": "gpushare.dev", "resources": ["gpunodestates/status"]},
                 {"group": "gpushare.dev", "resources": ["gpusharingpolicies"]},
             ],

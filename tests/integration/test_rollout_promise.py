@@ -173,8 +173,14 @@ async def test_raising_failure_threshold_lifts_a_halt_without_a_restart(
     assert operator.proc.poll() is None, "the same operator process, never restarted"
     writes = audit.label_writes(control_plane, rest, since=edited, key=key)
     assert sorted(node for _, node, _ in writes) == rest
-    state = await rollout_of(sim, name)
-    assert state["state"] == "Progressing" and state["waitingOn"] == [canary], state
+    # The status catches up with the GNS objects within a status round.
+    state = await eventually(
+        lambda: rollout_of(sim, name),
+        until=lambda r: r.get("waitingOn") == [canary],
+        timeout=30,
+        what=f"{name}'s rollout waiting on its failed canary alone",
+    )
+    assert state["state"] == "Progressing", state
 
     sim.set_healthy(canary, True)
     await all_verified(sim, nodes, name)
@@ -215,9 +221,13 @@ async def test_a_failed_canary_under_the_threshold_is_replaced_by_the_next_node(
         "the next node took the canary's place: alone, until Verified"
     )
     assert audit.most_at_once(windows.values()) <= 2
-    state = await rollout_of(sim, name)
-    assert state["state"] == "Progressing", state
-    assert state["waitingOn"] == [canary] and canary in state["message"], state
+    state = await eventually(
+        lambda: rollout_of(sim, name),
+        until=lambda r: r.get("waitingOn") == [canary],
+        timeout=30,
+        what=f"{name}'s rollout waiting on its failed canary alone",
+    )
+    assert state["state"] == "Progressing" and canary in state["message"], state
 
     sim.set_healthy(canary, True)
     await all_verified(sim, nodes, name)

@@ -12,6 +12,7 @@ from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink
 from gpushare_operator.core import devconfigs
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.core.rollouts import FINALIZER
 from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_testing import writepath
 
@@ -61,8 +62,11 @@ def policy(
     priority: int = 0,
     replicas: int = 4,
     generation: int = 1,
+    finalized: bool = True,
     **spec: Any,
 ) -> dict[str, Any]:
+    """A policy as the API returns it; ``finalized``: carrying our finalizer already, as the
+    operator leaves every policy before it changes any node for it."""
     body_spec = {
         "nodeSelector": {"matchLabels": {"pool": pool}},
         "priority": priority,
@@ -71,7 +75,12 @@ def policy(
     }
     body_spec.update(spec)
     return {
-        "metadata": {"name": name, "uid": f"uid-{name}", "generation": generation},
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "generation": generation,
+            "finalizers": [FINALIZER] if finalized else [],
+        },
         "spec": body_spec,
     }
 

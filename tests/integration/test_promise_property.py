@@ -74,6 +74,7 @@ class Sequence:
     broken: set[str] = field(default_factory=set)  # GFD does not confirm
     lost: set[str] = field(default_factory=set)  # a GPU failed
     steps: list[str] = field(default_factory=list)
+    timeline: list[tuple[float, str]] = field(default_factory=list)
     failovers: int = 0
     peaks: list[tuple[int, int]] = field(default_factory=list)  # per policy: (peak, budget)
 
@@ -146,6 +147,7 @@ async def step(cluster: Cluster, seq: Sequence) -> None:
     kinds = ["key", "key", "key", "rollout", "rollout", "failover", "gfd", "gpu", "recreate"]
     kinds += ["heal", "heal"] + (["delete"] if live else [])
     kind = rng.choice(kinds)
+    seq.timeline.append((time.time(), kind))
     node = rng.choice(seq.nodes)
     if kind in ("key", "rollout", "delete") and not live:
         kind = "failover"
@@ -288,6 +290,17 @@ async def run(cluster: Cluster, seq: Sequence, plane: ControlPlane, created: lis
         report(f"seed {seq.seed} {name}: peak unavailable {peak}, budget at most {budget}")
         seq.peaks.append((peak, budget))
     report(f"seed {seq.seed}: {seq.failovers} failover(s); steps: {'; '.join(seq.steps)}")
+    if problems:  # DEBUG
+        for e in events:
+            print("EV", round(e.when, 2), e.node, e.kind, e.key, e.policy, e.allocatable, e.replicas)
+        for w in found:
+            print("WIN", w)
+        for ev in plane.audit_events():
+            ref = ev.get("objectRef") or {}
+            if ref.get("resource") == "gpusharingpolicies":
+                print("POL", ev["stageTimestamp"], ev["user"]["username"], ev["verb"], ref.get("name"), ref.get("subresource"), str(ev.get("requestObject"))[:300])
+        for t, line in seq.timeline:
+            print("STEP", round(t, 2), line)
     assert problems == [], f"seed {seq.seed} broke the promise: {problems}"
     for node in seq.nodes:
         await cluster.sim.delete_node(node)

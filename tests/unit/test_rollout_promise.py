@@ -10,8 +10,10 @@ from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import rollouts
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.core.rollouts import FINALIZER
 from gpushare_operator.reconcile.outcomes import Done, NodeWritten
-from gpushare_operator.reconcile.planner import FINALIZER, Timings
+from gpushare_operator.reconcile.planner import Timings
+from gpushare_operator.reconcile.plans import Stage
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing.builders import Clock, config_texts, node, on, policy
 from gpushare_testing.writepath import PlanningLoop
@@ -291,3 +293,46 @@ def test_a_mismatch_node_loses_our_taint() -> None:
     clock.now += TIMINGS.mismatch_timeout + 1
     removed = loop.plan_node("n0").taint
     assert removed is not None and removed[-1]["op"] == "remove"
+
+
+# -- our finalizer comes first ------------------------------------------------------------------
+
+
+def test_no_node_is_labelled_for_a_policy_before_our_finalizer_is_on_it() -> None:
+    """Deleted without our finalizer, a policy would vanish and every node it configured be
+    released at once; so its nodes wait for the finalizer, and go as soon as it lands."""
+    clock = Clock()
+    cache = ClusterCache(clock=clock, wallclock=lambda: EPOCH + clock.now)
+    rollout = {"maxUnavailable": 1, "canary": 0}
+    cache.upsert_policy(policy("p", finalized=False, rollout=rollout))
+    cache.set_config_data(config_texts(cache), initial=True)
+    cache.settle_initial_keys()
+    for i in range(3):
+        cache.upsert_node(node(f"n{i}"))
+    loop = leader(cache)
+    clock.now += 100
+    assert changed(loop, clock, rounds=5) == []
+    assert loop.plan_policy("p", stage=Stage.FIRST).finalizer is not None, "it goes first"
+
+    cache.upsert_policy(policy("p", finalized=True, rollout=rollout) | {"status": {}})
+    assert changed(loop, clock) == ["n0"], "then the rollout starts, under its budget"
+
+
+def test_the_last_node_of_a_new_policys_rollout_goes_under_the_budget_not_at_once() -> None:
+    """Once the canary is proven, the nodes still to change are no joiners of an established
+    pool: the last of them waits while another is changing, as the rest did."""
+    clock = Clock()
+    cache = ClusterCache(clock=clock, wallclock=lambda: EPOCH + clock.now)
+    cache.upsert_policy(policy("p", rollout={"maxUnavailable": 1, "canary": 1}))
+    cache.set_config_data(config_texts(cache), initial=True)
+    cache.settle_initial_keys()
+    for i in range(3):
+        cache.upsert_node(node(f"n{i}"))
+    loop = leader(cache)
+    clock.now += 100
+    assert changed(loop, clock) == ["n0"], "the canary first"
+    confirm(cache, "n0", 4)
+    assert changed(loop, clock) == ["n1"]
+    assert changed(loop, clock, rounds=5) == [], "n1 is still changing: n2 waits its turn"
+    confirm(cache, "n1", 4)
+    assert changed(loop, clock) == ["n2"]

@@ -12,7 +12,8 @@ from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import listpatches, rollouts
 from gpushare_operator.core.models import GPUSharingPolicySpec, RolloutPhase, RolloutSpec
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
-from gpushare_operator.reconcile.planner import FINALIZER, Timings
+from gpushare_operator.core.rollouts import FINALIZER
+from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing.builders import Clock, config_texts, node, on, policy
 from gpushare_testing.writepath import PlanningLoop

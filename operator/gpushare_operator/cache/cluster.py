@@ -94,7 +94,14 @@ class ClusterCache:
     def finalizers_set(self, name: str, finalizers: tuple[str, ...]) -> None:
         """A finalizer patch answered without the object: its result, until the watch shows it."""
         if name in self.policies:
+            self._finalizers(name, finalizers)
+
+    def _finalizers(self, name: str, finalizers: tuple[str, ...]) -> None:
+        # Nodes wait for our finalizer before they are admitted: its coming is news to the
+        # rollout as much as a spec edit is.
+        if self.policy_finalizers.get(name) != finalizers:
             self.policy_finalizers[name] = finalizers
+            self.policy_epoch += 1
 
     # -- governance ----------------------------------------------------------------------------
 
@@ -225,7 +232,7 @@ class ClusterCache:
 
     def _track_metadata(self, name: str, metadata: Mapping[str, Any]) -> None:
         """Finalizers and deletion: neither changes the generation the early return keys on."""
-        self.policy_finalizers[name] = tuple(str(f) for f in metadata.get("finalizers") or ())
+        self._finalizers(name, tuple(str(f) for f in metadata.get("finalizers") or ()))
         if metadata.get("deletionTimestamp") and name not in self.deleting:
             self.deleting.add(name)
             self.policy_epoch += 1

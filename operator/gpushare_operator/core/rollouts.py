@@ -21,6 +21,11 @@ TAINT: Final[Mapping[str, str]] = {"key": TAINT_KEY, "effect": "NoSchedule"}
 DEFAULT_ROLLOUT: Final = RolloutSpec()
 
 
+# On every policy before any node is labelled for it: deleting the policy then releases its
+# nodes under its budget instead of all at once, and the policy goes only once they are.
+FINALIZER: Final = "gpushare.dev/release-nodes"
+
+
 def max_unavailable(value: int | str, *, total: int) -> int:
     """The budget: a number of nodes, or a percentage of ``total`` rounded down; at least 1."""
     if isinstance(value, int):

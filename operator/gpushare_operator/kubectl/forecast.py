@@ -27,6 +27,7 @@ from gpushare_operator.core import defaults, devconfigs, rollouts
 from gpushare_operator.core.nodes import GPU_RESOURCE
 from gpushare_operator.core.pods import PodRecord
 from gpushare_operator.core.policies import compile_policy
+from gpushare_operator.core.rollouts import FINALIZER
 from gpushare_operator.core.workqueue import CONFIG, NODE, POLICY
 from gpushare_operator.kubectl.standings import (
     GOVERNED,
@@ -187,6 +188,10 @@ class Forecaster:
         keys_before = {p.config_key for p in cache.policies.values() if p.config_key}
         for body in planned:
             cache.upsert_policy(body)
+        for name in names:  # the operator's finalizer goes on before any node is changed
+            current = cache.policy_finalizers.get(name, ())
+            if name not in cache.deleting and FINALIZER not in current:
+                cache.finalizers_set(name, (*current, FINALIZER))
         concerned |= self._matched(names)
         keys_written = self._write_keys()
         after = self.targets()

@@ -86,7 +86,9 @@ def _halted(book: RolloutBook) -> set[str]:
 
 def _admit_all(book: RolloutBook) -> list[Placement]:
     room = book.cluster_budget() - book.unavailable()
-    waiting = [p for p in book.policies() if book.at(p, Step.WAITING)]
+    # A policy's nodes wait for our finalizer on it: deleted without it, the policy would
+    # vanish and its nodes be released all at once, outside its budget.
+    waiting = [p for p in book.policies() if book.at(p, Step.WAITING) and _finalized(book, p)]
     admitted: list[Placement] = []
     for policy in _by_rank(book, waiting):
         # Even with no room left, a node already unavailable may take its new target.
@@ -94,6 +96,12 @@ def _admit_all(book: RolloutBook) -> list[Placement]:
         admitted += placements
         room -= used
     return admitted
+
+
+def _finalized(book: RolloutBook, policy: str) -> bool:
+    if policy == CLUSTER or policy in book.cache.deleting:
+        return True
+    return rollouts.FINALIZER in book.cache.policy_finalizers.get(policy, ())
 
 
 def _by_rank(book: RolloutBook, names: list[str]) -> list[str]:

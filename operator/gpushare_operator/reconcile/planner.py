@@ -30,6 +30,7 @@ from gpushare_operator.core.listpatches import JsonPatch
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.rollouts import FINALIZER
 from gpushare_operator.reconcile import tallies
 from gpushare_operator.reconcile.appliedclocks import AppliedClocks
 from gpushare_operator.reconcile.configplan import ConfigPlanner
@@ -40,7 +41,6 @@ from gpushare_operator.reconcile.rollouts import Placement, RolloutBook, Step
 # Reasons of a node the rollout holds back (see RolloutBook.judge).
 HELD_BY_ROLLOUT = frozenset({"RolloutWaiting", "WaitingForPods", "RolloutHalted", "Paused"})
 # Keeps a deleted policy until its nodes are released (under its rollout budget).
-FINALIZER = "gpushare.dev/release-nodes"
 
 
 def rfc3339_now() -> str:
@@ -199,7 +199,10 @@ class Planner:
 
     def policy_unsettled(self, name: str, *, busy: Collection[str]) -> bool:
         """Whether some node the policy counts has a write still to come (dirty, being
-        written, or holding back a Pending status): its tally would change in a moment."""
+        written, or holding back a Pending status): its tally would change in a moment.  A
+        finalizer to add or remove never waits: the policy's nodes wait for it."""
+        if self.plan_finalizer(name) is not None:
+            return False
         nodes = self.cache.index.nodes_of(name)
         if _meets(nodes, self.cache.queue.nodes) or _meets(nodes, busy):
             return True

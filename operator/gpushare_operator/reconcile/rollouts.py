@@ -46,6 +46,7 @@ class Step(enum.Enum):
 
 
 HELD_STEPS = frozenset({Step.WAITING, Step.BLOCKED})
+_UNDER_WAY = (*HELD_STEPS, Step.PREPARING, Step.ADMITTED, Step.CHANGING)
 _SETTLED_STEP = {
     NodePhase.VERIFIED: Step.UPDATED,
     NodePhase.APPLIED: Step.CHANGING,
@@ -234,25 +235,29 @@ class RolloutBook:
     def _fresh(self, record: NodeRecord, target: str, charged: str) -> bool:
         """A node joining an established pool (none of our config, no GPU pods) is configured
         at once, so that autoscaled nodes are usable quickly: established means the policy has
-        a node Verified on its current config, its canary is proven, no other node waits in
-        its rollout, and it is neither halted nor paused.  A new policy over an idle pool is no
+        a node Verified on its current config, its canary is proven, no other node is changing,
+        admitted or waiting in its rollout, and it is neither halted nor paused (the last node
+        of a rollout under way is no joiner: it goes under the budget like the rest).  A new policy over an idle pool is no
         such pool: its first node is its canary, the rest go under its budget."""
         if target == RELEASE or record.config_label is not None or record.policy_label is not None:
             return False
         if not charged or self.cache.usage.node_total(record.name):
             return False
+        if rollouts.FINALIZER not in self.cache.policy_finalizers.get(charged, ()):
+            return False  # not before a deletion of the policy would release it under budget
         spec, paused = self._spec(charged)
         counts = self.counts(charged)
         if paused or counts.updated == 0 or rollouts.canary_room(counts, spec) is not None:
             return False
-        if self._held_besides(charged, record.name):
+        if self._busy_besides(charged, record.name):
             return False  # its rollout is still under way: the node waits its turn with them
         return not self._halted_without(charged, record.name)
 
-    def _held_besides(self, policy: str, node: str) -> bool:
-        """Whether nodes other than ``node`` wait in the policy's rollout."""
+    def _busy_besides(self, policy: str, node: str) -> bool:
+        """Whether nodes other than ``node`` are under way in the policy's rollout: waiting,
+        admitted, or changing and not yet confirmed."""
         steps = self._steps.get(policy, {})
-        return any(steps.get(step, set()) - {node} for step in (*HELD_STEPS, Step.PREPARING))
+        return any(steps.get(step, set()) - {node} for step in _UNDER_WAY)
 
     def _halted_without(self, policy: str, node: str) -> bool:
         """Whether the policy's rollout is halted, not counting ``node`` (being judged anew:

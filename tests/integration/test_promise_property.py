@@ -18,8 +18,9 @@ Two exceptions follow the operator's documented rules: a release that never sett
 counting after ``--mismatch-timeout``; a node registered again, joining an established pool,
 is configured at once (its first change is not counted: it carried no workload of ours).
 
-``make test`` runs ``SHORT`` sequences from a fixed seed; ``make soak`` (GPUSHARE_SOAK=1) runs
-sequences from a seed of the clock for ``SOAK_SECONDS``; GPUSHARE_PROMISE_SEED replays one.
+Hypothesis draws the seeds: ``make test`` runs ``SHORT`` sequences, the same each run;
+``make soak`` (GPUSHARE_SOAK=1) runs fresh ones for ``SOAK_SECONDS``; GPUSHARE_PROMISE_SEED
+replays one.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ import os
 import random
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from gpushare_testing import apiobjects as h
 from gpushare_testing import promise
@@ -74,7 +77,6 @@ class Sequence:
     broken: set[str] = field(default_factory=set)  # GFD does not confirm
     lost: set[str] = field(default_factory=set)  # a GPU failed
     steps: list[str] = field(default_factory=list)
-    timeline: list[tuple[float, str]] = field(default_factory=list)
     failovers: int = 0
     peaks: list[tuple[int, int]] = field(default_factory=list)  # per policy: (peak, budget)
 
@@ -147,7 +149,6 @@ async def step(cluster: Cluster, seq: Sequence) -> None:
     kinds = ["key", "key", "key", "rollout", "rollout", "failover", "gfd", "gpu", "recreate"]
     kinds += ["heal", "heal"] + (["delete"] if live else [])
     kind = rng.choice(kinds)
-    seq.timeline.append((time.time(), kind))
     node = rng.choice(seq.nodes)
     if kind in ("key", "rollout", "delete") and not live:
         kind = "failover"
@@ -290,52 +291,80 @@ async def run(cluster: Cluster, seq: Sequence, plane: ControlPlane, created: lis
         report(f"seed {seq.seed} {name}: peak unavailable {peak}, budget at most {budget}")
         seq.peaks.append((peak, budget))
     report(f"seed {seq.seed}: {seq.failovers} failover(s); steps: {'; '.join(seq.steps)}")
-    if problems:  # DEBUG
-        for e in events:
-            print("EV", round(e.when, 2), e.node, e.kind, e.key, e.policy, e.allocatable, e.replicas)
-        for w in found:
-            print("WIN", w)
-        for ev in plane.audit_events():
-            ref = ev.get("objectRef") or {}
-            if ref.get("resource") == "gpusharingpolicies":
-                print("POL", ev["stageTimestamp"], ev["user"]["username"], ev["verb"], ref.get("name"), ref.get("subresource"), str(ev.get("requestObject"))[:300])
-        for t, line in seq.timeline:
-            print("STEP", round(t, 2), line)
     assert problems == [], f"seed {seq.seed} broke the promise: {problems}"
     for node in seq.nodes:
         await cluster.sim.delete_node(node)
 
 
-def seeds() -> list[int]:
-    if "GPUSHARE_PROMISE_SEED" in os.environ:
-        return [int(os.environ["GPUSHARE_PROMISE_SEED"])]
-    base = int(time.time()) if SOAK else 22
-    return [base + i for i in range(100_000 if SOAK else SHORT)]
+@dataclass
+class Tally:
+    """What every sequence of one test run did, reported once they are all done."""
+
+    began: float = field(default_factory=time.monotonic)
+    done: int = 0
+    failovers: int = 0
+    peaks: collections.Counter[tuple[int, int]] = field(default_factory=collections.Counter)
+
+    def add(self, seq: Sequence) -> None:
+        self.done, self.failovers = self.done + 1, self.failovers + seq.failovers
+        self.peaks.update(seq.peaks)
+
+    def line(self) -> str:
+        shown = ", ".join(
+            f"{n} x peak {p} of budget {b}" for (p, b), n in sorted(self.peaks.items())
+        )
+        return (
+            f"{self.done} sequence(s), {self.failovers} failover(s)"
+            f" in {time.monotonic() - self.began:.0f} s, the promise kept; per policy: {shown}"
+        )
 
 
-async def test_random_sequences_keep_the_rollout_promise(
-    control_plane: ControlPlane,
+@pytest.fixture
+async def cluster(
     sim: GpuClusterSimulator,
     namespace: str,
-    policies: list[str],
     start_operator: OperatorFactory,
     start_replicas: StartReplicas,
+) -> Cluster:
+    """Two replicas, started once for every sequence of the test (hypothesis's examples)."""
+    return Cluster(sim, await start_replicas(*ARGS), start_operator, namespace)
+
+
+@pytest.fixture
+def tally() -> Iterator[Tally]:
+    found = Tally()
+    yield found
+    if found.done:
+        report(found.line())
+
+
+# The seed of each sequence is drawn by hypothesis (derandomized in ``make test``, so the same
+# SHORT sequences each run); the sequence itself comes from random.Random(seed), so any one
+# replays with GPUSHARE_PROMISE_SEED whatever hypothesis did.  No shrinking: each sequence
+# leaves the cluster behind it, and a sequence cannot be replayed in part.
+REPLAY = os.environ.get("GPUSHARE_PROMISE_SEED")
+SEEDS = st.just(int(REPLAY)) if REPLAY else st.integers(min_value=0, max_value=2**32 - 1)
+
+
+@settings(
+    max_examples=1 if REPLAY else (1_000 if SOAK else SHORT),
+    derandomize=not SOAK,
+    deadline=None,
+    database=None,
+    phases=[Phase.generate],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(seed=SEEDS)
+async def test_random_sequences_keep_the_rollout_promise(
+    control_plane: ControlPlane,
+    policies: list[str],
+    cluster: Cluster,
+    tally: Tally,
+    seed: int,
 ) -> None:
-    replicas = await start_replicas(*ARGS)
-    cluster = Cluster(sim, replicas, start_operator, namespace)
-    began = time.monotonic()
-    done = failovers = 0
-    peaks: collections.Counter[tuple[int, int]] = collections.Counter()
-    for seed in seeds():
-        if SOAK and time.monotonic() - began > SOAK_SECONDS:
-            break
-        report(f"sequence seed {seed}")
-        seq = Sequence(seed, random.Random(seed))
-        await run(cluster, seq, control_plane, policies)
-        done, failovers = done + 1, failovers + seq.failovers
-        peaks.update(seq.peaks)
-    shown = ", ".join(f"{n} x peak {p} of budget {b}" for (p, b), n in sorted(peaks.items()))
-    report(
-        f"{done} sequence(s), {failovers} failover(s) in {time.monotonic() - began:.0f} s,"
-        f" the promise kept; per policy: {shown}"
-    )
+    if SOAK and time.monotonic() - tally.began > SOAK_SECONDS:
+        return  # the soak's time is up: the examples left pass without a sequence
+    report(f"sequence seed {seed}")
+    seq = Sequence(seed, random.Random(seed))
+    await run(cluster, seq, control_plane, policies)
+    tally.add(seq)

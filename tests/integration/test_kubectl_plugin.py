@@ -605,6 +605,11 @@ async def test_a_user_who_may_list_but_not_watch_gets_the_same_plan(
         assert "GPU nodes" in reader.stderr  # -v: the steps on stderr
         denied = await plugin(control_plane.kubeconfig_for_user(h.unique("nobody")), *args)
         assert denied.code == 1 and "Error from server (Forbidden)" in denied.stderr
+        # Its first request is the policy's GET before the dry run: named, with the check.
+        assert denied.stderr.startswith(
+            "error: missing permission: get gpusharingpolicies.gpushare.dev"
+        ), denied.stderr
+        assert "kubectl auth can-i get gpusharingpolicies.gpushare.dev/" in denied.stderr
     finally:
         for kind in ("clusterrolebindings", "clusterroles"):
             await sim.client.delete(f"/apis/rbac.authorization.k8s.io/v1/{kind}/{role}")

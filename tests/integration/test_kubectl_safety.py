@@ -170,7 +170,7 @@ async def test_hostile_names_are_refused_before_any_request_and_the_policy_keeps
     for hostile in runs:
         assert hostile.run.code == 1 and hostile.run.stdout == "", hostile
         [line] = hostile.run.stderr.splitlines()
-        assert f"name {hostile.name[:60]!r} is not valid" in line, line
+        assert f"name {hostile.name[:60]!r}" in line and " is not valid (" in line, line
         assert "must be a DNS-1123 subdomain" in line, line
 
 

@@ -20,9 +20,9 @@ from gpushare_testing import apiobjects as h
 from gpushare_testing.components import READS_AUDITED
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.operators import OperatorFactory
+from gpushare_testing.pluginruns import PLUGIN_ROLE, Run, plugin
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
-from tests.integration.test_kubectl_plugin import PLUGIN_ROLE, Run, plugin
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 

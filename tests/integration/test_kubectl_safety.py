@@ -7,7 +7,7 @@ no event at all, and every event a run leaves is a read or carries ``dryRun=All`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,8 +52,38 @@ class Hostile:
 
 
 def audited_kubeconfig(plane: ControlPlane, user: str) -> Path:
-    """A user who may do anything, and whose every request is logged."""
-    return plane.kubeconfig_for_user(user, groups=("system:masters", READS_AUDITED))
+    """A user whose every request is logged, and who may do anything while ``audited`` holds
+    (a client certificate carries one group: READS_AUDITED, bound to cluster-admin)."""
+    return plane.kubeconfig_for_user(user, groups=(READS_AUDITED,))
+
+
+@pytest.fixture
+async def audited(sim: GpuClusterSimulator) -> AsyncIterator[None]:
+    """The READS_AUDITED group may do anything (as system:masters may) for the test's span."""
+    name = h.unique("reads-audited-admin")
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "cluster-admin",
+        },
+        "subjects": [
+            {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": READS_AUDITED}
+        ],
+    }
+    await h.ok(sim.client, "POST", f"{RBAC}/clusterrolebindings", binding)
+    try:
+        probe = h.unique("probe")
+        await eventually(
+            lambda: allowed(sim, probe, verb="delete", resource="nodes", groups=[READS_AUDITED]),
+            what="cluster-admin for the READS_AUDITED group",
+        )
+        yield
+    finally:
+        await sim.client.delete(f"{RBAC}/clusterrolebindings/{name}")
 
 
 def requests_of(plane: ControlPlane, user: str) -> list[dict[str, Any]]:
@@ -121,6 +151,7 @@ async def test_hostile_names_are_refused_before_any_request_and_the_policy_keeps
     policies: list[str],
     start_operator: OperatorFactory,
     tmp_path: Path,
+    audited: None,
 ) -> None:
     pool = h.unique("hostile")
     nodes = await sim.create_gpu_nodes(pool=pool, count=2, gpus=2)
@@ -180,6 +211,7 @@ async def test_every_request_the_plugin_sends_is_a_read_or_a_dry_run(
     namespace: str,
     policies: list[str],
     tmp_path: Path,
+    audited: None,
 ) -> None:
     """Every command, with good names and hostile ones: nothing but reads and dry runs reaches
     the API server.  The good runs come first, and show that the log holds this user's reads
@@ -250,14 +282,23 @@ async def bind(
 
 
 async def allowed(
-    sim: GpuClusterSimulator, user: str, *, verb: str, resource: str, group: str = "", **where: str
+    sim: GpuClusterSimulator,
+    user: str,
+    *,
+    verb: str,
+    resource: str,
+    group: str = "",
+    groups: Sequence[str] = (),
+    **where: str,
 ) -> bool:
-    """Whether the API server's authorizer lets ``user`` do it now (a SubjectAccessReview)."""
+    """Whether the API server's authorizer lets ``user`` (in ``groups``) do it now (a
+    SubjectAccessReview)."""
     review = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SubjectAccessReview",
         "spec": {
             "user": user,
+            "groups": list(groups),
             "resourceAttributes": {"verb": verb, "resource": resource, "group": group, **where},
         },
     }

@@ -2,7 +2,8 @@
 
 Integration tests judge the operator by this log, never by its own account.  The audit policy
 (``components.AUDIT_POLICY``) logs writes only, with who made them, so every event here is a
-write (or a write attempt that was refused).
+write (or a write attempt that was refused), but for users in the ``components.READS_AUDITED``
+group, whose reads are logged too.
 """
 
 from __future__ import annotations

@@ -11,18 +11,25 @@ from typing import Any, Final
 
 __all__ = [
     "AUDIT_POLICY",
+    "READS_AUDITED",
     "apiserver_args",
     "controller_manager_args",
     "etcd_args",
     "scheduler_args",
 ]
 
-# Writes are logged with who made them; reads are not (a watch-heavy test would drown the log).
+# A group whose every request is logged, reads included: for a test that must show from the log
+# that a client sent nothing at all, or nothing but reads (kubectl gpushare's safety tests).
+READS_AUDITED: Final = "gpushare-testing:reads-audited"
+
+# Writes are logged with who made them; reads are not (a watch-heavy test would drown the log),
+# but those of the READS_AUDITED group.
 AUDIT_POLICY: Final[dict[str, Any]] = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
     "omitStages": ["RequestReceived"],
     "rules": [
+        {"level": "Metadata", "userGroups": [READS_AUDITED]},
         {"level": "None", "verbs": ["get", "list", "watch"]},
         {
             "level": "None",

@@ -389,7 +389,8 @@ class ControlPlane:
             return int(err.code), bytes(err.read())
 
     def audit_events(self) -> list[dict[str, Any]]:
-        """Every audit event logged so far (writes only; see the audit policy).
+        """Every audit event logged so far (writes, and the reads of the READS_AUDITED group;
+        see the audit policy).
 
         Only what was appended since the last call is parsed: a test that polls the log would
         otherwise parse the whole session's log (tens of MB with request bodies) each time.

@@ -9,9 +9,6 @@ and ``status`` and ``explain node`` against what the operator published.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,41 +25,15 @@ from gpushare_testing import bodies
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.gpupods import create_pod, wait_node_usage
 from gpushare_testing.operators import OperatorFactory
+from gpushare_testing.pluginruns import PLUGIN_ROLE, Run, plugin
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
-PLUGIN = (sys.executable, "-m", "gpushare_operator.kubectl.cli")
 SETTLED = frozenset({"Verified", "Unmanaged", "Unsupported"})
 EDITS = 30  # hypothesis examples in the prediction test: one edit each
 FAST_AGENTS = pytest.mark.simulator(config_sync_delay=0.5, restart_window=0.5)
-
-
-@dataclass
-class Run:
-    code: int
-    stdout: str
-    stderr: str
-
-    def json(self) -> Any:
-        return json.loads(self.stdout)
-
-
-async def plugin(kubeconfig: Path | None, *args: str, env: Mapping[str, str] | None = None) -> Run:
-    """The plugin in a child process, without blocking the loop the simulator runs on."""
-    flags = ["--kubeconfig", str(kubeconfig)] if kubeconfig is not None else []
-    proc = await asyncio.create_subprocess_exec(
-        *PLUGIN,
-        *args,
-        *flags,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **(env or {})},
-    )
-    out, err = await proc.communicate()
-    return Run(int(proc.returncode or 0), out.decode(), err.decode())
 
 
 def user_kubeconfig(plane: ControlPlane) -> Path:
@@ -546,27 +517,6 @@ async def test_the_cluster_is_found_as_kubectl_finds_it(
     assert unknown.code == 1 and unknown.stderr.startswith("error:")
 
 
-PLUGIN_ROLE = {
-    "apiVersion": "rbac.authorization.k8s.io/v1",
-    "kind": "ClusterRole",
-    "rules": [
-        # What plan reads: lists only (no watch: the plugin falls back to paged lists).
-        {"apiGroups": [""], "resources": ["nodes", "pods", "configmaps"], "verbs": ["get", "list"]},
-        {
-            "apiGroups": ["gpushare.dev"],
-            "resources": ["gpusharingpolicies", "gpunodestates"],
-            "verbs": ["get", "list"],
-        },
-        # A dry run needs the verb it tries.
-        {
-            "apiGroups": ["gpushare.dev"],
-            "resources": ["gpusharingpolicies"],
-            "verbs": ["create", "update", "delete"],
-        },
-    ],
-}
-
-
 async def test_a_user_who_may_list_but_not_watch_gets_the_same_plan(
     control_plane: ControlPlane, sim: GpuClusterSimulator, policies: list[str], tmp_path: Path
 ) -> None:
@@ -605,6 +555,11 @@ async def test_a_user_who_may_list_but_not_watch_gets_the_same_plan(
         assert "GPU nodes" in reader.stderr  # -v: the steps on stderr
         denied = await plugin(control_plane.kubeconfig_for_user(h.unique("nobody")), *args)
         assert denied.code == 1 and "Error from server (Forbidden)" in denied.stderr
+        # Its first request is the policy's GET before the dry run: named, with the check.
+        assert denied.stderr.startswith(
+            "error: missing permission: get gpusharingpolicies.gpushare.dev"
+        ), denied.stderr
+        assert "kubectl auth can-i get gpusharingpolicies.gpushare.dev/" in denied.stderr
     finally:
         for kind in ("clusterrolebindings", "clusterroles"):
             await sim.client.delete(f"/apis/rbac.authorization.k8s.io/v1/{kind}/{role}")

@@ -11,8 +11,10 @@ import pytest
 import yaml
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.kubectl import cli, explain, manifests, output, planview
+from gpushare_operator.kube.http import ApiError
+from gpushare_operator.kubectl import cli, cluster, explain, manifests, output, planview
 from gpushare_operator.kubectl.forecast import Forecaster
+from gpushare_operator.kubectl.permissions import MissingPermission, Permission, needing
 from gpushare_operator.kubectl.plan import PlanOptions, report
 from gpushare_operator.kubectl.standings import RolloutPace
 from gpushare_testing.builders import converged, node, pod, policy
@@ -262,3 +264,76 @@ def test_explain_names_slots_held_of_a_resource_the_target_does_not_advertise() 
         "Slots (nvidia.com/gpu): 1/8",
         "  also held by its pods: 4 nvidia.com/gpu.shared",
     ]
+
+
+# -- names and permissions -------------------------------------------------------------------
+
+HOSTILE = ("inference#", "a?b", "a/b", "a%2Fb", "..", "ünïcode", "a" * 300)
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_bad_name_exits_1_before_the_kubeconfig_is_even_read(
+    name: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A kubeconfig that does not exist would be an error of its own: each name is refused
+    first, with its rule, so no request can have been made."""
+    missing = ("--kubeconfig", str(tmp_path / "none"))
+    manifest_file = tmp_path / "hostile.yaml"
+    manifest_file.write_text(yaml.safe_dump(manifest(name)))
+    runs = {
+        "GPUSharingPolicy": (["plan", "--delete", name], ["plan", "-f", str(manifest_file)]),
+        "Node": (["explain", "node", name],),
+        "Namespace": (["status", "--device-plugin-namespace", name],),
+        "ConfigMap": (["plan", "--delete", "ok", "--device-plugin-configmap", name],),
+    }
+    for kind, argvs in runs.items():
+        for argv in argvs:
+            assert cli.main([*argv, *missing]) == 1, argv
+            err = capsys.readouterr().err
+            assert err.startswith("error: ") and "kubeconfig" not in err, err
+            assert f"{kind} name {name[:60]!r}" in err, err
+            assert "must be a DNS-1123" in err, err
+
+
+def test_a_manifests_bad_name_names_the_file_and_the_rule(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump_all([manifest("fine.name"), manifest("inference#")]))
+    with pytest.raises(manifests.ManifestError) as refused:
+        manifests.read_policies([str(path)])
+    assert str(refused.value).startswith(f"{path}: GPUSharingPolicy name 'inference#' is not")
+    assert "('#' is not allowed)" in str(refused.value)
+    assert manifests.checked_deletions(["a", "b.c"]) == ["a", "b.c"]
+
+
+def test_a_403_names_the_permission_missing_and_a_404_goes_through() -> None:
+    configmap = Permission(
+        verb="get",
+        resource=cluster.CONFIGMAPS,
+        name="cm",
+        namespace="gpu-operator",
+        purpose="the keys",
+    )
+    said = 'configmaps "cm" is forbidden: User "u" cannot get resource "configmaps"'
+    forbidden = ApiError(status=403, reason="Forbidden", body={"message": said})
+    with pytest.raises(MissingPermission) as refused, needing(configmap):
+        raise forbidden
+    assert str(refused.value).splitlines() == [
+        'missing permission: get configmaps "cm" in namespace "gpu-operator" (needed for the keys)',
+        "  check with: kubectl auth can-i get configmaps/cm -n gpu-operator",
+        f"Error from server (Forbidden): {said}",
+    ]
+    assert cli._failure(refused.value) == f"error: {refused.value}"
+    missing = ApiError(status=404, reason="Not Found", body=None)
+    with pytest.raises(ApiError) as passed, needing(configmap):
+        raise missing
+    assert passed.value is missing
+    pods = Permission(verb="list", resource=cluster.PODS, purpose="p")
+    policies = Permission(verb="list", resource=cluster.POLICIES, purpose="p")
+    assert (str(pods), pods.can_i()) == (
+        "list pods in every namespace",
+        "kubectl auth can-i list pods --all-namespaces",
+    )
+    assert (str(policies), policies.can_i()) == (
+        "list gpusharingpolicies.gpushare.dev",
+        "kubectl auth can-i list gpusharingpolicies.gpushare.dev",
+    )

@@ -24,7 +24,7 @@ import aiohttp
 import orjson
 from kubernetes_asyncio import client
 
-from gpushare_operator.kube import http, streams
+from gpushare_operator.kube import http, objectpaths, streams
 from gpushare_operator.kube.streams import LineSplitter, drop_managed_fields
 from gpushare_operator.kube.telemetry import NoTelemetry, Telemetry
 
@@ -386,9 +386,15 @@ async def list_all(api: client.ApiClient, collection: Collection) -> list[dict[s
 
 
 async def get(
-    api: client.ApiClient, path: str, *, keep_managed_fields: bool = False
+    api: client.ApiClient,
+    resource: objectpaths.Resource,
+    name: str,
+    *,
+    namespace: str | None = None,
+    keep_managed_fields: bool = False,
 ) -> dict[str, Any] | None:
-    """One object, or None when it does not exist."""
+    """One object, or None when it does not exist (the path: kube/objectpaths.py, name checked)."""
+    path = objectpaths.path(resource, name, namespace=namespace)
     try:
         body = await http.request(api, method="GET", path=path)
     except http.ApiError as exc:

@@ -20,8 +20,9 @@ import aiohttp
 
 from gpushare_operator import __version__
 from gpushare_operator.core import defaults, flagvalues
-from gpushare_operator.kube import connection, reading
+from gpushare_operator.kube import connection, objectpaths, reading
 from gpushare_operator.kubectl import cluster, explain, manifests, output, planview, status
+from gpushare_operator.kubectl.permissions import MissingPermission
 from gpushare_operator.kubectl.plan import EXIT_ERROR, PlanError, PlanOptions, make_plan
 from gpushare_operator.kubectl.standings import DEFAULT_VERIFY_SECONDS, POOL_LABELS, RolloutPace
 
@@ -200,6 +201,8 @@ async def _run(args: argparse.Namespace, trace: output.Trace) -> tuple[Mapping[s
 
 def _failure(exc: BaseException) -> str | None:
     """What to tell the user about an error we expect; None for a bug (let it raise)."""
+    if isinstance(exc, objectpaths.BadName):
+        return f"error: {exc}; nothing was sent to the API server"
     if isinstance(exc, reading.ApiError):
         body = exc.body if isinstance(exc.body, Mapping) else {}
         reason = body.get("reason") or exc.reason
@@ -212,6 +215,7 @@ def _failure(exc: BaseException) -> str | None:
         connection.KubeconfigError,
         status.UnknownPolicy,
         explain.UnknownNode,
+        MissingPermission,
         OSError,
     )
     if isinstance(exc, known):

@@ -5,6 +5,11 @@ GPUNodeStates and pods are then read at once, each through the operator's own re
 (kube/reading.py: a streaming list where the server has it), and every object goes through the
 same sink the operator's informers feed, so it is kept as the same slim record (non-GPU nodes
 and pods asking for no shared GPU resource are dropped as they arrive).
+
+Every read says what it needs: a 403 is ``MissingPermission`` naming the verb, the resource and
+the namespace (kubectl/permissions.py), never an empty answer, so that a plan or a status is
+never made from what the user could not see.  Only a 404 is absence, where absence means
+something (no device-plugin ConfigMap yet: no policy has written one).
 """
 
 from __future__ import annotations
@@ -18,19 +23,27 @@ from typing import Any
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
 from gpushare_operator.core import models
-from gpushare_operator.kube import connection, reading
+from gpushare_operator.kube import connection, objectpaths, reading
+from gpushare_operator.kube.objectpaths import Resource
+from gpushare_operator.kubectl.permissions import Permission, needing
 
 API = f"/apis/{models.GROUP}/{models.VERSION}"
-POLICIES = f"{API}/{models.POLICY_PLURAL}"
-NODE_STATES = f"{API}/{models.NODE_STATE_PLURAL}"
-NODES = "/api/v1/nodes"
+POLICIES = Resource(api=API, plural=models.POLICY_PLURAL, kind=models.POLICY_KIND)
+NODE_STATES = Resource(api=API, plural=models.NODE_STATE_PLURAL, kind=models.NODE_STATE_KIND)
+NODES = Resource(api="/api/v1", plural="nodes", kind="Node")
+PODS = Resource(api="/api/v1", plural="pods", kind="Pod", namespaced=True)
+EVENTS = Resource(api="/api/v1", plural="events", kind="Event", namespaced=True)
+CONFIGMAPS = Resource(api="/api/v1", plural="configmaps", kind="ConfigMap", namespaced=True)
+_RESOURCES = {r.kind: r for r in (POLICIES, NODE_STATES, NODES, PODS, EVENTS, CONFIGMAPS)}
 # As the operator's pod informer: finished pods hold no slots and are never read.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
-POLICY_LIST = reading.Collection(path=POLICIES, kind=models.POLICY_KIND, page_size=250)
-NODE_LIST = reading.Collection(path=NODES, kind="Node", page_size=100)
-NODE_STATE_LIST = reading.Collection(path=NODE_STATES, kind=models.NODE_STATE_KIND, page_size=250)
+POLICY_LIST = reading.Collection(path=objectpaths.path(POLICIES), kind=POLICIES.kind, page_size=250)
+NODE_LIST = reading.Collection(path=objectpaths.path(NODES), kind=NODES.kind, page_size=100)
+NODE_STATE_LIST = reading.Collection(
+    path=objectpaths.path(NODE_STATES), kind=NODE_STATES.kind, page_size=250
+)
 POD_LIST = reading.Collection(
-    path="/api/v1/pods", kind="Pod", field_selector=LIVE_PODS, page_size=250
+    path=objectpaths.path(PODS), kind=PODS.kind, field_selector=LIVE_PODS, page_size=250
 )
 
 
@@ -43,10 +56,10 @@ class ClusterRef:
     device_plugin_namespace: str = "gpu-operator"
     device_plugin_configmap: str = "gpushare-device-plugin-configs"
 
-    @property
-    def configmap_path(self) -> str:
-        namespace, name = self.device_plugin_namespace, self.device_plugin_configmap
-        return f"/api/v1/namespaces/{namespace}/configmaps/{name}"
+    def __post_init__(self) -> None:
+        # Both go into a path: refused here, before the kubeconfig is even read.
+        objectpaths.checked(self.device_plugin_namespace, kind="Namespace")
+        objectpaths.checked(self.device_plugin_configmap, kind=CONFIGMAPS.kind)
 
 
 @contextlib.asynccontextmanager
@@ -58,8 +71,54 @@ async def connected(cluster_ref: ClusterRef) -> AsyncIterator[reading.Api]:
         yield api
 
 
+# -- reads that say what they need ---------------------------------------------------------------
+
+
+async def read_one(
+    api: reading.Api,
+    resource: objectpaths.Resource,
+    name: str,
+    *,
+    purpose: str,
+    namespace: str | None = None,
+    keep_managed_fields: bool = False,
+) -> dict[str, Any] | None:
+    """One object, None if there is none (404); MissingPermission on a 403."""
+    need = Permission(
+        verb="get", resource=resource, name=name, namespace=namespace, purpose=purpose
+    )
+    with needing(need):
+        return await reading.get(
+            api, resource, name, namespace=namespace, keep_managed_fields=keep_managed_fields
+        )
+
+
+def _listing(collection: reading.Collection, purpose: str) -> Permission:
+    # A list that falls back from streaming to pages (no watch) only fails on its paged list.
+    return Permission(verb="list", resource=_RESOURCES[collection.kind], purpose=purpose)
+
+
+async def read_into(
+    api: reading.Api, collection: reading.Collection, sink: reading.Sink, *, purpose: str
+) -> None:
+    """A whole collection into ``sink``; MissingPermission on a 403."""
+    with needing(_listing(collection, purpose)):
+        await reading.list_into(api, collection, sink)
+
+
+async def read_all(
+    api: reading.Api, collection: reading.Collection, *, purpose: str
+) -> list[dict[str, Any]]:
+    """A small collection, whole; MissingPermission on a 403."""
+    with needing(_listing(collection, purpose)):
+        return await reading.list_all(api, collection)
+
+
+# -- what the commands read ---------------------------------------------------------------------
+
+
 async def load_policies(api: reading.Api, cache: ClusterCache) -> list[dict[str, Any]]:
-    items = await reading.list_all(api, POLICY_LIST)
+    items = await read_all(api, POLICY_LIST, purpose="every policy, as the operator ranks them")
     for item in items:
         cache.upsert_policy(item)
     return items
@@ -67,14 +126,18 @@ async def load_policies(api: reading.Api, cache: ClusterCache) -> list[dict[str,
 
 async def load_configmap(api: reading.Api, cache: ClusterCache, cluster_ref: ClusterRef) -> None:
     """The device-plugin ConfigMap as the operator's informer would deliver its first list
-    (keys present then count as propagated); absent, or not readable, is no keys at all."""
+    (keys present then count as propagated).  Absent (404) is no keys at all: no policy has
+    written one yet.  Not readable (403) is MissingPermission: taken for absent, it would
+    promise keys to write and a propagation wait that are not real."""
     sink = ConfigMapSink(cache)
-    try:
-        found = await reading.get(api, cluster_ref.configmap_path, keep_managed_fields=True)
-    except reading.ApiError as exc:
-        if exc.status != 403:
-            raise
-        found = None
+    found = await read_one(
+        api,
+        CONFIGMAPS,
+        cluster_ref.device_plugin_configmap,
+        namespace=cluster_ref.device_plugin_namespace,
+        purpose="the device-plugin ConfigMap: which config keys exist and have propagated",
+        keep_managed_fields=True,
+    )
     sink.begin_relist()
     if found is not None:
         sink.relist_item(found)
@@ -85,12 +148,15 @@ async def load_fleet(
     api: reading.Api, cache: ClusterCache, *, pods: bool = True, node_states: bool = True
 ) -> None:
     """Every GPU node, and (by default) every GPUNodeState and every live pod, in parallel."""
-    reads = [reading.list_into(api, NODE_LIST, NodeSink(cache))]
+    reads = [read_into(api, NODE_LIST, NodeSink(cache), purpose="every GPU node")]
     if node_states:
-        reads.append(reading.list_into(api, NODE_STATE_LIST, NodeStateSink(cache)))
+        sink = NodeStateSink(cache)
+        purpose = "what the operator published for each node"
+        reads.append(read_into(api, NODE_STATE_LIST, sink, purpose=purpose))
     if pods:
         pod_list = replace(POD_LIST, worth_decoding=_asks_for(cache))
-        reads.append(reading.list_into(api, pod_list, PodSink(cache)))
+        purpose = "the pods that hold GPU slots"
+        reads.append(read_into(api, pod_list, PodSink(cache), purpose=purpose))
     await asyncio.gather(*reads)
 
 
@@ -103,13 +169,15 @@ def _asks_for(cache: ClusterCache) -> Callable[[bytes], bool]:
 
 async def load_node(api: reading.Api, cache: ClusterCache, name: str) -> dict[str, Any] | None:
     """One node, its GPUNodeState and its live pods: what ``explain node`` needs."""
-    body = await reading.get(api, f"{NODES}/{name}")
+    body = await read_one(api, NODES, name, purpose="the node explained")
     if body is None:
         return None
     cache.upsert_node(body)
-    node_state = await reading.get(api, f"{NODE_STATES}/{name}")
+    purpose = "what the operator published for the node"
+    node_state = await read_one(api, NODE_STATES, name, purpose=purpose)
     if node_state is not None:
         cache.upsert_node_state(node_state)
+    # The name is a checked one (the reads above): it cannot add a term to the selector.
     pod_list = replace(POD_LIST, field_selector=f"spec.nodeName={name},{LIVE_PODS}")
-    await reading.list_into(api, pod_list, PodSink(cache))
+    await read_into(api, pod_list, PodSink(cache), purpose="the pods on the node")
     return body

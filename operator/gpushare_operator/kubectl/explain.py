@@ -16,7 +16,7 @@ from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import nodephases, resolution
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
-from gpushare_operator.kube import reading
+from gpushare_operator.kube import objectpaths, reading
 from gpushare_operator.kubectl import cluster
 from gpushare_operator.kubectl.output import Style, slots, table
 from gpushare_operator.kubectl.standings import POOL_LABELS, pool_of, standing_of
@@ -30,6 +30,7 @@ class UnknownNode(LookupError):
 
 
 async def explain_node(cluster_ref: cluster.ClusterRef, name: str) -> dict[str, Any]:
+    objectpaths.checked(name, kind=cluster.NODES.kind)  # before any request (kube/objectpaths.py)
     cache = ClusterCache()
     planner = new_planner(cache)
     async with cluster.connected(cluster_ref) as api:
@@ -37,15 +38,13 @@ async def explain_node(cluster_ref: cluster.ClusterRef, name: str) -> dict[str, 
         await cluster.load_configmap(api, cache, cluster_ref)
         if await cluster.load_node(api, cache, name) is None:
             raise UnknownNode(f'node "{name}" not found')
-        events = await reading.list_all(
-            api,
-            reading.Collection(
-                path="/api/v1/events",
-                kind="Event",
-                field_selector=f"involvedObject.name={name}",
-                page_size=250,
-            ),
+        about = reading.Collection(
+            path=objectpaths.path(cluster.EVENTS),
+            kind=cluster.EVENTS.kind,
+            field_selector=f"involvedObject.name={name}",
+            page_size=250,
         )
+        events = await cluster.read_all(api, about, purpose="the recent Events about the node")
     record = cache.nodes.get(name)
     if record is None:
         raise UnknownNode(f'node "{name}" is not a GPU node: gpushare leaves it alone')

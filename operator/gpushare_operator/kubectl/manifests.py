@@ -5,6 +5,10 @@ in, every admission rule applied, the generation moved on when the spec changes.
 not the file, is what the plan feeds the operator's state, so a plan never disagrees with
 admission about what a manifest means.  An existing policy is planned as the file says, the spec
 replaced whole (as ``kubectl apply`` and ``kubectl replace`` leave it).
+
+Every name is checked as the API server checks a policy's (kube/objectpaths.py) when the file
+is read or the ``--delete`` taken, before any request: a name that could cut ``?dryRun=All`` off
+a request's path never reaches one.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ import yaml
 
 from gpushare_operator.core import models
 from gpushare_operator.kube import dryrun, http, reading
-from gpushare_operator.kubectl.cluster import POLICIES
+from gpushare_operator.kube.objectpaths import BadName, checked
+from gpushare_operator.kubectl.cluster import POLICIES, read_one
+from gpushare_operator.kubectl.permissions import Permission, needing
 
 
 class ManifestError(ValueError):
-    """A file that is not readable YAML, or a policy without a name."""
+    """A file that is not readable YAML, or a policy without a valid name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +107,10 @@ def read_policies(
                 continue
             if not isinstance(name, str) or not name:
                 raise ManifestError(f"{path}: a {models.POLICY_KIND} without metadata.name")
+            try:
+                checked(name, kind=models.POLICY_KIND)
+            except BadName as exc:
+                raise ManifestError(f"{path}: {exc}") from exc
             policies.append(dict(document))
     return policies, skipped
 
@@ -121,23 +131,35 @@ def _replacement(document: Mapping[str, Any], current: Mapping[str, Any]) -> dic
     return {**document, "metadata": metadata}
 
 
+def checked_deletions(names: Sequence[str]) -> list[str]:
+    """The ``--delete`` names, each a valid policy name (BadName for the first that is not)."""
+    return [checked(name, kind=models.POLICY_KIND) for name in names]
+
+
+def _dry(verb: str, name: str) -> Permission:
+    purpose = f"the dry run of {name} (nothing is stored, but RBAC asks for the verb)"
+    return Permission(verb=verb, resource=POLICIES, name=name, purpose=purpose)
+
+
 async def _dry_run_apply(api: reading.Api, document: Mapping[str, Any]) -> Planned:
     name = str(document["metadata"]["name"])
-    path = f"{POLICIES}/{name}"
-    current = await reading.get(api, path)
+    current = await read_one(api, POLICIES, name, purpose=f"whether {name} exists, and as what")
     if current is None:
-        return Planned(name, "create", None, await dryrun.create(api, POLICIES, document))
-    answer = await dryrun.replace(api, path, _replacement(document, current))
+        with needing(_dry("create", name)):
+            created = await dryrun.create(api, POLICIES, document)
+        return Planned(name, "create", None, created)
+    with needing(_dry("update", name)):
+        answer = await dryrun.replace(api, POLICIES, name, _replacement(document, current))
     return Planned(name, "update", current, answer)
 
 
 async def _dry_run_delete(api: reading.Api, name: str) -> Planned:
-    path = f"{POLICIES}/{name}"
-    current = await reading.get(api, path)
+    current = await read_one(api, POLICIES, name, purpose=f"{name} as it is, to plan its deletion")
     if current is None:
         body = {"reason": "NotFound", "message": f'{models.POLICY_KIND} "{name}" not found'}
         raise http.ApiError(status=404, reason="Not Found", body=body)
-    answer = await dryrun.delete(api, path)
+    with needing(_dry("delete", name)):
+        answer = await dryrun.delete(api, POLICIES, name)
     if not (answer.get("metadata") or {}).get("deletionTimestamp"):
         # No finalizer holds it (the operator never ran): the operator meets the deletion all
         # the same, and releases what the policy governed.

@@ -42,10 +42,12 @@ class PlanError(Exception):
 
 async def make_plan(options: PlanOptions, *, errors: TextIO = sys.stderr) -> dict[str, Any]:
     """The plan's report; raises PlanError (after printing refusals) when it cannot be made."""
+    # Every name checked before the first request (kube/objectpaths.py says why).
     documents, skipped = manifests.read_policies(options.files)
+    deletions = manifests.checked_deletions(options.deletions)
     for what in skipped:
         errors.write(f"note: {what} is not a GPUSharingPolicy: left out of the plan\n")
-    names = [str(d["metadata"]["name"]) for d in documents] + list(options.deletions)
+    names = [str(d["metadata"]["name"]) for d in documents] + deletions
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise PlanError(f"planned more than once: {', '.join(twice)}")
@@ -58,7 +60,7 @@ async def make_plan(options: PlanOptions, *, errors: TextIO = sys.stderr) -> dic
     )
     trace, cache = options.trace, forecaster.cache
     async with cluster.connected(options.cluster_ref) as api:
-        planned, refusals = await manifests.dry_run(api, documents, options.deletions)
+        planned, refusals = await manifests.dry_run(api, documents, deletions)
         for refusal in refusals:
             errors.write(f"{refusal}\n")
         if refusals:

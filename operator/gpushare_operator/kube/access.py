@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import enum
 import hashlib
 import math
@@ -253,9 +252,7 @@ class AccessReviewer:
         tasks = list(self._pending.values())
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class ApiReviews:

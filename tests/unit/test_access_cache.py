@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -338,3 +339,21 @@ async def test_api_reviews_ask_who_it_is_then_whether_it_may(
         "nonResourceAttributes": {"path": "/metrics", "verb": "get"},
     }
     assert reviews.calls == 3
+
+
+async def test_api_reviews_are_on_a_client_of_their_own() -> None:
+    """A copy of the operator's configuration with a pool of REVIEW_CONCURRENCY connections and
+    a user agent of its own (the flood test finds the reviews by it in the audit log)."""
+    shared = client.Configuration(host="https://127.0.0.1:6443")
+    shared.connection_pool_maxsize = 100
+    reviews = access.api_reviews(shared)
+    try:
+        own = reviews._api
+        assert own.configuration is not shared
+        assert own.configuration.host == shared.host
+        assert own.configuration.connection_pool_maxsize == access.REVIEW_CONCURRENCY
+        assert shared.connection_pool_maxsize == 100
+        assert own.user_agent == access.USER_AGENT
+        assert own.default_headers["User-Agent"] == access.USER_AGENT
+    finally:
+        await reviews.close()

@@ -75,6 +75,8 @@ RENEWAL_BURST = 10
 REVIEW_TIMEOUT = 5.0
 # At most one warning in this many seconds while the rate limit refuses requests.
 WARN_EVERY = 60.0
+# The reviews' client says so in every request: the audit log tells them from the writer's.
+USER_AGENT = "gpushare-operator (metrics access review)"
 
 
 class Decision(enum.Enum):
@@ -312,4 +314,7 @@ class ApiReviews:
 def api_reviews(configuration: client.Configuration) -> ApiReviews:
     """ApiReviews on a client of its own, one connection per review that may run at once.
     Call it on the loop that will use it; ``close()`` it after the reviewer."""
-    return ApiReviews(connection.review_client(configuration, pool_size=REVIEW_CONCURRENCY))
+    api = connection.review_client(
+        configuration, pool_size=REVIEW_CONCURRENCY, user_agent=USER_AGENT
+    )
+    return ApiReviews(api)

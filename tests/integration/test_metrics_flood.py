@@ -50,9 +50,11 @@ FLOOD_REQUESTS, FLOOD_SECONDS, FLOOD_CONCURRENCY = 10_000, 60.0, 32
 # ~3 s from its label to GFD's confirmation (the simulator's plugin restart window is 2 s).
 NODES, MAX_UNAVAILABLE = 80, 2
 WARMUP_NODES = 4  # label writes before the baseline starts: past the rollout's first statuses
-BASELINE_SECONDS = 30.0
-# The rollout's pace is quantized (a window's edges cut through pairs of nodes in flight) and
-# this machine is shared: windows of the same rollout without any flood differ by up to ~10%.
+# The baseline: the rollout's next label writes without a flood (~30 s at its pace).  Each
+# window is measured from a label write to a label write, so that its edges do not cut through
+# pairs of nodes in flight; this machine is shared, and windows of the same rollout without any
+# flood differ by up to ~10%.
+BASELINE_LABELS = 20
 RATE_TOLERANCE = 0.2
 REVIEWS = ("tokenreviews", "subjectaccessreviews")
 SCRAPE_EVERY = 5.0
@@ -68,6 +70,13 @@ def within(times: Iterable[float], start: float, end: float) -> list[float]:
 
 def rate(times: Iterable[float], start: float, end: float) -> float:
     return len(within(times, start, end)) / (end - start)
+
+
+def span(labels: list[float], start: float, end: float) -> tuple[float, float]:
+    """From the first label write in [start, end) to the last: a window of the rollout's pace."""
+    inside = within(labels, start, end)
+    assert len(inside) >= 2, f"{len(inside)} label writes between {start} and {end}"
+    return inside[0], inside[-1]
 
 
 def writes(events: Iterable[auditlog.AuditEvent]) -> list[float]:
@@ -192,8 +201,14 @@ async def test_a_flood_of_made_up_tokens_slows_neither_a_rollout_nor_the_lease(
         interval=0.5,
         what=f"the rollout's first {WARMUP_NODES} label writes",
     )
-    baseline_start = time.time()
-    await asyncio.sleep(BASELINE_SECONDS)  # by design: the baseline window, measured below
+    written = await eventually(
+        label_writes,
+        until=lambda written: len(written) >= WARMUP_NODES + BASELINE_LABELS,
+        timeout=120,
+        interval=0.5,
+        what=f"{BASELINE_LABELS} more label writes, the baseline",
+    )
+    before = (written[WARMUP_NODES - 1], written[WARMUP_NODES - 1 + BASELINE_LABELS])
 
     status, text = await fetch(operator.metrics_port, "/metrics", token=metrics_reader.token)
     assert status == 200, text  # its answer is cached from now on
@@ -209,18 +224,28 @@ async def test_a_flood_of_made_up_tokens_slows_neither_a_rollout_nor_the_lease(
 
     labels = await label_writes()
     events = ours(control_plane, operator.user)
-    before, during = (baseline_start, flood_start), (flood_start, flood_end)
+    during = span(labels, flood_start, flood_end)
     label_rates = [rate(labels, *window) for window in (before, during)]
     write_rates = [rate(writes(events), *window) for window in (before, during)]
     lease = renewals(events)
-    lease_gaps = [gaps(within(lease, *window)) for window in (before, during)]
+    lease_gaps = [gaps(within(lease, *window)) for window in (before, (flood_start, flood_end))]
     reviews = within(token_reviews(events), flood_start, flood_end + 5.0)
+    # Every review on the reviews' own client, and nothing else of the operator's on it.
+    review_agents = {
+        e.get("userAgent") for e in events if e["objectRef"].get("resource") in REVIEWS
+    }
+    on_review_client = [
+        f"{e['verb']} {e['requestURI']}"
+        for e in events
+        if e.get("userAgent") == access.USER_AGENT and e["objectRef"].get("resource") not in REVIEWS
+    ]
     bound = access.REVIEW_BURST + access.REVIEW_QPS * (flood_end - flood_start)
     report(
         f"flood: {result.sent:,} requests with distinct tokens in {result.seconds:.1f} s "
         f"({result.sent / result.seconds:.0f}/s), answers {result.statuses}, "
         f"{result.errors} without one; TokenReviews sent {len(reviews)} (bound {bound:.0f}); "
-        f"writes/s before {write_rates[0]:.2f}, during {write_rates[1]:.2f}; "
+        f"writes/s before {write_rates[0]:.2f}, during {write_rates[1]:.2f} "
+        f"(windows {before[1] - before[0]:.1f} s, {during[1] - during[0]:.1f} s); "
         f"label writes/s before {label_rates[0]:.3f}, during {label_rates[1]:.3f}; "
         f"Lease renewal gaps max before {max(lease_gaps[0]):.2f} s, "
         f"during {max(lease_gaps[1]):.2f} s ({len(lease_gaps[1]) + 1} renewals); "
@@ -235,6 +260,8 @@ async def test_a_flood_of_made_up_tokens_slows_neither_a_rollout_nor_the_lease(
     assert result.statuses.get(429, 0) >= FLOOD_REQUESTS - bound, result.statuses
     assert access.REVIEW_BURST <= len(reviews) <= bound, len(reviews)
     assert scraped and set(scraped) == {200}, scraped
+    assert review_agents == {access.USER_AGENT}, review_agents
+    assert on_review_client == [], on_review_client
     # The writer and the rollout kept their pace...
     assert write_rates[1] >= (1 - RATE_TOLERANCE) * write_rates[0], write_rates
     assert label_rates[1] >= (1 - RATE_TOLERANCE) * label_rates[0], label_rates

@@ -85,7 +85,10 @@ FLAG_VALUES: dict[str, tuple[str, str]] = {
 
 
 def test_helm_lint_passes(helm: Helm) -> None:
-    for extra in ([], ["--set", "serviceMonitor.enabled=true,grafanaDashboard.enabled=true"]):
+    monitored = (
+        "serviceMonitor.enabled=true,metricsCertSecret=metrics-tls,grafanaDashboard.enabled=true"
+    )
+    for extra in ([], ["--set", monitored]):
         result = helm.run("lint", "--strict", str(CHART), *extra)
         assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout, result.stdout
         assert "[WARNING]" not in result.stdout, result.stdout
@@ -278,6 +281,8 @@ def test_service_monitor_and_dashboard_are_optional(helm: Helm) -> None:
     manifests = helm.template(
         "--set",
         "serviceMonitor.enabled=true,serviceMonitor.labels.release=prom,grafanaDashboard.enabled=true",
+        "--set",
+        "metricsCertSecret=metrics-tls",
     )
     monitor = only(manifests, "ServiceMonitor")
     service = only(manifests, "Service")
@@ -292,13 +297,67 @@ def test_service_monitor_and_dashboard_are_optional(helm: Helm) -> None:
     # Prometheus scrapes over HTTPS with its own token (bound to the metrics-reader role).
     assert endpoint["scheme"] == "https"
     assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    assert endpoint["tlsConfig"] == {"insecureSkipVerify": True}
+    # ...to an endpoint it verified: by default with the CA of the certificate's own Secret
+    # (cert-manager puts it in ca.crt), for the name of the Service it scrapes.
+    assert endpoint["tlsConfig"] == {
+        "ca": {"secret": {"name": "metrics-tls", "key": "ca.crt"}},
+        "serverName": "gs-gpushare-operator-metrics.gpushare-system.svc",
+        "insecureSkipVerify": False,
+    }
 
     dashboard = only(manifests, "ConfigMap", "-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     board = json.loads(dashboard["data"]["gpushare-operator.json"])
     assert board == json.loads(DASHBOARD.read_text())
     assert dashboard_metrics(board)  # it charts something
+
+
+def monitor_tls(helm: Helm, *settings: str) -> Any:
+    manifests = helm.template("--set", ",".join(("serviceMonitor.enabled=true", *settings)))
+    [endpoint] = only(manifests, "ServiceMonitor")["spec"]["endpoints"]
+    return endpoint.get("tlsConfig")
+
+
+def test_the_service_monitor_verifies_the_certificate_unless_told_not_to(helm: Helm) -> None:
+    # The default: the operator's certificate is self-signed, which Prometheus cannot verify,
+    # and the chart refuses to send Prometheus' token there unverified.
+    result = helm.render("--set", "serviceMonitor.enabled=true", check=False)
+    assert result.returncode != 0, result.stdout
+    assert "cannot verify the self-signed certificate" in result.stderr, result.stderr
+    assert "metricsCertSecret" in result.stderr and "insecureSkipVerify=true" in result.stderr
+    # A CA of one's own (in the ServiceMonitor's namespace), and a name of one's own.
+    assert monitor_tls(
+        helm,
+        "serviceMonitor.namespace=monitoring",
+        "serviceMonitor.tlsConfig.ca.configMap.name=metrics-ca",
+        "serviceMonitor.tlsConfig.ca.configMap.key=ca.crt",
+        "serviceMonitor.tlsConfig.serverName=ops.example",
+    ) == {
+        "ca": {"configMap": {"name": "metrics-ca", "key": "ca.crt"}},
+        "serverName": "ops.example",
+        "insecureSkipVerify": False,
+    }
+    # Prometheus reads the CA in the ServiceMonitor's namespace: the certificate's Secret is
+    # not there when the ServiceMonitor lives elsewhere.
+    result = helm.render(
+        "--set",
+        "serviceMonitor.enabled=true,metricsCertSecret=tls,serviceMonitor.namespace=monitoring",
+        check=False,
+    )
+    assert result.returncode != 0, result.stdout
+    assert "ServiceMonitor's namespace (monitoring)" in result.stderr, result.stderr
+    # Other TLSConfig fields pass as given: a CA file in Prometheus' pod is a CA too.
+    assert monitor_tls(helm, "serviceMonitor.tlsConfig.caFile=/etc/prometheus/ca.crt") == {
+        "caFile": "/etc/prometheus/ca.crt",
+        "serverName": "gs-gpushare-operator-metrics.gpushare-system.svc",
+        "insecureSkipVerify": False,
+    }
+    # Skipping verification only when a value says so, and then nothing else is claimed.
+    assert monitor_tls(helm, "serviceMonitor.tlsConfig.insecureSkipVerify=true") == {
+        "insecureSkipVerify": True
+    }
+    # Plain HTTP metrics (no token, no TLS): nothing to verify.
+    assert monitor_tls(helm, "operator.metricsInsecure=true") is None
 
 
 def dashboard_metrics(board: Mapping[str, Any]) -> set[str]:

@@ -18,7 +18,7 @@ from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
 from gpushare_operator.core import models
 from gpushare_operator.core.rollouts import Counts
-from gpushare_operator.kube import connection, reading
+from gpushare_operator.kube import access, connection, reading
 from gpushare_operator.kube.connection import ApiHandle
 from gpushare_operator.kube.election import LeaseElector, LeaseTimings
 from gpushare_operator.kube.events import EventRecorder, ObjectRef
@@ -163,8 +163,13 @@ class Assembly:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        configuration = self.handle.configuration
         self._http = await serving.serve(
-            settings=self.settings, health=self, registry=self.registry, handle=self.handle
+            settings=self.settings,
+            health=self,
+            registry=self.registry,
+            # Its own client (pool), capped and rate-limited: see kube/access.py.
+            reviews=lambda: access.api_reviews(configuration),
         )
         self._spawn("loop-lag", self.loop_lag.run())
         self._spawn("bootstrap", self._run())

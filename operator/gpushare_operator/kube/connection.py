@@ -84,6 +84,21 @@ def election_client(configuration: client.Configuration) -> client.ApiClient:
     return client.ApiClient(configuration=own)
 
 
+def review_client(
+    configuration: client.Configuration, *, pool_size: int, user_agent: str
+) -> client.ApiClient:
+    """A client for the /metrics access reviews alone (kube/access.py): its own ``pool_size``
+    connections, so that a flood of reviews never holds a connection the writer, the informers
+    or kopf wait for, and never waits for theirs.  A copy of ``configuration``, as
+    election_client's.  Its ``user_agent`` tells its requests apart in the API server's audit
+    log.  Call it on the loop that will use it."""
+    own = copy.deepcopy(configuration)
+    own.connection_pool_maxsize = pool_size
+    api = client.ApiClient(configuration=own)
+    api.user_agent = user_agent
+    return api
+
+
 async def server_version(api: client.ApiClient) -> str:
     info = await client.VersionApi(api).get_code()
     return str(info.git_version)

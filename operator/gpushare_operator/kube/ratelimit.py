@@ -1,4 +1,5 @@
-"""A token bucket bounding API writes to ``--write-qps`` with bursts of ``--write-burst``."""
+"""A token bucket bounding API writes to ``--write-qps`` with bursts of ``--write-burst``, and
+the /metrics access reviews (kube/access.py), which refuse rather than wait."""
 
 from __future__ import annotations
 
@@ -33,3 +34,12 @@ class TokenBucket:
                 await asyncio.sleep((1 - self._tokens) / self._qps)
                 self._refill()
             self._tokens -= 1
+
+    def try_take(self) -> float:
+        """Take a token if one is there now and return 0; else take nothing and return the
+        seconds until one will be.  For callers that refuse at once instead of queueing."""
+        self._refill()
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return 0.0
+        return (1 - self._tokens) / self._qps

@@ -160,6 +160,8 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
         ("RoleBinding", "gpushare-system"),
         ("Service", "gpushare-system"),
         ("ServiceAccount", "gpushare-system"),
+        ("ValidatingAdmissionPolicy", ""),
+        ("ValidatingAdmissionPolicyBinding", ""),
     ]
     for manifest in manifests:
         assert manifest["metadata"]["labels"][INSTANCE] == "gs"

@@ -29,11 +29,13 @@ from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.crdinstall import kubectl
 from gpushare_testing.helm import Helm
 from gpushare_testing.replicas import USERS
+from gpushare_testing.rolloutaudit import moment
 
 TEMPLATE = "templates/nodeguard.yaml"
 REFUSED = "gpushare node guard: "  # how every refusal's message starts
 MERGE_PATCH = "application/merge-patch+json"
 PROBE_ANNOTATION = "gpushare.dev/node-guard-probe"
+PROBE_PREFIX = "guard-probe-"  # the probe nodes' names
 
 T = TypeVar("T")
 
@@ -58,12 +60,17 @@ def operator_identities(plane: ControlPlane) -> dict[str, Path]:
 @contextlib.contextmanager
 def installed(plane: ControlPlane, helm: Helm, identities: Mapping[str, Path]) -> Iterator[str]:
     """The guard, bound to ``identities`` (username -> kubeconfig), in effect for the block;
-    yields the rendered manifests."""
+    yields the rendered manifests.  On the way out, fails if it refused any of their node
+    writes: the operator retries a refused write, so a suite could pass with the guard in its
+    way, and only the audit log tells."""
     rendered = render(helm, users=sorted(identities))
     kubectl(plane, "apply", "-f", "-", stdin=rendered)
     try:
         wait_enforced(plane, identities.values())
+        since = time.time()
         yield rendered
+        refusals = refused_writes(plane, identities, since=since)
+        assert not refusals, f"the node guard refused {len(refusals)} writes: {refusals[:5]}"
     finally:
         kubectl(plane, "delete", "--wait", "-f", "-", stdin=rendered)
         wait_enforced(plane, identities.values(), enforced=False)
@@ -88,6 +95,29 @@ def wait_enforced(
             )
 
 
+def refused_writes(
+    plane: ControlPlane, users: Iterable[str], *, since: float
+) -> list[tuple[str, str, str]]:
+    """(user, node, message) of each node write of ``users`` since ``since`` that the guard
+    refused, from the audit log; the probes' refusals are not counted."""
+    wanted = set(users)
+    found = []
+    for event in plane.audit_events():
+        answer = event.get("responseStatus") or {}
+        node = str(event["objectRef"].get("name", ""))
+        if (
+            event["user"]["username"] in wanted
+            and event["objectRef"].get("resource") == "nodes"
+            and event["stage"] == "ResponseComplete"
+            and answer.get("code") == 403
+            and REFUSED in str(answer.get("message"))
+            and not node.startswith(PROBE_PREFIX)
+            and moment(event) >= since
+        ):
+            found.append((event["user"]["username"], node, str(answer["message"])))
+    return found
+
+
 def refused(kubeconfig: Path, node: str) -> bool:
     """Whether the guard refuses this identity a dry-run annotation on ``node``."""
     patch = {"metadata": {"annotations": {PROBE_ANNOTATION: "x"}}}
@@ -109,7 +139,7 @@ def refused(kubeconfig: Path, node: str) -> bool:
 @contextlib.contextmanager
 def probe_node(plane: ControlPlane) -> Iterator[str]:
     """A bare Node for the probes, deleted afterwards."""
-    name = f"guard-probe-{uuid.uuid4().hex[:8]}"
+    name = f"{PROBE_PREFIX}{uuid.uuid4().hex[:8]}"
     body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
     status, raw = plane.request("POST", "/api/v1/nodes", body=body)
     assert status == 201, raw

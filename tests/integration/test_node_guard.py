@@ -152,13 +152,9 @@ async def create_node(
     assert status == 201, node
     created.append(metadata["name"])
     # Whatever admission added on create (the not-ready taint) goes: the node has exactly these.
-    return await h.ok(
-        admin,
-        "PATCH",
-        f"/api/v1/nodes/{metadata['name']}",
-        {"spec": {"taints": taints or None}},
-        content_type=MERGE,
-    )
+    path = f"/api/v1/nodes/{metadata['name']}"
+    patch = {"spec": {"taints": taints or None}}
+    return dict(await h.ok(admin, "PATCH", path, patch, content_type=MERGE))
 
 
 def label_apply(node: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:

@@ -30,12 +30,14 @@ from gpushare_testing.crdinstall import kubectl
 from gpushare_testing.helm import Helm
 from gpushare_testing.replicas import USERS
 from gpushare_testing.rolloutaudit import moment
+from gpushare_testing.waiting import eventually
 
 TEMPLATE = "templates/nodeguard.yaml"
 REFUSED = "gpushare node guard: "  # how every refusal's message starts
 MERGE_PATCH = "application/merge-patch+json"
 PROBE_ANNOTATION = "gpushare.dev/node-guard-probe"
 PROBE_PREFIX = "guard-probe-"  # the probe nodes' names
+POLICIES = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 
 T = TypeVar("T")
 
@@ -148,6 +150,54 @@ def probe_node(plane: ControlPlane) -> Iterator[str]:
     finally:
         status, raw = plane.request("DELETE", f"/api/v1/nodes/{name}")
         assert status in (200, 404), raw
+
+
+async def type_checked(plane: ControlPlane, name: str) -> dict[str, Any]:
+    """The policy ``name`` once its status says the API server type-checked its current
+    generation (``status.typeChecking``; kube-controller-manager does it)."""
+
+    async def policy() -> dict[str, Any]:
+        status, raw = plane.request("GET", f"{POLICIES}/{name}")
+        assert status == 200, raw
+        return dict(yaml.safe_load(raw))
+
+    return await eventually(
+        policy,
+        until=lambda body: (
+            (body.get("status") or {}).get("observedGeneration") == body["metadata"]["generation"]
+        ),
+        what=f"the type check of {name}",
+    )
+
+
+@contextlib.contextmanager
+def node_status_granted(plane: ControlPlane, username: str) -> Iterator[None]:
+    """More than the chart grants, for the block: patch on nodes/status, so that a refusal
+    there is the guard's, not RBAC's."""
+    name = "node-guard-test-node-status"
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": [{"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "User", "name": username, "apiGroup": "rbac.authorization.k8s.io"}],
+    }
+    try:
+        for plural, body in (("clusterroles", role), ("clusterrolebindings", binding)):
+            status, raw = plane.request("POST", f"{rbac}/{plural}", body=body)
+            assert status == 201, raw
+        yield
+    finally:
+        for plural in ("clusterrolebindings", "clusterroles"):
+            status, raw = plane.request("DELETE", f"{rbac}/{plural}/{name}")
+            assert status in (200, 404), raw
 
 
 def request_as(

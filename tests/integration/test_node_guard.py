@@ -9,7 +9,7 @@ own authorization: a real token is the faithful test.)  The guard's request bodi
 operator's own: ``core.rollouts`` builds the taint patches, the label apply is the one
 ``kube.patching`` sends.  Every refusal is also sent as admin as a dry run, which succeeds: the
 request is valid, RBAC allows it to the ServiceAccount, and only the guard stops it.  That
-nothing changed is read from the audit log.
+nothing changed is read from the audit log.  (How the chart renders the guard: test_chart.py.)
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpushare_operator.core import models, rollouts
 from gpushare_testing import apiobjects as h
@@ -42,68 +41,10 @@ JSON = "application/json-patch+json"
 MERGE = "application/merge-patch+json"
 FOREIGN_TAINT = {"key": "example.com/dedicated", "value": "training", "effect": "NoSchedule"}
 DEDICATED = "example.com/dedicated=training:NoSchedule"  # as the guard's message names it
-VAP = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 
 LABELS = "may change only its own node labels"
 TAINTS = "may add and remove only its own taint gpushare.dev/reconfiguring:NoSchedule"
 OTHER = "may change on a Node only its own labels and its own taint"
-
-
-# -- rendering ---------------------------------------------------------------------------------
-
-
-def guard_of(manifests: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    [policy] = [m for m in manifests if m["kind"] == "ValidatingAdmissionPolicy"]
-    [binding] = [m for m in manifests if m["kind"] == "ValidatingAdmissionPolicyBinding"]
-    return policy, binding
-
-
-def test_the_guard_is_rendered_for_the_chart_service_account_and_can_be_turned_off(
-    helm: Helm,
-) -> None:
-    policy, binding = guard_of(helm.template(release="gs", namespace="gpushare-system"))
-    assert policy["metadata"]["name"] == "gs-gpushare-operator-node-guard"
-    assert binding["spec"] == {
-        "policyName": policy["metadata"]["name"],
-        "validationActions": ["Deny"],
-    }
-    [condition] = policy["spec"]["matchConditions"]
-    account = "system:serviceaccount:gpushare-system:gs-gpushare-operator"
-    assert condition["expression"] == f'request.userInfo.username in ["{account}"]'
-    assert policy["spec"]["failurePolicy"] == "Fail"
-    [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
-    assert rule["operations"] == ["UPDATE"]
-    assert rule["apiVersions"] == ["v1"]  # a wildcard would turn off the type check
-    assert rule["resources"] == ["nodes", "nodes/status"]
-    owned = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["ownedKeys"]
-    assert yaml.safe_load(owned) == ["nvidia.com/device-plugin.config"]
-
-    # Extra label keys and other identities are values; the keys are checked as label keys.
-    policy, _ = guard_of(
-        helm.template(
-            "--set",
-            "nodeGuard.extraLabelKeys={nvidia.com/mig.config},nodeGuard.users={alice,bob}",
-        )
-    )
-    owned = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["ownedKeys"]
-    assert yaml.safe_load(owned) == ["nvidia.com/device-plugin.config", "nvidia.com/mig.config"]
-    [condition] = policy["spec"]["matchConditions"]
-    assert condition["expression"] == 'request.userInfo.username in ["alice","bob"]'
-    bad = helm.render("--set", "nodeGuard.extraLabelKeys={not a key}", check=False)
-    assert bad.returncode != 0 and "extraLabelKeys" in bad.stderr, bad.stderr
-
-    # Off: nothing of it is rendered. Older than 1.30: refused unless it is off.
-    off = helm.template("--set", "nodeGuard.enabled=false")
-    assert not {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} & {
-        m["kind"] for m in off
-    }
-    old = helm.render("--kube-version", "1.29.9", check=False)
-    assert old.returncode != 0
-    assert "needs Kubernetes 1.30" in old.stderr and "nodeGuard.enabled=false" in old.stderr
-    helm.render("--kube-version", "1.29.9", "--set", "nodeGuard.enabled=false")
-
-
-# -- on the API server -------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -323,8 +264,7 @@ async def test_every_other_node_change_is_refused_with_the_guards_message(
     node = await create_node(admin, nodes, taints=[FOREIGN_TAINT])
     name = node["metadata"]["name"]
     username = f"system:serviceaccount:{namespace}:{release}-gpushare-operator"
-    grant_node_status(control_plane, username)
-    try:
+    with nodeguard.node_status_granted(control_plane, username):
         await eventually(
             lambda: may(account, "patch", "nodes", "status"),
             what="RBAC to let the account patch nodes/status",
@@ -346,8 +286,6 @@ async def test_every_other_node_change_is_refused_with_the_guards_message(
                 path, case.body, content_type=case.content_type, params={**query, "dryRun": "All"}
             )
             assert status == 200, (case.what, dry)
-    finally:
-        revoke_node_status(control_plane, username)
 
     # Nothing changed: each of those requests was authorized, then refused at admission.
     events = await eventually(
@@ -369,7 +307,7 @@ async def test_the_policy_type_checks_against_the_node_schema(
     (a wildcard version) and then reports nothing whatever the typos, so an unbound copy of the
     guard (it admits and refuses nothing) with one typo'd field shows that the check ran."""
     name = f"{release}-gpushare-operator-node-guard"
-    guard = await type_checked(control_plane, name)
+    guard = await nodeguard.type_checked(control_plane, name)
     assert "expressionWarnings" not in guard["status"].get("typeChecking", {}), guard["status"]
     assert not guard["status"].get("conditions") or all(
         c["status"] == "True" for c in guard["status"]["conditions"]
@@ -379,12 +317,12 @@ async def test_the_policy_type_checks_against_the_node_schema(
     spec = copy.deepcopy(guard["spec"])
     spec["validations"][0]["expression"] = "object.spec.unschedulabel != true"
     copied = {"apiVersion": guard["apiVersion"], "kind": guard["kind"], "metadata": {"name": typo}}
-    status, raw = control_plane.request("POST", VAP, body={**copied, "spec": spec})
+    status, raw = control_plane.request("POST", nodeguard.POLICIES, body={**copied, "spec": spec})
     assert status == 201, raw
     try:
-        broken = await type_checked(control_plane, typo)
+        broken = await nodeguard.type_checked(control_plane, typo)
     finally:
-        status, raw = control_plane.request("DELETE", f"{VAP}/{typo}")
+        status, raw = control_plane.request("DELETE", f"{nodeguard.POLICIES}/{typo}")
         assert status == 200, raw
     [warning] = broken["status"]["typeChecking"]["expressionWarnings"]
     assert warning["fieldRef"] == "spec.validations[0].expression", warning
@@ -433,26 +371,6 @@ async def test_more_label_keys_are_one_value(
     assert status == 403 and "refused: label nvidia.com/mig.strategy" in answer["message"]
 
 
-# -- helpers -----------------------------------------------------------------------------------
-
-
-async def type_checked(plane: ControlPlane, name: str) -> dict[str, Any]:
-    """The policy once its status says the API server type-checked its current generation."""
-
-    async def policy() -> dict[str, Any]:
-        status, raw = plane.request("GET", f"{VAP}/{name}")
-        assert status == 200, raw
-        return dict(yaml.safe_load(raw))
-
-    return await eventually(
-        policy,
-        until=lambda body: (
-            (body.get("status") or {}).get("observedGeneration") == body["metadata"]["generation"]
-        ),
-        what=f"the type check of {name}",
-    )
-
-
 async def account_writes(
     plane: ControlPlane, username: str, node: str, since: float
 ) -> list[dict[str, Any]]:
@@ -463,35 +381,6 @@ async def account_writes(
         for e in h.writes_to(h.operator_writes(plane, user=username), resource="nodes", name=node)
         if moment(e) >= since and e["stage"] == "ResponseComplete"
     ]
-
-
-def grant_node_status(plane: ControlPlane, username: str) -> None:
-    """More than the chart grants: patch on nodes/status, so that the guard is what refuses."""
-    name = "node-guard-test-node-status"
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": name},
-        "rules": [{"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"kind": "User", "name": username, "apiGroup": "rbac.authorization.k8s.io"}],
-    }
-    rbac = "/apis/rbac.authorization.k8s.io/v1"
-    for plural, body in (("clusterroles", role), ("clusterrolebindings", binding)):
-        status, raw = plane.request("POST", f"{rbac}/{plural}", body=body)
-        assert status == 201, raw
-
-
-def revoke_node_status(plane: ControlPlane, username: str) -> None:
-    rbac = "/apis/rbac.authorization.k8s.io/v1"
-    for plural in ("clusterrolebindings", "clusterroles"):
-        status, raw = plane.request("DELETE", f"{rbac}/{plural}/node-guard-test-node-status")
-        assert status in (200, 404), raw
 
 
 async def may(client: RawClient, verb: str, resource: str, subresource: str = "") -> bool:

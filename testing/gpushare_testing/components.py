@@ -103,10 +103,17 @@ def apiserver_args(
 
 
 def controller_manager_args(*, kubeconfig: Path, port: int) -> list[str]:
-    """Only garbage collection (ownerReferences) and namespace deletion, without election."""
+    """Only garbage collection (ownerReferences), namespace deletion and the type check of
+    ValidatingAdmissionPolicies (their ``status.typeChecking``, which the chart's node guard is
+    tested by), without election."""
+    controllers = (
+        "garbage-collector-controller",
+        "namespace-controller",
+        "validatingadmissionpolicy-status-controller",
+    )
     return [
         f"--kubeconfig={kubeconfig}",
-        "--controllers=garbage-collector-controller,namespace-controller",
+        f"--controllers={','.join(controllers)}",
         "--leader-elect=false",
         "--bind-address=127.0.0.1",
         f"--secure-port={port}",

@@ -15,6 +15,7 @@ import yaml
 from kubernetes_asyncio import client
 
 from gpushare_operator.kube import connection
+from gpushare_testing import nodeguard
 from gpushare_testing.apiobjects import OPERATOR_USER, create_namespace, unique
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.crdinstall import install_crds, kubectl, relaxed_policy_crd
@@ -192,6 +193,17 @@ def relaxed_crd(control_plane: ControlPlane, tmp_path: Path) -> Iterator[None]:
 @pytest.fixture
 def helm(control_plane: ControlPlane, tmp_path: Path) -> Helm:
     return Helm.for_plane(control_plane, tmp_path / "helm")
+
+
+@pytest.fixture(scope="module")
+def node_guard(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """The chart's node guard, bound to the users test operators run as, for a whole module
+    (``gpushare_testing.nodeguard``): their node writes pass the same admission as in a cluster."""
+    helm = Helm.for_plane(control_plane, tmp_path_factory.mktemp("node-guard"))
+    with nodeguard.installed(control_plane, helm, nodeguard.operator_identities(control_plane)):
+        yield
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+import yaml
 
 from gpushare_operator.app import settings
 from gpushare_testing.helm import INSTANCE, Helm, Manifest
@@ -163,6 +164,8 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
         ("RoleBinding", "gpushare-system"),
         ("Service", "gpushare-system"),
         ("ServiceAccount", "gpushare-system"),
+        ("ValidatingAdmissionPolicy", ""),
+        ("ValidatingAdmissionPolicyBinding", ""),
     ]
     for manifest in manifests:
         assert manifest["metadata"]["labels"][INSTANCE] == "gs"
@@ -406,3 +409,55 @@ async def test_the_dashboard_charts_metrics_the_operator_exports(
 
 
 HISTOGRAM = {"bucket", "sum", "count"}
+
+
+def guard_of(manifests: list[Manifest]) -> tuple[Manifest, Manifest]:
+    """The node guard's policy and binding among the manifests."""
+    [policy] = [m for m in manifests if m["kind"] == "ValidatingAdmissionPolicy"]
+    [binding] = [m for m in manifests if m["kind"] == "ValidatingAdmissionPolicyBinding"]
+    return policy, binding
+
+
+def test_the_node_guard_is_rendered_for_the_chart_service_account_and_can_be_turned_off(
+    helm: Helm,
+) -> None:
+    policy, binding = guard_of(helm.template(release="gs", namespace="gpushare-system"))
+    assert policy["metadata"]["name"] == "gs-gpushare-operator-node-guard"
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    [condition] = policy["spec"]["matchConditions"]
+    account = "system:serviceaccount:gpushare-system:gs-gpushare-operator"
+    assert condition["expression"] == f'request.userInfo.username in ["{account}"]'
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["operations"] == ["UPDATE"]
+    assert rule["apiVersions"] == ["v1"]  # a wildcard would turn off the type check
+    assert rule["resources"] == ["nodes", "nodes/status"]
+    owned = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["ownedKeys"]
+    assert yaml.safe_load(owned) == ["nvidia.com/device-plugin.config"]
+
+    # Extra label keys and other identities are values; the keys are checked as label keys.
+    policy, _ = guard_of(
+        helm.template(
+            "--set",
+            "nodeGuard.extraLabelKeys={nvidia.com/mig.config},nodeGuard.users={alice,bob}",
+        )
+    )
+    owned = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["ownedKeys"]
+    assert yaml.safe_load(owned) == ["nvidia.com/device-plugin.config", "nvidia.com/mig.config"]
+    [condition] = policy["spec"]["matchConditions"]
+    assert condition["expression"] == 'request.userInfo.username in ["alice","bob"]'
+    bad = helm.render("--set", "nodeGuard.extraLabelKeys={not a key}", check=False)
+    assert bad.returncode != 0 and "extraLabelKeys" in bad.stderr, bad.stderr
+
+    # Off: nothing of it is rendered. Older than 1.30: refused unless it is off.
+    off = helm.template("--set", "nodeGuard.enabled=false")
+    assert not {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} & {
+        m["kind"] for m in off
+    }
+    old = helm.render("--kube-version", "1.29.9", check=False)
+    assert old.returncode != 0
+    assert "needs Kubernetes 1.30" in old.stderr and "nodeGuard.enabled=false" in old.stderr
+    helm.render("--kube-version", "1.29.9", "--set", "nodeGuard.enabled=false")

@@ -53,7 +53,7 @@ def test_rendered_manifests_pass_server_side_dry_run(
         stdin=rendered,
     )
     applied = [line for line in out.splitlines() if line.endswith("(server dry run)")]
-    assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]) == 14, out
+    assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]) == 16, out
     # A dry run: nothing was created.
     status, _ = control_plane.request(
         "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/dry-gpushare-operator"
@@ -72,6 +72,8 @@ CHART_KINDS = [
     ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
     ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
     ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicies", False),
+    ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", False),
 ]
 
 
@@ -122,6 +124,8 @@ def test_install_creates_everything_and_uninstall_leaves_nothing(
                 ("clusterroles", "", full),
                 ("clusterroles", "", f"{full}-metrics-reader"),
                 ("clusterrolebindings", "", full),
+                ("validatingadmissionpolicies", "", f"{full}-node-guard"),
+                ("validatingadmissionpolicybindings", "", f"{full}-node-guard"),
             ]
         )
         status, raw = control_plane.request(

@@ -30,7 +30,7 @@ from gpushare_testing.replicas import USERS, Replicas
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
 
-pytestmark = pytest.mark.usefixtures("crds_installed")
+pytestmark = pytest.mark.usefixtures("crds_installed", "node_guard")
 
 TAINT = "gpushare.dev/reconfiguring"
 

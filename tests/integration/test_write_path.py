@@ -18,7 +18,7 @@ from gpushare_testing.quiet import quiet
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
 
-pytestmark = pytest.mark.usefixtures("crds_installed")
+pytestmark = pytest.mark.usefixtures("crds_installed", "node_guard")
 
 PREVIOUS_CRDS = Path(__file__).parent / "data" / "crds-0.1.0"
 CONFIGMAP = "gpushare-device-plugin-configs"

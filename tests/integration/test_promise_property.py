@@ -48,7 +48,7 @@ from gpushare_testing.rolloutstate import gone, key_replicas, paced
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
 
-pytestmark = pytest.mark.usefixtures("crds_installed")
+pytestmark = pytest.mark.usefixtures("crds_installed", "node_guard")
 
 SOAK = os.environ.get("GPUSHARE_SOAK") == "1"
 SHORT = 3  # sequences in `make test`

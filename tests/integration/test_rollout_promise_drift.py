@@ -32,7 +32,7 @@ from gpushare_testing.rolloutstate import (
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
 
-pytestmark = pytest.mark.usefixtures("crds_installed")
+pytestmark = pytest.mark.usefixtures("crds_installed", "node_guard")
 
 TAINT = "gpushare.dev/reconfiguring"
 TIMEOUT = 3.0  # --mismatch-timeout of these tests

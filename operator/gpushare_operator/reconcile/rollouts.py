@@ -237,8 +237,9 @@ class RolloutBook:
         at once, so that autoscaled nodes are usable quickly: established means the policy has
         a node Verified on its current config, its canary is proven, no other node is changing,
         admitted or waiting in its rollout, and it is neither halted nor paused (the last node
-        of a rollout under way is no joiner: it goes under the budget like the rest).  A new policy over an idle pool is no
-        such pool: its first node is its canary, the rest go under its budget."""
+        of a rollout under way is no joiner: it goes under the budget like the rest).  A new
+        policy over an idle pool is no such pool: its first node is its canary, the rest go
+        under its budget."""
         if target == RELEASE or record.config_label is not None or record.policy_label is not None:
             return False
         if not charged or self.cache.usage.node_total(record.name):

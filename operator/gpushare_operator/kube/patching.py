@@ -17,6 +17,7 @@ import structlog
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import announcements, models
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.core.rollouts import TAINT_KEY
 from gpushare_operator.kube import http
 from gpushare_operator.kube.events import ObjectRef
 from gpushare_operator.kube.sending import (
@@ -65,8 +66,10 @@ class Patches:
 
     async def _write_node(self, plan: NodePlan, tokens: Tokens) -> NodeWritten:
         node: dict[str, Any] | None = None
+        what = f"GPUNodeState {plan.name} status"  # what a refusal below was for
         try:
             if plan.taint is not None:
+                what = f"the taint {TAINT_KEY} on Node {plan.name}"
                 try:
                     node = slim(await self._patch_node(plan, tokens, plan.taint))
                 except http.ApiError as exc:
@@ -75,6 +78,7 @@ class Patches:
                     # The node's taints changed since we read them (the patch's test failed).
                     log.info("node taints changed meanwhile", kind="Node", name=plan.name)
                     return NodeWritten(Retry("taints changed"))
+            what = f"GPUNodeState {plan.name} status"
             if plan.labels is not None:
                 return await self._write_labels(plan, tokens, node)
             if plan.status is not None:
@@ -87,7 +91,7 @@ class Patches:
             if isinstance(exc, http.ApiError) and exc.status in PERMANENT:
                 await self._sender.report(
                     _node_ref(plan),
-                    f"cannot write GPUNodeState {plan.name} status: {problem_of(exc)}",
+                    f"cannot write {what}: {problem_of(exc)}",
                 )
             return NodeWritten(Retry(str(exc)), node)
 

@@ -154,6 +154,19 @@ async def converged(world: World, *, gone: str | None = None, timeout: float = 1
             if status != 404:
                 return f"{gone} not deleted yet"
         body = await h.ok(world.sim.client, "GET", f"{h.API}/gpunodestates")
+        published = {item["metadata"]["name"] for item in body["items"]}
+        # A node a policy selects whole-pool has a status once judged: until then it is not
+        # settled, whatever the statuses already published say.
+        selected = {
+            node
+            for shape in world.shapes.values()
+            if shape.racks is None
+            for pool in shape.pools
+            for node in world.nodes
+            if node.startswith(f"{world.tag}-{pool}")
+        }
+        if missing := sorted(selected - published):
+            return f"{missing} not published yet"
         for item in body["items"]:
             if item["metadata"]["name"] not in world.nodes:
                 continue

@@ -170,6 +170,10 @@ class Reconciler:
             if written.echo is not None:
                 mark |= self._echoed("policy", written.status, written.echo.get("status"))
         proceed = plan.finalizer is not None and written.proceed and name in cache.policies
+        if proceed and self.planner.policy_unsettled(name, busy=cache.queue.processing(NODE)):
+            # The finalizer went at once (the nodes wait for it); the status waits its turn
+            # like any other, until the counts it would show stop moving.
+            return Orders(written.outcome, frozenset(mark | {(POLICY, name)}))
         return Orders(written.outcome, frozenset(mark), again=Stage.STATUS if proceed else None)
 
     def _learn_config(self, plan: ConfigPlan, written: ConfigWritten | None) -> Orders:

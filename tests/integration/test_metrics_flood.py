@@ -46,6 +46,7 @@ from gpushare_testing import rolloutaudit as audit
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.operators import OperatorFactory, RunningOperator
 from gpushare_testing.replicas import RETRY_PERIOD, TIMING_FLAGS, report
+from gpushare_testing.rolloutstate import settled_key
 from gpushare_testing.scraping import Scraper, fetch
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.tokenflood import FloodResult, parse
@@ -148,17 +149,6 @@ async def published(
     }
 
 
-async def current_key(sim: GpuClusterSimulator, name: str) -> str:
-    body = await eventually(
-        lambda: h.get_policy(sim.client, name),
-        until=lambda b: (
-            (b.get("status") or {}).get("observedGeneration") == b["metadata"]["generation"]
-        ),
-        what=f"{name}'s status for its current generation",
-    )
-    return str(body["status"]["configKey"])
-
-
 async def run_flood(port: int) -> FloodResult:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -207,7 +197,7 @@ async def test_a_flood_of_made_up_tokens_slows_neither_a_rollout_nor_the_lease(
     operator = await start_operator(
         "--device-plugin-namespace", namespace, "--no-metrics-insecure", *TIMING_FLAGS
     )
-    first = await current_key(sim, name)
+    first = await settled_key(sim, name)
     await eventually(
         lambda: published(sim, nodes, first, phase="Verified"),
         until=lambda done: len(done) == NODES,
@@ -225,7 +215,7 @@ async def test_a_flood_of_made_up_tokens_slows_neither_a_rollout_nor_the_lease(
 
     # The rollout's first statuses: every node waiting for its turn says so (once, after the
     # planner's quiet period), a burst of writes that is no part of the rollout's pace.
-    second = await current_key(sim, name)
+    second = await settled_key(sim, name)
     await eventually(
         lambda: published(sim, nodes, second),
         until=lambda about: len(about) == NODES,

@@ -12,98 +12,30 @@ import contextlib
 import itertools
 import signal
 import time
-from collections.abc import Awaitable, Callable, Collection
-from typing import Any
+from collections.abc import Awaitable, Callable
 
-import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare_testing import apiobjects as h
 from gpushare_testing import rolloutaudit as audit
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.crdinstall import create_until_accepted
 from gpushare_testing.gpupods import create, create_pod, delete_pod, small_pod
-from gpushare_testing.operators import OperatorFactory, RunningOperator
+from gpushare_testing.operators import OperatorFactory
 from gpushare_testing.quiet import quiet
 from gpushare_testing.replicas import USERS, Replicas
+from gpushare_testing.rolloutstate import (
+    all_verified,
+    paced,
+    rollout_metrics,
+    rollout_state,
+)
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed", "node_guard")
 
 TAINT = "gpushare.dev/reconfiguring"
-
-
-def paced(name: str, *, pool: str, replicas: int = 4, **rollout: Any) -> dict[str, Any]:
-    return h.policy(name, pool=pool, replicas=replicas, rollout=rollout)
-
-
-async def settled_key(sim: GpuClusterSimulator, name: str) -> str:
-    """The config key of the policy's current generation, once its status has seen it."""
-    body = await eventually(
-        lambda: h.get_policy(sim.client, name),
-        until=lambda b: (
-            (b.get("status") or {}).get("observedGeneration") == b["metadata"]["generation"]
-        ),
-        what=f"{name}'s status for its current generation",
-    )
-    return str(body["status"]["configKey"])
-
-
-async def all_verified(
-    sim: GpuClusterSimulator, nodes: Collection[str], name: str, *, timeout: float = 120
-) -> str:
-    """Wait until every node is Verified on the policy's current key; return the key."""
-    key = await settled_key(sim, name)
-
-    async def verified() -> set[str]:
-        body = await h.ok(sim.client, "GET", f"{h.API}/gpunodestates")
-        return {
-            item["metadata"]["name"]
-            for item in body["items"]
-            if (item.get("status") or {}).get("phase") == "Verified"
-            and item["status"].get("configKey") == key
-        }
-
-    await eventually(
-        verified,
-        until=lambda done: set(nodes) <= done,
-        timeout=timeout,
-        interval=0.5,
-        what=f"{len(nodes)} nodes Verified on {key}",
-    )
-    return key
-
-
-async def rollout_of(sim: GpuClusterSimulator, name: str) -> dict[str, Any]:
-    return dict(((await h.get_policy(sim.client, name)).get("status") or {}).get("rollout") or {})
-
-
-async def rollout_state(
-    sim: GpuClusterSimulator, name: str, state: str, timeout: float = 60
-) -> Any:
-    return await eventually(
-        lambda: rollout_of(sim, name),
-        until=lambda r: r.get("state") == state,
-        timeout=timeout,
-        what=f"{name}'s rollout {state}",
-    )
-
-
-async def rollout_metrics(operator: RunningOperator, policy: str) -> dict[str, float]:
-    """``gpushare_rollout_nodes`` of one policy from the operator's /metrics, by state."""
-    url = f"http://127.0.0.1:{operator.metrics_port}/metrics"
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        assert response.status == 200
-        text = await response.text()
-    return {
-        sample.labels["state"]: sample.value
-        for family in text_string_to_metric_families(text)
-        if family.name == "gpushare_rollout_nodes"
-        for sample in family.samples
-        if sample.labels.get("policy") == policy
-    }
 
 
 async def reasons(sim: GpuClusterSimulator, name: str) -> list[tuple[str, str]]:

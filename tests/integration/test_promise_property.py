@@ -89,10 +89,22 @@ class Cluster:
     """The operator replicas, the simulator, and the sequences run on them."""
 
     def __init__(
-        self, sim: GpuClusterSimulator, replicas: Replicas, start: OperatorFactory, ns: str
+        self,
+        sim: GpuClusterSimulator,
+        replicas: Replicas,
+        start: OperatorFactory,
+        ns: str,
+        *,
+        plane: ControlPlane,
+        created: list[str],
     ) -> None:
         self.sim, self.replicas, self.start, self.namespace = sim, replicas, start, ns
+        self.plane, self.created = plane, created  # created: the policies to clean up after
         self.keys: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        # Hypothesis shows its test's arguments: the control plane's own repr runs to megabytes.
+        return f"Cluster(namespace={self.namespace!r})"
 
     async def leader(self) -> str:
         async def leading() -> str | None:
@@ -321,13 +333,16 @@ class Tally:
 
 @pytest.fixture
 async def cluster(
+    control_plane: ControlPlane,
     sim: GpuClusterSimulator,
     namespace: str,
+    policies: list[str],
     start_operator: OperatorFactory,
     start_replicas: StartReplicas,
 ) -> Cluster:
     """Two replicas, started once for every sequence of the test (hypothesis's examples)."""
-    return Cluster(sim, await start_replicas(*ARGS), start_operator, namespace)
+    replicas = await start_replicas(*ARGS)
+    return Cluster(sim, replicas, start_operator, namespace, plane=control_plane, created=policies)
 
 
 @pytest.fixture
@@ -356,15 +371,11 @@ SEEDS = st.just(int(REPLAY)) if REPLAY else st.integers(min_value=0, max_value=2
 )
 @given(seed=SEEDS)
 async def test_random_sequences_keep_the_rollout_promise(
-    control_plane: ControlPlane,
-    policies: list[str],
-    cluster: Cluster,
-    tally: Tally,
-    seed: int,
+    cluster: Cluster, tally: Tally, seed: int
 ) -> None:
     if SOAK and time.monotonic() - tally.began > SOAK_SECONDS:
         return  # the soak's time is up: the examples left pass without a sequence
     report(f"sequence seed {seed}")
     seq = Sequence(seed, random.Random(seed))
-    await run(cluster, seq, control_plane, policies)
+    await run(cluster, seq, cluster.plane, cluster.created)
     tally.add(seq)

@@ -336,3 +336,24 @@ def test_the_last_node_of_a_new_policys_rollout_goes_under_the_budget_not_at_onc
     assert changed(loop, clock, rounds=5) == [], "n1 is still changing: n2 waits its turn"
     confirm(cache, "n1", 4)
     assert changed(loop, clock) == ["n2"]
+
+
+def test_a_release_counts_its_full_timeout_though_its_stamp_has_whole_seconds() -> None:
+    """The published lastTransitionTime drops the fraction of a second: read back, it must not
+    make the release stop counting (or a Degraded node lose its taint) before its time."""
+    clock = Clock()
+    cache = steady(clock, nodes=1)
+    old = str(cache.policies["p"].config_key)
+    loop = leader(cache)
+    loop.plan_queued_nodes()
+    published(loop, "n0")
+    update(cache, node("n0", pool="gone", **on(old, "p", 2)))
+    assert changed(loop, clock) == ["n0"]
+    clock.now = int(clock.now) + 0.9  # its Releasing status is written 0.9 s into a second
+    released = clock.now
+    assert published(loop, "n0")["phase"] == NodePhase.RELEASING
+    clock.now = released + TIMINGS.mismatch_timeout - 0.05
+    assert published(loop, "n0")["phase"] == NodePhase.RELEASING, "still within its timeout"
+    assert loop.book.unavailable() == 1
+    clock.now = released + TIMINGS.mismatch_timeout + 1.05
+    assert published(loop, "n0")["phase"] == NodePhase.UNMANAGED

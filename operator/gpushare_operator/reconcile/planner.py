@@ -119,7 +119,10 @@ class Planner:
         cache = self.cache
         status = cache.in_flight.get(("nodestate", name)) or cache.node_states.get(name)
         stamp = _epoch((status or {}).get("lastTransitionTime"))
-        since = None if stamp is None else cache.clock() - max(0.0, self._epoch() - stamp)
+        # The stamp has whole seconds: the transition came at most a second after it.  The
+        # latest moment is the safe one: a release stops counting against the budget, and a
+        # lasting Degraded node loses our taint, never before their time.
+        since = None if stamp is None else cache.clock() - max(0.0, self._epoch() - stamp - 1)
         return nodephases.Published.of(status, since=since)
 
     def governing(self, node: str) -> CompiledPolicy | None:

@@ -357,3 +357,29 @@ def test_a_release_counts_its_full_timeout_though_its_stamp_has_whole_seconds() 
     assert loop.book.unavailable() == 1
     clock.now = released + TIMINGS.mismatch_timeout + 1.05
     assert published(loop, "n0")["phase"] == NodePhase.UNMANAGED
+
+
+def test_the_last_node_waits_while_a_failed_one_holds_the_budget() -> None:
+    """Found by the promise property test: with the canary proven and the only other node
+    failed (unavailable, under the threshold), the node still waiting is no joiner."""
+    clock = Clock()
+    cache = ClusterCache(clock=clock, wallclock=lambda: EPOCH + clock.now)
+    rollout = {"maxUnavailable": 1, "canary": 0, "failureThreshold": 2}
+    cache.upsert_policy(policy("p", rollout=rollout))
+    cache.set_config_data(config_texts(cache), initial=True)
+    cache.settle_initial_keys()
+    for i in range(3):
+        cache.upsert_node(node(f"n{i}"))
+    loop = leader(cache)
+    clock.now += 100
+    assert changed(loop, clock) == ["n0"]
+    confirm(cache, "n0", 4)
+    assert changed(loop, clock) == ["n1"]  # GFD never confirms it
+    clock.now += TIMINGS.mismatch_timeout + 1
+    assert published(loop, "n1")["phase"] == NodePhase.MISMATCH
+    assert changed(loop, clock, rounds=5) == [], "n1 still holds the budget of 1"
+    # A new leader, knowing nothing of who was held back, judges the same.
+    second = leader(cache)
+    second.reconciler.restart()
+    cache.queue.many_nodes(set(cache.nodes))  # it looks at every node
+    assert changed(second, clock, rounds=5) == []

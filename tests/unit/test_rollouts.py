@@ -203,8 +203,17 @@ def test_a_node_joining_an_established_pool_is_configured_at_once(clock: Clock) 
     assert planner.plan_node("new").labels is None  # the canary is not proven yet
     cache.upsert_node(node("n00", **on(key, "p", 4)))  # Verified on the new config
     planner.plan_node("n00")
-    plan = planner.plan_node("new")
-    assert plan.labels is not None and plan.labels[POLICY_LABEL] == "p"  # no budget, no wait
+    # Held back once, it is a node of the rollout now: it goes at the next admission, under
+    # the budget (which has room).
+    assert planner.plan_node("new").labels is None
+    plan = planner.plan_admitted("new")
+    assert plan.labels is not None and plan.labels[POLICY_LABEL] == "p"
+    cache.upsert_node(node("new", **on(key, "p", 4)))  # Verified too
+    planner.plan_node("new")
+    # One joining the pool now that it is established goes at once: no budget, no wait.
+    cache.upsert_node(node("newer"))
+    plan = planner.plan_node("newer")
+    assert plan.labels is not None and plan.labels[POLICY_LABEL] == "p"
 
 
 def test_a_new_policy_has_a_canary_too(clock: Clock) -> None:

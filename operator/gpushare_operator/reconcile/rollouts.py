@@ -46,7 +46,8 @@ class Step(enum.Enum):
 
 
 HELD_STEPS = frozenset({Step.WAITING, Step.BLOCKED})
-_UNDER_WAY = (*HELD_STEPS, Step.PREPARING, Step.ADMITTED, Step.CHANGING)
+# A rollout with a node at any of these is under way (or unhealthy): no node joins it at once.
+_UNDER_WAY = (*HELD_STEPS, Step.PREPARING, Step.ADMITTED, Step.CHANGING, Step.FAILED)
 _SETTLED_STEP = {
     NodePhase.VERIFIED: Step.UPDATED,
     NodePhase.APPLIED: Step.CHANGING,
@@ -236,10 +237,12 @@ class RolloutBook:
         """A node joining an established pool (none of our config, no GPU pods) is configured
         at once, so that autoscaled nodes are usable quickly: established means the policy has
         a node Verified on its current config, its canary is proven, no other node is changing,
-        admitted or waiting in its rollout, and it is neither halted nor paused (the last node
-        of a rollout under way is no joiner: it goes under the budget like the rest).  A new
-        policy over an idle pool is no such pool: its first node is its canary, the rest go
-        under its budget."""
+        admitted, waiting or failed in its rollout, and it is neither halted nor paused.  The
+        last node of a rollout under way is no joiner, nor is a node already held back in it:
+        it goes under the budget like the rest.  A new policy over an idle pool is no such
+        pool: its first node is its canary, the rest go under its budget."""
+        if record.name in self._held_since:
+            return False  # held back before: a node of the rollout, not one joining it
         if target == RELEASE or record.config_label is not None or record.policy_label is not None:
             return False
         if not charged or self.cache.usage.node_total(record.name):
@@ -256,7 +259,7 @@ class RolloutBook:
 
     def _busy_besides(self, policy: str, node: str) -> bool:
         """Whether nodes other than ``node`` are under way in the policy's rollout: waiting,
-        admitted, or changing and not yet confirmed."""
+        admitted, changing and not yet confirmed, or failed."""
         steps = self._steps.get(policy, {})
         return any(steps.get(step, set()) - {node} for step in _UNDER_WAY)
 

@@ -303,6 +303,11 @@ async def run(cluster: Cluster, seq: Sequence, plane: ControlPlane, created: lis
         report(f"seed {seq.seed} {name}: peak unavailable {peak}, budget at most {budget}")
         seq.peaks.append((peak, budget))
     report(f"seed {seq.seed}: {seq.failovers} failover(s); steps: {'; '.join(seq.steps)}")
+    if problems:  # what a replay (GPUSHARE_PROMISE_SEED) needs to see
+        for window in found:
+            report(f"  {window}")
+        for event in events:
+            report(f"  {event}")
     assert problems == [], f"seed {seq.seed} broke the promise: {problems}"
     for node in seq.nodes:
         await cluster.sim.delete_node(node)

@@ -383,3 +383,33 @@ def test_the_last_node_waits_while_a_failed_one_holds_the_budget() -> None:
     second.reconciler.restart()
     cache.queue.many_nodes(set(cache.nodes))  # it looks at every node
     assert changed(second, clock, rounds=5) == []
+
+
+def test_a_release_that_waited_its_turn_counts_until_it_is_confirmed() -> None:
+    # Found by the promise property test (seed 43369): a node held back from its release
+    # published a Pending status that named no policy, so once its labels went it was
+    # watched by nobody and the next node was released beside it.
+    clock = Clock()
+    cache = steady(clock, nodes=3)
+    old = str(cache.policies["p"].config_key)
+    loop = leader(cache)
+    loop.plan_queued_nodes()
+    for i in range(3):
+        assert published(loop, f"n{i}")["phase"] == NodePhase.VERIFIED
+        update(cache, node(f"n{i}", pool="gone", **on(old, "p", 2)))  # no policy selects them
+    assert changed(loop, clock) == ["n0"]
+    clock.now += 60  # past the rollout's quiet time: the waits are published
+    for name in ("n1", "n2"):
+        waiting = published(loop, name)
+        assert waiting["phase"] == NodePhase.PENDING
+        assert waiting.get("policy") == "p"  # the policy it is released from
+    update(cache, node("n0", pool="gone"))  # n0 runs unshared again
+    assert published(loop, "n0")["phase"] == NodePhase.UNMANAGED
+    assert changed(loop, clock) == ["n1"]
+    assert published(loop, "n1")["phase"] == NodePhase.RELEASING
+    assert changed(loop, clock, rounds=5) == []  # n2 waits for n1's confirmation
+    assert loop.book.unavailable() == 1
+    fresh = leader(cache)  # and a new leader counts n1 the same way
+    for i in range(3):
+        fresh.plan_node(f"n{i}")
+    assert fresh.book.down_nodes("p") == ["n1"]

@@ -92,15 +92,24 @@ def _release(
     # without it is theirs, and SSA could not remove it anyway.
     message = "no GPUSharingPolicy selects this node"
     if record.policy_label is not None:
+        # It names the policy it leaves, so that a wait for its turn is published for that
+        # policy, and the release, once the labels are gone, is watched against its budget.
         labels: Labels = {CONFIG_LABEL: None, POLICY_LABEL: None}
-        return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, labels)
+        return NodeDecision(
+            None,
+            NodePhase.UNMANAGED,
+            "NoPolicy",
+            message,
+            labels,
+            released_from=record.policy_label,
+        )
     if release_settled(record):
         return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, None)
     if published.reason == _UNCONFIRMED:
         # Said once, kept as it was: the node stays out of every budget until it settles.
         return NodeDecision(None, NodePhase.UNMANAGED, _UNCONFIRMED, published.message, None)
     losing = published.policy
-    if losing is None or published.phase == NodePhase.UNMANAGED:
+    if losing is None:  # what it last said names no policy: it was never ours to release
         return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, None)
     since = published.since if published.phase == NodePhase.RELEASING else None
     deadline = (now if since is None else since) + timeout
@@ -325,7 +334,13 @@ def held_back(
     Pending either way: a node to be released is not Unmanaged until our labels are gone.
     ``quiet_until``: the wait is not published before then (it is looked at again then)."""
     return NodeDecision(
-        decision.policy, NodePhase.PENDING, reason, message, None, recheck_at=quiet_until
+        decision.policy,
+        NodePhase.PENDING,
+        reason,
+        message,
+        None,
+        recheck_at=quiet_until,
+        released_from=decision.released_from,
     )
 
 

@@ -88,14 +88,17 @@ def standing_of(record: NodeRecord, decision: nodephases.NodeDecision) -> NodeSt
     resource = GPU_RESOURCE
     if policy is not None and policy.sharing is not None and not unsupported:
         resource = devconfigs.advertised_resource(policy.sharing)
+    named = status.get("policy")
+    if policy is None and decision.phase is not NodePhase.RELEASING:
+        named = None  # its labels are to go: the policy it leaves governs it no more
     if unsupported:
         standing = UNSUPPORTED
-    elif status.get("policy") is None:
+    elif named is None:
         standing = UNMANAGED
     else:
         standing = GOVERNED
     return NodeStanding(
-        policy=status.get("policy"),
+        policy=named,
         config_key=status.get("configKey"),
         standing=standing,
         capacity=int(status["slots"]["capacity"]),

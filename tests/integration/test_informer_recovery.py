@@ -340,6 +340,9 @@ class CountingTelemetry:
     def wrote(self, kind: str, outcome: str, seconds: float) -> None:
         return None
 
+    def evicted(self, result: str, count: int) -> None:
+        return None
+
 
 async def test_a_poisoned_object_neither_kills_the_informer_nor_leaves_the_cache_behind(
     nodes: Nodes,

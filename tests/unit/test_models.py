@@ -61,6 +61,7 @@ def test_minimal_spec_takes_the_documented_defaults() -> None:
             "canary": 1,
             "failureThreshold": 1,
             "podPolicy": "WaitForPods",
+            "eviction": {"timeout": "10m", "gracePeriodSeconds": None},
             "cordonDuringChange": False,
         },
     }
@@ -108,7 +109,8 @@ def test_full_spec_from_the_design_round_trips() -> None:
             "maxUnavailable": 4,
             "canary": 2,
             "failureThreshold": 3,
-            "podPolicy": "Proceed",
+            "podPolicy": "Evict",
+            "eviction": {"timeout": "1h30m", "gracePeriodSeconds": 30},
             "cordonDuringChange": True,
         },
     }
@@ -456,6 +458,7 @@ def test_enums_carry_the_api_spellings() -> None:
         "Degraded",
         "Mismatch",
         "Releasing",
+        "Evicting",
         "Unsupported",
         "Unmanaged",
     ]

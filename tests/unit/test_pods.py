@@ -201,6 +201,10 @@ def test_record_keeps_identity_node_phase_and_requests_only() -> None:
         node="gpu-1",
         phase="Running",
         requests=((SHARED, 2),),
+        priority=0,
+        created=body["metadata"]["creationTimestamp"],
+        evictable=True,
+        terminating=False,
     )
     assert [f.name for f in dataclasses.fields(PodRecord)] == [
         "uid",
@@ -209,6 +213,10 @@ def test_record_keeps_identity_node_phase_and_requests_only() -> None:
         "node",
         "phase",
         "requests",
+        "priority",
+        "created",
+        "evictable",
+        "terminating",
     ]
     assert not hasattr(record, "__dict__")  # slots: nothing else can be attached
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -103,6 +103,15 @@ class PrometheusTelemetry:
             ["kind", "outcome"],
             registry=registry,
         )
+        self.evictions = Counter(
+            "gpushare_evictions",
+            "Pod evictions for podPolicy Evict: started (the API server accepted one), done (the"
+            " pod is gone), blocked (pods left when a node was given up: EvictionBlocked)",
+            ["result"],
+            registry=registry,
+        )
+        for result in ("started", "done", "blocked"):
+            self.evictions.labels(result)
         self.write_latency = Histogram(
             "gpushare_write_seconds",
             "API write latency",
@@ -123,6 +132,9 @@ class PrometheusTelemetry:
     def wrote(self, kind: str, outcome: str, seconds: float) -> None:
         self.writes.labels(kind, outcome).inc()
         self.write_latency.labels(kind).observe(seconds)
+
+    def evicted(self, result: str, count: int) -> None:
+        self.evictions.labels(result).inc(count)
 
 
 class Readings(Protocol):

@@ -23,6 +23,9 @@ class UsageLedger:
         ] = {}  # uid → record (only pods asking for tracked resources)
         # node → resource → [slots, pods]
         self._by_node: defaultdict[str, dict[str, list[int]]] = defaultdict(dict)
+        # node → uids of the pods counted on it: exactly the pods whose ``_move`` added to
+        # ``_by_node[node]`` (bound, not finished), so that evictions read one node's pods.
+        self._on_node: defaultdict[str, set[str]] = defaultdict(set)
         self._governors: dict[str, Governor] = {}
         self._by_policy: defaultdict[str, int] = defaultdict(int)
 
@@ -41,6 +44,10 @@ class UsageLedger:
         (the rollout orders every waiting node by it on each admission)."""
         return sum(c[0] for c in self._by_node.get(node, {}).values())
 
+    def node_pods(self, node: str) -> list[PodRecord]:
+        """The pods counted on ``node`` (bound, not finished, asking for a tracked resource)."""
+        return [self.pods[uid] for uid in self._on_node.get(node, ())]
+
     def policy_slots(self, policy: str) -> int:
         return self._by_policy.get(policy, 0)
 
@@ -58,6 +65,14 @@ class UsageLedger:
             return
         counters = self._by_node[node]
         governor = self._governors.get(node)
+        if sign > 0:
+            self._on_node[node].add(record.uid)
+        else:
+            held = self._on_node.get(node)
+            if held is not None:
+                held.discard(record.uid)
+                if not held:
+                    del self._on_node[node]
         for resource, amount in record.requests:
             slot = counters.setdefault(resource, [0, 0])
             slot[0] += sign * amount

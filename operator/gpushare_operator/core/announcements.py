@@ -42,7 +42,10 @@ _NODE_RULES = {
         "ReleaseBlocked",
     ),
     "Overcommitted": ("AllocationExceedsCapacity",),
+    "EvictionBlocked": ("EvictionTimedOut", "NotEvictable"),
 }
+# Node Ready reasons that deserve a Normal Event when they appear (progress worth a trace).
+_NODE_NORMAL = ("Evicting",)
 
 
 def condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -114,3 +117,5 @@ def node_announcements(
         if now.get("reason") in reasons:
             reason = str(now["reason"]) if kind == "Ready" else kind
             yield Announcement("Warning", reason, str(now.get("message", "")))
+        elif kind == "Ready" and now.get("reason") in _NODE_NORMAL:
+            yield Announcement("Normal", str(now["reason"]), str(now.get("message", "")))

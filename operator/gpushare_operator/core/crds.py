@@ -172,6 +172,13 @@ MAX_UNAVAILABLE_RULES: Final = (
         "maxUnavailable must be a whole number of nodes (at least 1) or a percentage such as 10%",
     ),
 )
+# The pattern admits the empty text and zero; CEL's duration() reads the same text as Python.
+EVICTION_TIMEOUT_RULES: Final = (
+    _rule(
+        f"self != '' && duration(self) >= duration('{models.MIN_EVICTION_TIMEOUT}s')",
+        "eviction.timeout must be a duration of at least 1s, such as 10m, 90s or 1h30m",
+    ),
+)
 # Only a rule at the root of the schema may read metadata.name.
 POLICY_NAME_RULES: Final = (
     _rule(
@@ -204,6 +211,7 @@ _EXTENSIONS: Final[dict[tuple[type[BaseModel], str | None], Schema]] = {
     },
     (statuses.Condition, "type"): {"x-kubernetes-validations": LABEL_KEY_RULES},
     (models.RolloutSpec, "maxUnavailable"): {"x-kubernetes-validations": MAX_UNAVAILABLE_RULES},
+    (models.EvictionSpec, "timeout"): {"x-kubernetes-validations": EVICTION_TIMEOUT_RULES},
     (statuses.GPUSharingPolicyStatus, "conditions"): _CONDITIONS,
     (statuses.GPUNodeStateStatus, "conditions"): _CONDITIONS,
 }

@@ -31,7 +31,7 @@ from pydantic import (
 )
 from pydantic.json_schema import WithJsonSchema
 
-from gpushare_operator.core import defaults
+from gpushare_operator.core import defaults, durations
 
 # One implementation of the label syntax, shared with the selector compiler.
 from gpushare_operator.core.labels import dns_subdomain_error as dns_subdomain_error
@@ -229,6 +229,9 @@ class NodePhase(enum.StrEnum):
     # Our labels are gone; the device plugin is not yet back unshared (the policy it is
     # released from keeps it in its budget meanwhile).
     RELEASING = "Releasing"
+    # podPolicy Evict: its pods that must go are being evicted; its config changes once they
+    # are gone (it counts against its policy's budget meanwhile).
+    EVICTING = "Evicting"
     UNSUPPORTED = "Unsupported"
     UNMANAGED = "Unmanaged"
 
@@ -279,6 +282,7 @@ class PodPolicy(enum.StrEnum):
 
     WAIT_FOR_PODS = "WaitForPods"
     PROCEED = "Proceed"
+    EVICT = "Evict"
 
 
 class RolloutPhase(enum.StrEnum):
@@ -289,6 +293,44 @@ class RolloutPhase(enum.StrEnum):
     HALTED = "Halted"
     WAITING_FOR_PODS = "WaitingForPods"
     PAUSED = "Paused"
+
+
+MIN_EVICTION_TIMEOUT: Final = 1
+MAX_GRACE_PERIOD: Final = 24 * 3600
+
+
+def _eviction_timeout(text: str) -> str:
+    if durations.seconds(text) < MIN_EVICTION_TIMEOUT:
+        raise ValueError("eviction.timeout must be at least 1s")
+    return text
+
+
+EvictionTimeout = Annotated[
+    str,
+    AfterValidator(_eviction_timeout),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "maxLength": durations.DURATION_MAX_LENGTH,
+            "pattern": f"^{durations.DURATION_PATTERN}$",
+        }
+    ),
+]
+
+
+class EvictionSpec(ApiModel):
+    """How podPolicy Evict drains a node's pods before its change."""
+
+    timeout: EvictionTimeout = "10m"
+    """How long the pods that must go may take (PodDisruptionBudgets permitting) before the node
+    is left on its old config with EvictionBlocked: a duration such as 10m, 90s or 1h30m."""
+    gracePeriodSeconds: Annotated[StrictInt, Field(ge=0, le=MAX_GRACE_PERIOD)] | None = None
+    """The grace period each eviction asks for; unset: each pod's own
+    terminationGracePeriodSeconds."""
+
+    @property
+    def timeout_seconds(self) -> int:
+        return durations.seconds(self.timeout)
 
 
 class RolloutSpec(ApiModel):
@@ -303,7 +345,11 @@ class RolloutSpec(ApiModel):
     """Nodes of the rollout that may end in Mismatch before it halts."""
     podPolicy: PodPolicy = PodPolicy.WAIT_FOR_PODS
     """WaitForPods: a node whose pods hold more slots than its new config has keeps its config
-    until they fit. Proceed: change it anyway."""
+    until they fit. Proceed: change it anyway. Evict: evict the fewest pods that must go (lowest
+    priority, then youngest) through the Eviction API, under their PodDisruptionBudgets, then
+    change it."""
+    eviction: EvictionSpec = EvictionSpec()
+    """With podPolicy Evict: how long the evictions may take, and their grace period."""
     cordonDuringChange: StrictBool = False
     """Taint the node NoSchedule (gpushare.dev/reconfiguring) from just before its label
     changes until it is Verified, so no pod is admitted while the device plugin restarts."""

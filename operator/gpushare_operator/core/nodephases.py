@@ -43,6 +43,9 @@ class NodeDecision:
     # While our labels are gone but the device plugin is not yet back unshared: the policy the
     # node is being released from (its status keeps naming it, and its budget keeps the node).
     released_from: str | None = None
+    # podPolicy Evict: the GPUNodeState's ``eviction`` block (statuses.EvictionStatus) while
+    # the node is drained, or after it was given up (EvictionBlocked); None: no eviction.
+    eviction: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +344,7 @@ def held_back(
         None,
         recheck_at=quiet_until,
         released_from=decision.released_from,
+        eviction=decision.eviction,
     )
 
 
@@ -354,6 +358,14 @@ def shows(record: NodeRecord, policy: CompiledPolicy | None) -> bool:
 def labels_satisfied(record: NodeRecord, labels: Labels) -> bool:
     """Whether the node already shows what we want (removal = absent)."""
     return all(record.labels.get(key) == value for key, value in labels.items())
+
+
+def _eviction_blocked(decision: NodeDecision) -> list[conditions.Cond]:
+    """Shown only once podPolicy Evict gave the node up: absent otherwise."""
+    eviction = decision.eviction or {}
+    if not eviction.get("blockedAt"):
+        return []
+    return [conditions.Cond("EvictionBlocked", "True", decision.reason, decision.message)]
 
 
 def _degraded(decision: NodeDecision) -> list[conditions.Cond]:
@@ -403,11 +415,13 @@ def render_status(
         "slotsSummary": f"{allocated}/{capacity}",
         "pods": pods,
         "configReadyAt": decision.config_ready_at,
+        "eviction": dict(decision.eviction) if decision.eviction else None,
         "conditions": conditions.render_conditions(
             [
                 conditions.Cond("Ready", ready, decision.reason, decision.message),
                 conditions.overcommitted(allocated=allocated, capacity=capacity),
                 *_degraded(decision),
+                *_eviction_blocked(decision),
                 *_write_failed(write_problem),
             ],
             previous=previous.get("conditions"),

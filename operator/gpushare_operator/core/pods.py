@@ -29,6 +29,11 @@ class PodRecord:
     node: str | None  # spec.nodeName; None while unscheduled
     phase: str
     requests: Requests
+    # What podPolicy Evict chooses by (kube-scheduler's preemption order) and never evicts.
+    priority: int = 0  # spec.priority, as the priority admission plugin set it
+    created: str = ""  # metadata.creationTimestamp (RFC 3339 in UTC: sorts as it reads)
+    evictable: bool = True  # False for a mirror (static) pod or a DaemonSet's pod
+    terminating: bool = False  # metadata.deletionTimestamp is set: it is on its way out
 
     @property
     def holds_slots(self) -> bool:
@@ -131,6 +136,29 @@ def project_pod(obj: Mapping[str, Any], *, tracked: Callable[[str], bool]) -> Po
         node=_intern(node) if isinstance(node, str) and node else None,
         phase=_intern(str((obj.get("status") or {}).get("phase") or "Pending")),
         requests=requests,
+        priority=_priority(spec.get("priority")),
+        created=_intern(str(metadata.get("creationTimestamp") or "")),
+        evictable=_evictable(metadata),
+        terminating=bool(metadata.get("deletionTimestamp")),
+    )
+
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+def _priority(raw: object) -> int:
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
+
+
+def _evictable(metadata: Mapping[str, Any]) -> bool:
+    """Neither a mirror pod (kubelet runs its static pod whatever the API says) nor a
+    DaemonSet's (its controller would put it straight back on the same node)."""
+    if MIRROR_ANNOTATION in (metadata.get("annotations") or {}):
+        return False
+    owners = metadata.get("ownerReferences") or ()
+    return not any(
+        isinstance(o, Mapping) and o.get("kind") == "DaemonSet" and o.get("controller")
+        for o in owners
     )
 
 

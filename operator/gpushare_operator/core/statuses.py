@@ -142,6 +142,33 @@ class GPUSharingPolicyStatus(_HasSlots):
     """Ready, SelectorValid, Conflicting, Paused and related conditions."""
 
 
+MAX_LISTED_PODS = 50
+
+
+class EvictionStatus(ApiModel):
+    """podPolicy Evict on this node: whose change, since when, what is left, what blocks it.
+    Every leader reads its deadline and its outcome from here."""
+
+    policy: str
+    """The policy whose change needs the evictions (for a release: the one the node leaves)."""
+    generation: Count = 0
+    """That policy's metadata.generation: an edit of its spec arms the evictions again."""
+    target: str = ""
+    """The config key the node is to take; empty for a release to the default config."""
+    startedAt: Rfc3339
+    """When the first eviction was asked for; the node is given up at this plus the timeout."""
+    pods: Annotated[list[str], Field(max_length=MAX_LISTED_PODS)] = []
+    """The pods (namespace/name) still to go, in the order they are evicted."""
+    blockedBy: Annotated[list[str], Field(max_length=MAX_LISTED_PODS)] = []
+    """PodDisruptionBudgets (namespace/name) that refused an eviction (HTTP 429)."""
+    blockedAt: Rfc3339 | None = None
+    """When the node was given up (EvictionBlocked): it keeps its old config."""
+    reason: Literal["EvictionTimedOut", "NotEvictable"] | None = None
+    """Why it was given up: the timeout passed, or pods we never evict are in the way."""
+    message: Annotated[str, Field(max_length=4096)] = ""
+    """The same, in words."""
+
+
 class GPUNodeStateStatus(_HasSlots):
     """The sharing state of one GPU node."""
 
@@ -152,7 +179,8 @@ class GPUNodeStateStatus(_HasSlots):
     configKey: str | None = None
     """The device-plugin config key that the node is labelled with, or is to be."""
     phase: NodePhase
-    """Pending, Applied, Verified, Degraded, Mismatch, Releasing, Unsupported or Unmanaged."""
+    """Pending, Applied, Verified, Degraded, Mismatch, Releasing, Evicting, Unsupported or
+    Unmanaged."""
     gpus: Count = 0
     """Physical GPUs on the node."""
     product: str | None = None
@@ -166,6 +194,8 @@ class GPUNodeStateStatus(_HasSlots):
     node may be labelled with it (RFC 3339); set only while the node waits for that."""
     pods: Count = 0
     """Running or pending pods that hold slots on the node."""
+    eviction: EvictionStatus | None = None
+    """While podPolicy Evict drains the node (phase Evicting), or after it gave up."""
     conditions: Conditions = []
     """Conditions of the node's sharing state."""
     lastTransitionTime: Rfc3339 | None = None

@@ -9,6 +9,7 @@ status patches) under the loop's permit, posts the Events they call for, and ret
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -18,7 +19,7 @@ from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import announcements, models
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.core.rollouts import TAINT_KEY
-from gpushare_operator.kube import http
+from gpushare_operator.kube import evicting, http
 from gpushare_operator.kube.events import ObjectRef
 from gpushare_operator.kube.sending import (
     API,
@@ -56,6 +57,8 @@ class Patches:
         self, plan: NodePlan | PolicyPlan, *, tokens: Tokens
     ) -> NodeWritten | PolicyWritten | None:
         """Send ``plan``'s requests; None when it has none."""
+        if isinstance(plan, NodePlan) and plan.evictions_done:
+            self._sender.telemetry.evicted("done", len(plan.evictions_done))
         if not plan.writes:
             return None
         if isinstance(plan, NodePlan):
@@ -81,9 +84,16 @@ class Patches:
             what = f"GPUNodeState {plan.name} status"
             if plan.labels is not None:
                 return await self._write_labels(plan, tokens, node)
+            evicted = evicting.Evicted()
+            if plan.evictions:  # after our taint: replacements must not land here
+                evicted = await evicting.evict(self._sender, tokens, plan.evictions, node=plan.name)
+            written = NodeWritten(Done(), node)
             if plan.status is not None:
-                return await self._write_node_state(plan, tokens, node)
-            return NodeWritten(Done(), node)
+                written = await self._write_node_state(plan, tokens, node)
+            outcome = written.outcome if evicted.failed is None else Retry(evicted.failed)
+            return replace(
+                written, outcome=outcome, evicted=evicted.accepted, refused=evicted.refused
+            )
         except NotSent:
             return NodeWritten(LeadershipLost(), node)
         except FAILURES as exc:
@@ -156,6 +166,9 @@ class Patches:
             content_type=JSON_PATCH,
         )
         for event in announcements.node_announcements(previous, plan.status):
+            if event.reason == "EvictionBlocked":
+                left = (plan.status.get("eviction") or {}).get("pods") or ()
+                self._sender.telemetry.evicted("blocked", len(left))
             await self._sender.recorder.post(
                 ref=_node_ref(plan), type_=event.type, reason=event.reason, message=event.message
             )

@@ -87,6 +87,10 @@ class Sender:
         self._telemetry: Telemetry = telemetry or NoTelemetry()
         self.counters = WriteCounters(ok={}, failed={})
 
+    @property
+    def telemetry(self) -> Telemetry:
+        return self._telemetry
+
     async def send(self, tokens: Tokens, kind: str, **request: Any) -> Any:
         if not await tokens.take() or not self._permit.may_write():
             raise NotSent()

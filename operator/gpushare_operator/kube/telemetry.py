@@ -14,6 +14,7 @@ class Telemetry(Protocol):
     def informer_failed(self, kind: str, reason: str) -> None: ...
     def reconciled(self, kind: str, seconds: float) -> None: ...
     def wrote(self, kind: str, outcome: str, seconds: float) -> None: ...
+    def evicted(self, result: str, count: int) -> None: ...
 
 
 class NoTelemetry:
@@ -27,4 +28,7 @@ class NoTelemetry:
         return None
 
     def wrote(self, kind: str, outcome: str, seconds: float) -> None:
+        return None
+
+    def evicted(self, result: str, count: int) -> None:
         return None

@@ -40,3 +40,12 @@ class WriteMemory:
     # up our ownership and the labels stayed.  Reported on the node; it holds no finalizer and
     # counts against no budget.  A new leader learns it again from its first release apply.
     release_blocked: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # podPolicy Evict, per pod uid: when we last had an eviction of it accepted (not asked
+    # again while its watch event is on its way), and the node it was evicted from (counted
+    # done once it is gone).  A new leader asks again; the API server answers the same.
+    evicted: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # pod uid -> (refusals in a row, not to be asked again before): a PodDisruptionBudget
+    # answered 429; the next attempt backs off.
+    eviction_refused: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # pod uid -> the PodDisruptionBudgets (namespace/name) its last refusal named.
+    eviction_blockers: dict[str, tuple[str, ...]] = field(default_factory=dict)

@@ -10,7 +10,7 @@ way raises to say how a write went, sets a flag for someone to read later, or to
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpushare_operator.core.nodephases import Labels
@@ -65,6 +65,9 @@ class NodeWritten:
     co_owners: tuple[str, ...] = ()
     status: Mapping[str, Any] | None = None  # the GPUNodeState status written
     echo: dict[str, Any] | None = None  # the GPUNodeState the status write returned
+    evicted: tuple[str, ...] = ()  # uids of pods whose eviction the API server accepted
+    # uid -> the PodDisruptionBudgets (namespace/name) that refused its eviction now (429)
+    refused: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

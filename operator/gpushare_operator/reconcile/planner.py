@@ -11,7 +11,6 @@ no writes means no API call at all.
 from __future__ import annotations
 
 import datetime
-import math
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -31,9 +30,11 @@ from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.core.rollouts import FINALIZER
+from gpushare_operator.core.stamps import epoch_of, rfc3339
 from gpushare_operator.reconcile import tallies
 from gpushare_operator.reconcile.appliedclocks import AppliedClocks
 from gpushare_operator.reconcile.configplan import ConfigPlanner
+from gpushare_operator.reconcile.drains import Drains
 from gpushare_operator.reconcile.memory import WriteMemory
 from gpushare_operator.reconcile.plans import ConfigPlan, NodeFacts, NodePlan, PolicyPlan, Stage
 from gpushare_operator.reconcile.rollouts import Placement, RolloutBook, Step
@@ -78,6 +79,7 @@ class Planner:
         self.clocks = clocks
         self.memory = memory
         self.configs = ConfigPlanner(cache, grace_period=timings.key_grace_period, memory=memory)
+        self.drains = Drains(cache=cache, book=book, memory=memory, epoch=epoch)
         self._wallclock = wallclock
 
     # -- nodes -----------------------------------------------------------------------------------
@@ -89,7 +91,7 @@ class Planner:
         delay = self.timings.propagation_delay
         seen = self.cache.key_seen_at.get(key, float("-inf"))
         wall = self.cache.key_seen_wall.get(key, float("-inf"))
-        ready_wall = None if wall == float("-inf") else _rfc3339(wall + delay)
+        ready_wall = None if wall == float("-inf") else rfc3339(wall + delay)
         return nodephases.KeyReadiness(
             present=True, ready_at=seen + delay, ready_at_wall=ready_wall
         )
@@ -118,7 +120,7 @@ class Planner:
         with its transition time on our monotonic clock."""
         cache = self.cache
         status = cache.in_flight.get(("nodestate", name)) or cache.node_states.get(name)
-        stamp = _epoch((status or {}).get("lastTransitionTime"))
+        stamp = epoch_of((status or {}).get("lastTransitionTime"))
         # The stamp has whole seconds: the transition came at most a second after it.  The
         # latest moment is the safe one: a release stops counting against the budget, and a
         # lasting Degraded node loses our taint, never before their time.
@@ -137,10 +139,13 @@ class Planner:
         if record is None:  # gone: its GPUNodeState follows through the ownerReference
             return NodePlan(name, "", NodeFacts(None, None, None, None), stage)
         planned = self.decide(record)
-        judged = self.book.judge(record, planned)
+        drain = self.drains.judge(record, planned, self.book.judge(record, planned))
+        judged = drain.judgement
         decision = judged.decision
         held_until = self._held_until(decision)
-        taint, uncordon_at = self._taint(record, judged.placement, decision)
+        taint, uncordon_at = self._taint(
+            record, judged.placement, decision, draining=drain.draining
+        )
         recheck = [when for when in (decision.recheck_at, uncordon_at) if when is not None]
         facts = NodeFacts(decision, judged.placement, held_until, min(recheck, default=None))
         labels = decision.labels
@@ -157,10 +162,26 @@ class Planner:
         status = None
         if labels is None and held_until is None:
             status = self._node_status(record, decision)
-        return NodePlan(name, record.uid, facts, stage, taint, labels, status, create)
+        return NodePlan(
+            name,
+            record.uid,
+            facts,
+            stage,
+            taint,
+            labels,
+            status,
+            create,
+            evictions=drain.evictions,
+            evictions_done=drain.done,
+        )
 
     def _taint(
-        self, record: NodeRecord, placement: Placement, decision: nodephases.NodeDecision
+        self,
+        record: NodeRecord,
+        placement: Placement,
+        decision: nodephases.NodeDecision,
+        *,
+        draining: bool,
     ) -> tuple[JsonPatch | None, float | None]:
         """Our NoSchedule taint: on from just before a cordoned change's label write until the
         node is available again; only ever ours (key and effect), added and removed in place.
@@ -170,7 +191,7 @@ class Planner:
         --mismatch-timeout in Degraded (time for a device plugin to restart).  Also returns
         when the taint is due to go, to look again then."""
         tainted = any(rollouts.is_ours(taint) for taint in record.taints)
-        wanted = self.book.wants_taint(placement, tainted=tainted)
+        wanted = self.book.wants_taint(placement, tainted=tainted, draining=draining)
         due = None
         if wanted and decision.phase is NodePhase.MISMATCH:
             wanted = False
@@ -341,20 +362,6 @@ class Planner:
 
     def desired_config(self) -> dict[str, str]:
         return self.configs.desired().data
-
-
-def _epoch(stamp: object) -> float | None:
-    if not isinstance(stamp, str):
-        return None
-    try:
-        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _rfc3339(epoch: float) -> str:
-    moment = datetime.datetime.fromtimestamp(math.floor(epoch), datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _meets(a: Collection[str], b: Collection[str]) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 from gpushare_operator.core import nodephases
 from gpushare_operator.core.listpatches import JsonPatch
 from gpushare_operator.core.workqueue import CONFIG_KEY, NODE, POLICY, Key
+from gpushare_operator.reconcile.drains import Eviction
 from gpushare_operator.reconcile.rollouts import Placement
 
 
@@ -51,6 +52,9 @@ class NodePlan:
     labels: nodephases.Labels | None = None  # SSA of our two labels; None: no label write
     status: dict[str, Any] | None = None  # GPUNodeState status; None: no status write
     create_state: bool = False  # the GPUNodeState object does not exist yet
+    # podPolicy Evict: pods to evict, after the taint and before the status (never with labels)
+    evictions: tuple[Eviction, ...] = ()
+    evictions_done: tuple[str, ...] = ()  # uids of pods we evicted that are gone (counted)
 
     @property
     def key(self) -> Key:
@@ -58,7 +62,12 @@ class NodePlan:
 
     @property
     def writes(self) -> bool:
-        return self.taint is not None or self.labels is not None or self.status is not None
+        return (
+            self.taint is not None
+            or self.labels is not None
+            or self.status is not None
+            or bool(self.evictions)
+        )
 
 
 @dataclass(frozen=True, slots=True)

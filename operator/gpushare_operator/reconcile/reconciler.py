@@ -35,6 +35,13 @@ from gpushare_operator.reconcile.plans import ConfigPlan, NodePlan, Plan, Policy
 from gpushare_operator.reconcile.rollouts import RolloutBook
 
 
+def eviction_backoff(attempts: int) -> float:
+    """Seconds before asking again for an eviction a PodDisruptionBudget refused ``attempts``
+    times in a row: 1, 2, 4, 8, then every 10 s (a budget frees up as soon as a replacement
+    pod is Ready, so a long wait costs drain time and a short one costs little)."""
+    return float(min(10, 2 ** (attempts - 1)))
+
+
 @dataclass(frozen=True, slots=True)
 class Tick:
     orders: Orders
@@ -115,6 +122,7 @@ class Reconciler:
         else:
             memory.held[name] = facts.held_until
         at = () if facts.recheck_at is None else ((plan.key, facts.recheck_at),)
+        self._learn_evictions(plan, written)
         if written is None:
             return Orders(at=at)
         cache, mark = self.cache, set[Key]()
@@ -141,6 +149,28 @@ class Reconciler:
                     mark.add(plan.key)  # its status drops the condition
                 again = Stage.LABELLED
         return Orders(written.outcome, frozenset(mark), at=at, again=again)
+
+    def _learn_evictions(self, plan: NodePlan, written: NodeWritten | None) -> None:
+        """podPolicy Evict: what the API server accepted (not asked again while its watch
+        event is on its way), refused (asked again after a back-off), and what is gone."""
+        memory = self.memory
+        for uid in plan.evictions_done:
+            memory.evicted.pop(uid, None)
+        pods = self.cache.usage.pods
+        for uid in [u for u in memory.eviction_refused if u not in pods]:
+            memory.eviction_refused.pop(uid, None)
+            memory.eviction_blockers.pop(uid, None)
+        if written is None:
+            return
+        now = self.cache.clock()
+        for uid in written.evicted:
+            memory.evicted[uid] = (now, plan.name)
+            memory.eviction_refused.pop(uid, None)
+            memory.eviction_blockers.pop(uid, None)
+        for uid, budgets in written.refused.items():
+            attempts = memory.eviction_refused.get(uid, (0, now))[0] + 1
+            memory.eviction_refused[uid] = (attempts, now + eviction_backoff(attempts))
+            memory.eviction_blockers[uid] = budgets
 
     def _release_outcome(self, name: str, written: NodeWritten) -> None:
         """After a release apply: labels that other field managers own too stay on the node."""

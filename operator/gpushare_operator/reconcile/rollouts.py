@@ -144,14 +144,21 @@ class RolloutBook:
             return Judgement(decision, admitted)
         return self._hold(record, decision, place=place, target=target)
 
-    def unavailable_for(self, record: NodeRecord, decision: nodephases.NodeDecision) -> str | None:
+    def unavailable_for(
+        self, record: NodeRecord, decision: nodephases.NodeDecision, *, drained: bool = True
+    ) -> str | None:
         """The policy charged while the node runs a config not yet confirmed (or a release not
-        yet settled); None while it is available.  From the node and the ConfigMap alone."""
+        yet settled, or it is drained for a change); None while it is available.  From the
+        node, its GPUNodeState and the ConfigMap alone.  ``drained`` False: leave the drain
+        out (it is being given up)."""
         phase = decision.phase
         if phase is NodePhase.UNSUPPORTED or decision.reason == "ReleaseBlocked":
             return None  # not ours to change: out of every rollout
         if phase is NodePhase.RELEASING:
             return self._existing(decision.released_from)
+        evicting = self._evicting_for(record.name) if drained else None
+        if evicting is not None:  # drained for a change (podPolicy Evict): not yet given up
+            return self._existing(evicting)
         key, owner = record.config_label, record.policy_label
         if key is None or owner is None:
             return None  # none of our config on it
@@ -164,6 +171,16 @@ class RolloutBook:
             # apply it, and the device plugin does not run.
             confirmed = sharing is not None and not nodephases.disagreements(record, sharing)
         return None if confirmed else self._existing(owner)
+
+    def _evicting_for(self, node: str) -> str | None:
+        """The policy a node's GPUNodeState says it is being drained for (phase Evicting)."""
+        cache = self.cache
+        status = cache.in_flight.get(("nodestate", node)) or cache.node_states.get(node) or {}
+        if status.get("phase") != NodePhase.EVICTING:
+            return None
+        block = status.get("eviction")
+        policy = block.get("policy") if isinstance(block, dict) else None
+        return policy if isinstance(policy, str) else CLUSTER
 
     def _existing(self, policy: str | None) -> str:
         return policy if policy is not None and policy in self.cache.policies else CLUSTER
@@ -180,7 +197,7 @@ class RolloutBook:
         spec, paused = self._spec(charged)
         misfit = None
         if spec.podPolicy is PodPolicy.WAIT_FOR_PODS:
-            misfit = self._misfit(record, None if target == RELEASE else decision.policy)
+            misfit = self.misfit(record, None if target == RELEASE else decision.policy)
         now = self.cache.clock()
         since = self._held_since.get(record.name, now)
         place = replace(
@@ -280,7 +297,8 @@ class RolloutBook:
             return rollouts.DEFAULT_ROLLOUT, False
         return policy.spec.rollout, policy.paused
 
-    def _misfit(self, record: NodeRecord, policy: CompiledPolicy | None) -> str | None:
+    def misfit(self, record: NodeRecord, policy: CompiledPolicy | None) -> str | None:
+        """Why the node's pods would not fit ``policy``'s config (None: the default one)."""
         held = self.cache.usage.node_slots(record.name)
         if not held:
             return None
@@ -402,10 +420,14 @@ class RolloutBook:
     def cluster_budget(self) -> int:
         return rollouts.max_unavailable(self.max_unavailable, total=len(self.cache.nodes))
 
-    def wants_taint(self, placement: Placement, *, tainted: bool) -> bool:
+    def wants_taint(self, placement: Placement, *, tainted: bool, draining: bool) -> bool:
         """Whether the node is in a change of a policy that cordons during changes: admitted,
-        or unavailable since and carrying the taint (ours, by a leader before us or by us)."""
+        or unavailable since and carrying the taint (ours, by a leader before us or by us).
+        A node drained for podPolicy Evict carries it whatever cordonDuringChange says, from
+        before its first eviction until its change is confirmed."""
+        if draining:
+            return True
         if not placement.down or (placement.grant is None and not tainted):
             return False
         spec, _ = self._spec(placement.down)
-        return spec.cordonDuringChange
+        return spec.cordonDuringChange or (spec.podPolicy is PodPolicy.EVICT and tainted)

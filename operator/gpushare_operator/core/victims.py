@@ -1,0 +1,92 @@
+"""Which pods ``podPolicy: Evict`` takes off a node so that the rest fit its new config.
+
+The choice is kube-scheduler's own for preemption (``SelectVictimsOnNode`` in its
+``defaultpreemption`` plugin): take every pod that may go off the node, then give back, most
+important first, each pod that still fits beside those already given back.  Most important is
+the higher ``spec.priority``, then the older pod (kube-scheduler compares ``status.startTime``;
+we compare ``metadata.creationTimestamp``, which every pod has), then the name, so that ties
+are settled the same way by every leader.  What is left over are the victims: the lowest
+priority and youngest pods first, and no more of them than needed: giving any one of them back
+would overfill the node (the set is minimal, though a different set could be smaller in count).
+
+Pods that are never evicted stay whatever happens: a DaemonSet's pod (its controller would put
+it straight back), a mirror pod (kubelet runs the static pod whatever the API says).  Pods that
+ask for no GPU resource are not in our records at all.  A pod already on its way out
+(``deletionTimestamp`` set) is neither evicted nor counted as staying: the node waits for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpushare_operator.core.pods import PodRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Victims:
+    evict: tuple[PodRecord, ...] = ()  # to evict, in the order to evict them
+    leaving: tuple[PodRecord, ...] = ()  # on their way out already: waited for
+    stuck: str | None = None  # why the node cannot fit even so (pods we never evict); None: it can
+
+
+def importance(pod: PodRecord) -> tuple[int, str, str, str]:
+    """Sort key, most important first: higher priority, then older, then by name."""
+    return (-pod.priority, pod.created, pod.namespace, pod.name)
+
+
+def choose(pods: Iterable[PodRecord], *, resource: str | None, capacity: int) -> Victims:
+    """The pods to evict for the rest to fit ``capacity`` slots of ``resource`` (and nothing
+    of any other GPU resource); ``resource`` None: the GPUs must be left with no pod at all."""
+    staying: list[PodRecord] = []
+    leaving: list[PodRecord] = []
+    candidates: list[PodRecord] = []
+    for pod in pods:
+        if not pod.holds_slots or not pod.requests:
+            continue
+        if pod.terminating:
+            leaving.append(pod)
+        elif not pod.evictable:
+            staying.append(pod)
+        else:
+            candidates.append(pod)
+    stuck = _stuck(staying, resource=resource, capacity=capacity)
+    if stuck is not None:
+        return Victims(leaving=tuple(leaving), stuck=stuck)
+    held = sum(pod.amount(resource) for pod in staying) if resource is not None else 0
+    evict: list[PodRecord] = []
+    for pod in sorted(candidates, key=importance):
+        amount = pod.amount(resource) if resource is not None else 0
+        fits = resource is not None and _only(pod, resource) and held + amount <= capacity
+        if fits:
+            held += amount
+        else:
+            evict.append(pod)
+    evict.reverse()  # least important first
+    return Victims(tuple(evict), tuple(leaving))
+
+
+def _only(pod: PodRecord, resource: str) -> bool:
+    """Whether the pod asks for no GPU resource but ``resource`` (the new config advertises
+    nothing else: a pod holding another would keep a device the plugin no longer offers)."""
+    return all(name == resource for name, _ in pod.requests)
+
+
+def _stuck(staying: list[PodRecord], *, resource: str | None, capacity: int) -> str | None:
+    if not staying:
+        return None
+    names = ", ".join(sorted(f"{p.namespace}/{p.name}" for p in staying))
+    if resource is None:
+        return f"pods that are never evicted (DaemonSet or static pods) hold GPUs: {names}"
+    if not all(_only(pod, resource) for pod in staying):
+        return (
+            "pods that are never evicted (DaemonSet or static pods) hold a resource the new"
+            f" config does not advertise: {names}"
+        )
+    held = sum(pod.amount(resource) for pod in staying)
+    if held > capacity:
+        return (
+            f"pods that are never evicted (DaemonSet or static pods) hold {held} {resource};"
+            f" the new config has {capacity}: {names}"
+        )
+    return None

@@ -1,0 +1,244 @@
+"""``podPolicy: Evict``: an admitted change whose pods do not fit drains the node first.
+
+Between the rollout book's judgement and the writes: a node admitted to a change that its pods
+would not fit (``RolloutBook.misfit``) is not labelled yet.  It is tainted, the fewest pods
+that must go (``core.victims``) are evicted through the Eviction API, and once they are gone
+(the pods' records leave the node: terminated, not just terminating) the change goes ahead.
+Meanwhile it is ``Evicting`` and counts against its policy's budget, as admitted.
+
+What a deadline depends on is in the node's GPUNodeState (``status.eviction``): when the first
+eviction was asked for, for which policy generation and target.  A new leader reads the same
+start and gives up at the same moment.  Given up (the timeout passed, or pods we never evict
+hold what the new config lacks), the node keeps its old config, says ``EvictionBlocked`` with
+the pods and the PodDisruptionBudgets that refused, counts as available again, and waits
+like a ``WaitForPods`` node: it changes once its pods fit by themselves, and an edit of the
+policy's spec (a new generation) arms the evictions again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpushare_operator.cache.cluster import ClusterCache
+from gpushare_operator.core import devconfigs, nodephases, victims
+from gpushare_operator.core.models import NodePhase, PodPolicy
+from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
+from gpushare_operator.core.pods import PodRecord
+from gpushare_operator.core.stamps import epoch_of, rfc3339
+from gpushare_operator.reconcile.memory import WriteMemory
+from gpushare_operator.reconcile.rollouts import Judgement, RolloutBook, Step
+
+# An accepted eviction's watch event (the pod turning Terminating) normally follows within
+# a second; until then the pod is not asked again.
+RESEND_AFTER = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """One ``POST pods/NAME/eviction``, and the Event it leaves on the pod."""
+
+    namespace: str
+    name: str
+    uid: str
+    grace_period: int | None  # deleteOptions.gracePeriodSeconds; None: the pod's own
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    judgement: Judgement  # as judged, or turned into Evicting / EvictionBlocked
+    evictions: tuple[Eviction, ...] = ()  # to ask for now
+    draining: bool = False  # evicting: the node must carry our taint first
+    done: tuple[str, ...] = ()  # uids of pods we evicted that are gone now
+
+
+class Drains:
+    def __init__(
+        self,
+        *,
+        cache: ClusterCache,
+        book: RolloutBook,
+        memory: WriteMemory,
+        epoch: Callable[[], float],
+    ) -> None:
+        self.cache = cache
+        self.book = book
+        self.memory = memory
+        self._epoch = epoch
+
+    def judge(
+        self, record: NodeRecord, planned: nodephases.NodeDecision, judged: Judgement
+    ) -> Drain:
+        """The node's judgement under podPolicy Evict (unchanged under any other)."""
+        done = self._done(record.name)
+        place = judged.placement
+        spec, _ = self.book.spec_of(place.charged)
+        if planned.labels is None or spec.podPolicy is not PodPolicy.EVICT:
+            return Drain(judged, done=done)
+        policy = None if nodephases.releases(planned) else planned.policy
+        if self.book.misfit(record, policy) is None:
+            return Drain(judged, done=done)  # the pods fit: the change goes ahead
+        target = "" if policy is None else str(policy.config_key)
+        generation = self._generation(place.charged)
+        prior = self._prior(record.name, place.charged, generation, target)
+        pods = self.cache.usage.node_pods(record.name)
+        resource, capacity = _fit(record, policy)
+        chosen = victims.choose(pods, resource=resource, capacity=capacity)
+        if prior is not None and prior.get("blockedAt"):
+            return Drain(self._blocked(record, planned, judged, dict(prior)), done=done)
+        if place.step is not Step.ADMITTED:
+            return Drain(judged, done=done)  # waiting its turn
+        now = self._epoch()
+        block = {
+            "policy": place.charged,
+            "generation": generation,
+            "target": target,
+            "startedAt": (prior or {}).get("startedAt") or rfc3339(now),
+            "pods": [_name(p) for p in (*chosen.evict, *chosen.leaving)][:50],
+            "blockedBy": self._blockers(chosen),
+        }
+        started = epoch_of(block["startedAt"]) or now
+        deadline = started + spec.eviction.timeout_seconds
+        if chosen.stuck is not None or now >= deadline:
+            block["blockedAt"] = rfc3339(now)
+            block["reason"] = "NotEvictable" if chosen.stuck else "EvictionTimedOut"
+            block["message"] = chosen.stuck or (
+                f"the pods that had to go were not gone {spec.eviction.timeout} after the first"
+                " eviction was asked for"
+            )
+            return Drain(self._blocked(record, planned, judged, block))
+        message = _evicting_message(block, target)
+        evicting = nodephases.NodeDecision(
+            planned.policy,
+            NodePhase.EVICTING,
+            "Evicting",
+            message,
+            None,
+            recheck_at=self.cache.clock() + max(0.0, deadline - now),
+            released_from=planned.released_from,
+            eviction=block,
+        )
+        grace = spec.eviction.gracePeriodSeconds
+        event = f"Evicted by gpushare: policy {place.charged} changes node {record.name}"
+        evictions = tuple(
+            Eviction(p.namespace, p.name, p.uid, grace, event)
+            for p in chosen.evict
+            if self._due(p.uid)
+        )
+        again = self._next_attempt(chosen.evict)
+        if again is not None and evicting.recheck_at is not None:
+            evicting = replace(evicting, recheck_at=min(evicting.recheck_at, again))
+        return Drain(replace(judged, decision=evicting), evictions, draining=True, done=done)
+
+    # -- pieces ----------------------------------------------------------------------------------
+
+    def _blocked(
+        self,
+        record: NodeRecord,
+        planned: nodephases.NodeDecision,
+        judged: Judgement,
+        block: dict[str, Any],
+    ) -> Judgement:
+        """Given up: its old config stays; available again; held until its pods fit."""
+        pods = ", ".join(block.get("pods") or ()) or "none"
+        budgets = ", ".join(block.get("blockedBy") or ()) or "none seen"
+        reason = str(block.get("reason") or "EvictionTimedOut")
+        message = (
+            f"{block.get('message') or 'eviction given up'}; pods left: {pods};"
+            f" PodDisruptionBudgets that refused: {budgets}. The node keeps its config until its"
+            " pods fit (or the policy's spec is edited)"
+        )
+        held = nodephases.held_back(planned, reason=reason, message=message)
+        held = replace(held, eviction=block)
+        place = replace(
+            judged.placement,
+            step=Step.BLOCKED,
+            grant=None,
+            down=self.book.unavailable_for(record, planned, drained=False),
+            wanted=judged.placement.wanted or _wanted(planned),
+        )
+        return Judgement(held, place)
+
+    def _prior(
+        self, node: str, policy: str, generation: int, target: str
+    ) -> Mapping[str, Any] | None:
+        """The eviction block the node's GPUNodeState carries for this very change."""
+        status = self.cache.in_flight.get(("nodestate", node)) or self.cache.node_states.get(node)
+        block = (status or {}).get("eviction")
+        if not isinstance(block, Mapping):
+            return None
+        same = (block.get("policy"), block.get("generation"), block.get("target") or "")
+        return block if same == (policy, generation, target) else None
+
+    def _generation(self, policy: str) -> int:
+        compiled = self.cache.policies.get(policy)
+        return compiled.generation if compiled is not None else 0
+
+    def _blockers(self, chosen: victims.Victims) -> list[str]:
+        seen: set[str] = set()
+        for pod in chosen.evict:
+            seen.update(self.memory.eviction_blockers.get(pod.uid, ()))
+        return sorted(seen)[:50]
+
+    def _due(self, uid: str) -> bool:
+        now = self.cache.clock()
+        sent = self.memory.evicted.get(uid)
+        if sent is not None and now - sent[0] < RESEND_AFTER:
+            return False
+        refused = self.memory.eviction_refused.get(uid)
+        return refused is None or now >= refused[1]
+
+    def _next_attempt(self, pods: tuple[PodRecord, ...]) -> float | None:
+        times = [
+            self.memory.eviction_refused[p.uid][1]
+            for p in pods
+            if p.uid in self.memory.eviction_refused
+        ]
+        times += [
+            self.memory.evicted[p.uid][0] + RESEND_AFTER
+            for p in pods
+            if p.uid in self.memory.evicted
+        ]
+        return min(times, default=None)
+
+    def _done(self, node: str) -> tuple[str, ...]:
+        """Pods evicted from ``node`` that are gone (deleted, or finished)."""
+        pods = self.cache.usage.pods
+        return tuple(
+            uid
+            for uid, (_, where) in self.memory.evicted.items()
+            if where == node and (uid not in pods or not pods[uid].holds_slots)
+        )
+
+
+def _fit(record: NodeRecord, policy: Any) -> tuple[str, int]:
+    """The resource the target config advertises and how many of it."""
+    gpus = record.gpus or 0
+    if policy is None or policy.sharing is None:
+        return GPU_RESOURCE, gpus
+    return devconfigs.advertised_resource(policy.sharing), gpus * (policy.replicas or 1)
+
+
+def _wanted(planned: nodephases.NodeDecision) -> str:
+    policy = planned.policy
+    if policy is None or policy.config_key is None or nodephases.releases(planned):
+        return ""
+    return policy.config_key
+
+
+def _name(pod: PodRecord) -> str:
+    return f"{pod.namespace}/{pod.name}"
+
+
+def _evicting_message(block: Mapping[str, Any], target: str) -> str:
+    pods = block.get("pods") or []
+    goal = f"config {target}" if target else "the default config"
+    message = (
+        f"evicting {len(pods)} pod(s) so that the rest fit {goal} (podPolicy Evict):"
+        f" {', '.join(pods)}"
+    )
+    if block.get("blockedBy"):
+        message += f"; refused for now by PodDisruptionBudget(s) {', '.join(block['blockedBy'])}"
+    return message

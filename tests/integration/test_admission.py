@@ -251,6 +251,24 @@ REJECTED = [
         "spec.rollout.podPolicy",
         'Unsupported value: "Sometimes"',
     ),
+    Rejected(
+        "eviction-timeout-zero",
+        spec(rollout={"podPolicy": "Evict", "eviction": {"timeout": "0s"}}),
+        "spec.rollout.eviction.timeout",
+        "eviction.timeout must be a duration of at least 1s",
+    ),
+    Rejected(
+        "eviction-timeout-no-unit",
+        spec(rollout={"podPolicy": "Evict", "eviction": {"timeout": "600"}}),
+        "spec.rollout.eviction.timeout",
+        "should match",
+    ),
+    Rejected(
+        "eviction-grace-negative",
+        spec(rollout={"podPolicy": "Evict", "eviction": {"gracePeriodSeconds": -1}}),
+        "spec.rollout.eviction.gracePeriodSeconds",
+        "greater than or equal to 0",
+    ),
     # replicas
     Rejected("replicas-1", spec(replicas=1), "spec", "replicas must be 2 to 64 when strategy"),
     Rejected("replicas-0", spec(replicas=0), "spec.replicas", "greater than or equal to 1"),
@@ -635,6 +653,7 @@ DEFAULTED_SPEC: Json = {
         "canary": 1,
         "failureThreshold": 1,
         "podPolicy": "WaitForPods",
+        "eviction": {"timeout": "10m"},
         "cordonDuringChange": False,
     },
 }
@@ -657,6 +676,7 @@ DOCUMENTED_EXAMPLE: Json = {
         "canary": 1,
         "failureThreshold": 1,
         "podPolicy": "WaitForPods",
+        "eviction": {"timeout": "10m"},
         "cordonDuringChange": False,
     },
 }
@@ -664,7 +684,8 @@ EVERY_ROLLOUT_FIELD: Json = {
     "maxUnavailable": 25,
     "canary": 0,
     "failureThreshold": 3,
-    "podPolicy": "Proceed",
+    "podPolicy": "Evict",
+    "eviction": {"timeout": "1h30m", "gracePeriodSeconds": 30},
     "cordonDuringChange": True,
 }
 ACCEPTED: list[tuple[str, Json, Json]] = [

@@ -8,7 +8,7 @@ from typing import Any
 
 from gpushare_operator.core import conditions, rollouts
 from gpushare_operator.core.conditions import Cond
-from gpushare_operator.core.models import MAX_LISTED_NODES, RolloutPhase, RolloutSpec
+from gpushare_operator.core.models import MAX_LISTED_NODES, PodPolicy, RolloutPhase, RolloutSpec
 from gpushare_operator.core.policies import CompiledPolicy
 
 
@@ -142,9 +142,15 @@ def waiting_on(
         )
     if state is RolloutPhase.WAITING_FOR_PODS:
         nodes = list(view.blocked_nodes)
+        if spec.podPolicy is PodPolicy.EVICT:
+            why = (
+                "their pods could not be evicted in time (podPolicy Evict, EvictionBlocked on"
+                " each node's GPUNodeState)"
+            )
+        else:
+            why = "their pods fit the new one (podPolicy WaitForPods)"
         return nodes[:MAX_LISTED_NODES], (
-            f"{len(nodes)} node(s) keep their config until their pods fit the new one (podPolicy"
-            f" WaitForPods): {named(nodes)}"
+            f"{len(nodes)} node(s) keep their config until {why}: {named(nodes)}"
         )
     if state is RolloutPhase.COMPLETE:
         return [], ""

@@ -1,0 +1,316 @@
+"""podPolicy Evict on the real control plane: kube-controller-manager's ReplicaSet and disruption
+controllers keep the Deployments and PodDisruptionBudgets, kube-scheduler places the
+replacements, the simulated kubelet runs and terminates the pods.  Every claim about what
+gpushare asked for, and when, is read from the API server's audit log.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from gpushare_testing import apiobjects as h
+from gpushare_testing import rolloutaudit as audit
+from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.gpupods import create, small_pod
+from gpushare_testing.operators import OperatorFactory, RunningOperator
+from gpushare_testing.rolloutstate import all_verified, paced
+from gpushare_testing.simulator import GpuClusterSimulator
+from gpushare_testing.waiting import eventually
+
+pytestmark = pytest.mark.usefixtures("crds_installed", "node_guard")
+
+GPU = "nvidia.com/gpu"
+TAINT = "gpushare.dev/reconfiguring"
+RUN = "example.com/test-run"
+
+
+def deployment(name: str, *, replicas: int, run: str) -> dict[str, Any]:
+    """GPU pods asking for one time-sliced nvidia.com/gpu each, quick to stop (1 s grace), on
+    this test's nodes only (labelled ``run``)."""
+    pod = small_pod(name, gpus=1, selector={RUN: run})
+    spec = pod["spec"] | {"terminationGracePeriodSeconds": 1}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
+        },
+    }
+
+
+def budget(name: str, **rule: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name},
+        "spec": {"selector": {"matchLabels": {"app": name}}, **rule},
+    }
+
+
+async def apply(sim: GpuClusterSimulator, namespace: str, body: dict[str, Any]) -> None:
+    group = "apis/apps/v1" if body["kind"] in ("Deployment", "DaemonSet") else "apis/policy/v1"
+    plural = {"Deployment": "deployments", "DaemonSet": "daemonsets"}.get(
+        body["kind"], "poddisruptionbudgets"
+    )
+    await h.ok(sim.client, "POST", f"/{group}/namespaces/{namespace}/{plural}", body)
+
+
+async def pods_of(sim: GpuClusterSimulator, namespace: str, app: str) -> list[dict[str, Any]]:
+    _, body = await sim.client.get(
+        f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": f"app={app}"}
+    )
+    return list(body["items"])
+
+
+def running(pods: list[dict[str, Any]]) -> dict[str, str]:
+    """name -> node of the pods that run and are not on their way out."""
+    return {
+        p["metadata"]["name"]: p["spec"]["nodeName"]
+        for p in pods
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    }
+
+
+async def settled(
+    sim: GpuClusterSimulator, namespace: str, app: str, replicas: int
+) -> dict[str, str]:
+    """name -> node of ``replicas`` running pods of ``app``, once no other is left."""
+    pods = await eventually(
+        lambda: pods_of(sim, namespace, app),
+        until=lambda pods: len(running(pods)) == replicas == len(pods),
+        timeout=120,
+        what=f"{replicas} pods of {app} running",
+    )
+    return running(pods)
+
+
+async def pod_events(sim: GpuClusterSimulator, namespace: str, pod: str) -> list[dict[str, Any]]:
+    body = await h.ok(sim.client, "GET", f"/api/v1/namespaces/{namespace}/events")
+    return [e for e in body["items"] if e["involvedObject"].get("name") == pod]
+
+
+async def evictions_counted(operator: RunningOperator) -> dict[str, float]:
+    """``gpushare_evictions_total`` by result, from the operator's /metrics."""
+    prefix = "gpushare_evictions_total{result="
+    return {
+        name[len(prefix) : -1]: value
+        for name, value in (await operator.metrics()).items()
+        if name.startswith(prefix)
+    }
+
+
+def evictions(plane: ControlPlane, *, since: float) -> list[tuple[float, str, int]]:
+    """(when, pod, HTTP code) of each eviction gpushare asked for."""
+    found = []
+    for event in plane.audit_events():
+        ref = event["objectRef"]
+        if event["user"]["username"] != h.OPERATOR_USER or ref.get("resource") != "pods":
+            continue
+        if ref.get("subresource") == "eviction" and event["verb"] == "create":
+            code = int((event.get("responseStatus") or {}).get("code", 0))
+            if audit.moment(event) >= since:
+                found.append((audit.moment(event), str(ref["name"]), code))
+    return sorted(found)
+
+
+def pod_writes_by_us(plane: ControlPlane) -> list[Mapping[str, Any]]:
+    """Every request gpushare made on pods that was not an eviction (there must be none)."""
+    return [
+        e
+        for e in plane.audit_events()
+        if e["user"]["username"] == h.OPERATOR_USER
+        and e["objectRef"].get("resource") == "pods"
+        and e["objectRef"].get("subresource") != "eviction"
+    ]
+
+
+def gone_at(plane: ControlPlane, pod: str) -> float:
+    """When the pod was finally deleted (kubelet's delete with grace 0, once it stopped)."""
+    deletes = [
+        audit.moment(e)
+        for e in plane.audit_events()
+        if e["objectRef"].get("resource") == "pods"
+        and e["objectRef"].get("name") == pod
+        and not e["objectRef"].get("subresource")
+        and e["verb"] == "delete"
+        and 200 <= int((e.get("responseStatus") or {}).get("code", 0)) < 300
+    ]
+    return max(deletes, default=float("inf"))
+
+
+def tainted_between(plane: ControlPlane, node: str, *, since: float) -> list[tuple[float, float]]:
+    """(from, to) of each time our taint was on ``node``, from our taint patches."""
+    spans, start = [], None
+    for when, _, patch in audit.taint_writes(plane, [node], since=since):
+        adds = any(op.get("op") == "add" and TAINT in str(op.get("value")) for op in patch)
+        if adds and start is None:
+            start = when
+        elif not adds and start is not None:
+            spans.append((start, when))
+            start = None
+    if start is not None:
+        spans.append((start, float("inf")))
+    return spans
+
+
+async def test_evict_drains_under_the_budget_and_replacements_land_elsewhere(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    pods_ns: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("evict")
+    mine = {RUN: pool}
+    changing = sorted(await sim.create_gpu_nodes(pool=pool, count=2, gpus=1, extra_labels=mine))
+    name = h.unique("evict")
+    rollout = {"maxUnavailable": 1, "canary": 0, "podPolicy": "Evict"}
+    await h.add_policy(sim, policies, paced(name, pool=pool, replicas=4, **rollout))
+    operator = await start_operator("--device-plugin-namespace", namespace)
+    old = await all_verified(sim, changing, name)
+    app = h.unique("web")
+    await apply(sim, pods_ns, budget(app, maxUnavailable=1))
+    await apply(sim, pods_ns, deployment(app, replicas=6, run=pool))
+    first = await settled(sim, pods_ns, app, 6)  # 3 and 3: 6 of the pool's 8 slots
+    assert sorted(set(first.values())) == changing
+    # Room elsewhere for what must go: two plain GPU nodes no policy selects.
+    spare = await sim.create_gpu_nodes(pool=h.unique("spare"), count=2, gpus=2, extra_labels=mine)
+
+    since = time.time()
+    await h.patch_policy(sim.client, name, {"replicas": 2})  # 2 slots a node: 1 pod must go
+    evicting = await eventually(
+        lambda: h.node_state(sim.client, changing[0]),
+        until=lambda s: (s or {}).get("status", {}).get("phase") == "Evicting",
+        what=f"{changing[0]} Evicting",
+    )
+    assert evicting is not None
+    assert evicting["status"]["eviction"]["policy"] == name
+    assert evicting["status"]["eviction"]["pods"]  # the pods left, by name
+    new = await all_verified(sim, changing, name, timeout=180)
+    assert new != old
+    after = await settled(sim, pods_ns, app, 6)
+
+    # The API server's account: only evictions, never a delete, never anything else.
+    assert pod_writes_by_us(control_plane) == []
+    asked = evictions(control_plane, since=since)
+    accepted = [(when, pod) for when, pod, code in asked if 200 <= code < 300]
+    assert all(code in (201, 200, 429) for _, _, code in asked), asked
+    moved = sorted(set(first) - set(after))
+    assert sorted(pod for _, pod in accepted) == moved  # each evicted once; none else went
+    assert len(moved) == 2  # the fewest: one per node (3 pods, 2 slots)
+    # One at a time, as the budget allows: before the next eviction, the last evicted pod's
+    # replacement was bound and running (every pod of the Deployment healthy again).
+    binds = audit.bindings(control_plane, [*changing, *spare], since=since)
+    for (earlier, _), (later, _) in itertools.pairwise(accepted):
+        assert any(earlier < when < later for when, _ in binds), (earlier, later, binds)
+    # Each node changed only once its evicted pod was gone; no replacement on a tainted node.
+    changes = audit.label_writes(control_plane, changing, since=since, key=new)
+    for _, pod in accepted:
+        node = first[pod]
+        changed_at = min(t for t, n, _ in changes if n == node)
+        assert gone_at(control_plane, pod) < changed_at, (pod, node)
+    for node in changing:
+        spans = tainted_between(control_plane, node, since=since)
+        assert spans, f"{node} was never tainted before its evictions"
+        first_eviction = min(w for w, p in accepted if first[p] == node)
+        assert any(start < first_eviction for start, _ in spans)
+        for when, bound in binds:
+            if bound == node:
+                assert not any(start <= when <= end for start, end in spans), (node, when)
+    # Seen from outside: an Event on each evicted pod, and counters.
+    for _, pod in accepted:
+        events = await pod_events(sim, pods_ns, pod)
+        messages = [e["message"] for e in events if e["reason"] == "Evicted"]
+        assert messages == [f"Evicted by gpushare: policy {name} changes node {first[pod]}"]
+    counters = await evictions_counted(operator)
+    assert counters["started"] == len(accepted)
+    assert counters["done"] == len(accepted)
+
+
+async def test_a_budget_that_allows_nothing_blocks_the_node_and_the_rest_goes_on(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    pods_ns: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("blocked")
+    mine = {RUN: pool}
+    [stuck] = await sim.create_gpu_nodes(pool=pool, count=1, gpus=1, extra_labels=mine)
+    name = h.unique("blocked")
+    rollout = {
+        "maxUnavailable": 1,
+        "canary": 0,
+        "podPolicy": "Evict",
+        "eviction": {"timeout": "15s"},
+    }
+    await h.add_policy(sim, policies, paced(name, pool=pool, replicas=4, **rollout))
+    operator = await start_operator("--device-plugin-namespace", namespace)
+    old = await all_verified(sim, [stuck], name)
+    app = h.unique("db")
+    await apply(sim, pods_ns, budget(app, minAvailable=2))
+    await apply(sim, pods_ns, deployment(app, replicas=2, run=pool))
+    await settled(sim, pods_ns, app, 2)
+    # Beside them: a DaemonSet's GPU pod and a pod that holds no GPU: never evicted.
+    daemon = h.unique("dcgm")
+    template = small_pod(daemon, gpus=1)
+    template["metadata"] = {"labels": {"app": daemon}}
+    template["spec"]["nodeSelector"] = {"kubernetes.io/hostname": stuck}
+    await apply(
+        sim,
+        pods_ns,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": daemon},
+            "spec": {"selector": {"matchLabels": {"app": daemon}}, "template": template},
+        },
+    )
+    await settled(sim, pods_ns, daemon, 1)
+    cpu = small_pod(h.unique("cpu"), gpus=0, node=stuck)
+    cpu["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m"}}
+    await create(sim, pods_ns, cpu)
+    # 3 of the node's 4 slots held; 2 after the change: one Deployment pod must go.
+    [other] = await sim.create_gpu_nodes(
+        pool=pool, count=1, gpus=1, prefix=f"{pool}-b", extra_labels=mine
+    )
+    await all_verified(sim, [stuck, other], name)
+
+    since = time.time()
+    await h.patch_policy(sim.client, name, {"replicas": 2})
+    new = await all_verified(sim, [other], name)  # the rest goes on
+    blocked = await eventually(
+        lambda: h.node_state(sim.client, stuck),
+        until=lambda s: (
+            h.condition((s or {}).get("status"), "EvictionBlocked").get("status") == "True"
+        ),
+        timeout=60,
+        what=f"{stuck} EvictionBlocked",
+    )
+    assert blocked is not None
+    condition = h.condition(blocked["status"], "EvictionBlocked")
+    assert condition["reason"] == "EvictionTimedOut"
+    assert f"{pods_ns}/{app}" in condition["message"]  # the budget that refused, by name
+    labels = (await h.node(sim.client, stuck))["metadata"]["labels"]
+    assert labels[h.CONFIG_LABEL] == old != new  # unchanged
+    assert blocked["status"]["phase"] == "Pending"
+    node = await h.node(sim.client, stuck)
+    assert not any(t["key"] == TAINT for t in node["spec"].get("taints") or ())  # given back
+    asked = evictions(control_plane, since=since)
+    assert asked and all(code == 429 for _, _, code in asked), asked
+    assert {pod for _, pod, _ in asked} <= set(running(await pods_of(sim, pods_ns, app)))
+    assert pod_writes_by_us(control_plane) == []
+    events = await h.events_about(sim.client, stuck)
+    assert "EvictionBlocked" in {e["reason"] for e in events}
+    counters = await evictions_counted(operator)
+    assert counters["blocked"] >= 1 and counters["started"] == 0

@@ -355,3 +355,28 @@ def test_a_release_that_waited_its_turn_counts_until_it_is_confirmed() -> None:
     for i in range(3):
         fresh.plan_node(f"n{i}")
     assert fresh.book.down_nodes("p") == ["n1"]
+
+
+def test_a_release_is_not_confirmed_by_what_the_node_showed_before_it() -> None:
+    # Found by the promise soak (seed 4294967295): a node whose shared config never took
+    # effect (its agents down) looked unshared already when our labels went; the release was
+    # called settled at once, and the next nodes released beside it broke the cluster budget.
+    clock = Clock()
+    cache = steady(clock, nodes=1)
+    key = str(cache.policies["p"].config_key)
+    stamp = str(int(EPOCH + clock.now))
+    stale = {"nvidia.com/gfd.timestamp": stamp}
+    update(cache, node("n0", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}, **stale))  # unconfirmed
+    loop = leader(cache)
+    loop.plan_queued_nodes()
+    assert published(loop, "n0")["phase"] == NodePhase.APPLIED
+    update(cache, node("n0", pool="gone", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}, **stale))
+    assert changed(loop, clock) == ["n0"]  # our labels go
+    assert published(loop, "n0")["phase"] == NodePhase.RELEASING  # not settled by old labels
+    clock.now += 2
+    assert published(loop, "n0")["phase"] == NodePhase.RELEASING
+    assert loop.book.down_nodes("p") == ["n0"]
+    later = {"nvidia.com/gfd.timestamp": str(int(EPOCH + clock.now) + 1)}
+    update(cache, node("n0", pool="gone", **later))  # GFD's first pass since the release
+    assert published(loop, "n0")["phase"] == NodePhase.UNMANAGED
+    assert loop.book.unavailable() == 0

@@ -16,8 +16,15 @@ from typing import Any
 
 from gpushare_operator.core import conditions, devconfigs
 from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import CONFIG_LABEL, GPU_RESOURCE, POLICY_LABEL, NodeRecord
+from gpushare_operator.core.nodes import (
+    CONFIG_LABEL,
+    GFD_TIMESTAMP,
+    GPU_RESOURCE,
+    POLICY_LABEL,
+    NodeRecord,
+)
 from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.stamps import epoch_of
 
 Labels = dict[str, str | None]
 
@@ -58,6 +65,7 @@ class Published:
     reason: str | None = None  # its Ready condition's
     message: str = ""  # and that condition's message
     since: float | None = None  # its lastTransitionTime, on the caller's monotonic clock
+    stamp: float | None = None  # the same, in seconds since the epoch (whole seconds)
 
     @classmethod
     def of(cls, status: Mapping[str, Any] | None, *, since: float | None) -> Published:
@@ -70,6 +78,7 @@ class Published:
             reason=ready.get("reason"),
             message=str(ready.get("message") or ""),
             since=since,
+            stamp=epoch_of(status.get("lastTransitionTime")),
         )
 
     def verified(self, policy: CompiledPolicy) -> bool:
@@ -106,12 +115,12 @@ def _release(
             labels,
             released_from=record.policy_label,
         )
-    if release_settled(record):
+    losing = published.policy
+    if release_settled(record) and (losing is None or _seen_since_release(record, published)):
         return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, None)
     if published.reason == _UNCONFIRMED:
         # Said once, kept as it was: the node stays out of every budget until it settles.
         return NodeDecision(None, NodePhase.UNMANAGED, _UNCONFIRMED, published.message, None)
-    losing = published.policy
     if losing is None:  # what it last said names no policy: it was never ours to release
         return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, None)
     since = published.since if published.phase == NodePhase.RELEASING else None
@@ -146,6 +155,20 @@ def release_blocked(record: NodeRecord, *, owners: Sequence[str]) -> NodeDecisio
         " (remove the label with that manager, or by hand)"
     )
     return NodeDecision(None, NodePhase.UNMANAGED, "ReleaseBlocked", message, None)
+
+
+def _seen_since_release(record: NodeRecord, published: Published) -> bool:
+    """Whether GPU Feature Discovery has labelled the node since our labels went: what the
+    node showed before may look unshared already (a config that never took), while the device
+    plugin is still to restart on the default config.  GFD stamps every pass in whole seconds;
+    the release's second is not enough.  A GFD that writes no stamp cannot tell: the labels
+    are taken as they are."""
+    stamp = record.labels.get(GFD_TIMESTAMP)
+    if stamp is None or not stamp.isdigit():
+        return True
+    if published.phase != NodePhase.RELEASING or published.stamp is None:
+        return False  # the release was not even recorded yet: nothing can be after it
+    return int(stamp) > published.stamp
 
 
 def release_settled(record: NodeRecord) -> bool:

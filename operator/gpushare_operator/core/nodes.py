@@ -29,6 +29,7 @@ GPU_PRODUCT = "nvidia.com/gpu.product"
 GPU_MEMORY = "nvidia.com/gpu.memory"
 GPU_REPLICAS = "nvidia.com/gpu.replicas"
 GPU_SHARING = "nvidia.com/gpu.sharing-strategy"
+GFD_TIMESTAMP = "nvidia.com/gfd.timestamp"  # GFD's every labelling pass, in epoch seconds
 MIG_STRATEGY = "nvidia.com/mig.strategy"
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_RESOURCE = "nvidia.com/gpu.shared"

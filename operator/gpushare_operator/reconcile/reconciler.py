@@ -264,6 +264,7 @@ class Reconciler:
         self._pacing = passed.pacing
         if passed.ran:
             self.book.stale = False  # what moved since is looked at by the next pass
+            self.book.primed = True
             for placement in passed.admitted:
                 self.book.record(placement)
         orders = Orders(

@@ -113,6 +113,10 @@ class RolloutBook:
         self.admitted: dict[str, tuple[str, str]] = {}
         # Something moved since the last admission pass (see reconcile.admissions).
         self.stale = True
+        # An admission pass has run since we began leading: the book has seen every node
+        # (a pass waits for a whole look).  Before that no node joins a pool at once: the
+        # book cannot know yet which other nodes are under way, failed or held back.
+        self.primed = False
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -120,6 +124,7 @@ class RolloutBook:
         """Leading (again): admissions of an earlier term are void; count everything afresh."""
         self.admitted.clear()
         self.stale = True
+        self.primed = False
 
     def forget(self, node: str) -> None:
         self.admitted.pop(node, None)
@@ -258,6 +263,8 @@ class RolloutBook:
         last node of a rollout under way is no joiner, nor is a node already held back in it:
         it goes under the budget like the rest.  A new policy over an idle pool is no such
         pool: its first node is its canary, the rest go under its budget."""
+        if not self.primed:
+            return False  # a new leader that has not looked at every node yet
         if record.name in self._held_since:
             return False  # held back before: a node of the rollout, not one joining it
         if target == RELEASE or record.config_label is not None or record.policy_label is not None:

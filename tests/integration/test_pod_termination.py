@@ -16,6 +16,7 @@ from typing import Any
 
 from gpushare_testing import apiobjects as h
 from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.gpupods import create, read, small_pod
 from gpushare_testing.podagent import KUBELET_USER_AGENT
 from gpushare_testing.rawclient import RawClient
 from gpushare_testing.simulator import GpuClusterSimulator
@@ -169,7 +170,6 @@ async def test_an_evicted_deployment_pod_stops_after_its_grace_period_and_is_rep
 
             # The budget is spent until a replacement runs, which waits for the victim's GPU.
             status, refused = await evict(client, pods_ns, other["metadata"]["name"])
-            print("second eviction:", status, refused)
             assert status == 429, refused
             assert refused["reason"] == "TooManyRequests"
             [cause] = refused["details"]["causes"]
@@ -275,3 +275,40 @@ async def test_a_daemonset_gets_its_pod_on_the_node_it_selects_and_it_runs(
     finally:
         await delete_and_wait(client, f"{daemonsets}/{app}")
     assert await pods_of(client, pods_ns, app) == []
+
+
+async def test_a_deleted_pod_holds_its_gpu_until_its_grace_period_is_over(
+    control_plane: ControlPlane, sim: GpuClusterSimulator, pods_ns: str
+) -> None:
+    """Kubelet admits against the pods whose containers may still run: one being stopped
+    still holds its GPU, so a pod bound to it meanwhile is rejected; once it is gone the GPU
+    is free again.  A delete with grace period 0 needs no kubelet at all."""
+    [node] = await sim.create_gpu_nodes(pool=h.unique("hold"), count=1, gpus=1)
+    client, pods = sim.client, f"/api/v1/namespaces/{pods_ns}/pods"
+    victim = small_pod("victim", gpus=1, node=node)
+    victim["spec"]["terminationGracePeriodSeconds"] = 10
+    await create(sim, pods_ns, victim)
+    await eventually(lambda: read(sim, pods_ns, "victim"), until=ready, what="victim to run")
+
+    status, answer = await client.delete(f"{pods}/victim")  # its own grace period, 10 s
+    assert status == 200 and answer["metadata"]["deletionGracePeriodSeconds"] == 10, answer
+    await create(sim, pods_ns, small_pod("intruder", gpus=1, node=node))
+    rejected = await eventually(
+        lambda: read(sim, pods_ns, "intruder"),
+        until=lambda p: (p.get("status") or {}).get("phase") == "Failed",
+        what="kubelet to reject the intruder",
+    )
+    assert "Requested: 1, Available: 0" in rejected["status"]["message"]
+    assert (await client.get(f"{pods}/victim"))[0] == 200, "the victim went before its time"
+
+    async def victim_gone() -> bool:
+        return (await client.get(f"{pods}/victim"))[0] == 404
+
+    await eventually(victim_gone, timeout=30, what="the victim to be stopped and deleted")
+    await create(sim, pods_ns, small_pod("after", gpus=1, node=node))
+    after = await eventually(lambda: read(sim, pods_ns, "after"), until=ready, what="after")
+    assert after["spec"]["nodeName"] == node
+
+    status, answer = await client.delete(f"{pods}/after", params={"gracePeriodSeconds": "0"})
+    assert status == 200, answer
+    assert (await client.get(f"{pods}/after"))[0] == 404  # gone at once, by the API server

@@ -11,7 +11,9 @@ stays, ``Terminating``, until its kubelet has stopped it (kubelet v1.35):
    stop is given at least 2 seconds (``pkg/kubelet/kuberuntime/kuberuntime_container.go``,
    ``killContainer``, ``minimumGracePeriodInSeconds``).  The simulated containers ignore SIGTERM
    and are killed when that time is up: exit code 137, reason ``Error``, the longest a real pod
-   may take (a real one often exits sooner).  Its devices stay allocated until then.
+   may take (a real one often exits sooner).  Its devices stay allocated until then: the device
+   manager frees only those of inactive pods (``cm/devicemanager/manager.go``,
+   ``UpdateAllocatedDevices``; ``kubelet_pods.go``, ``isPodInactive``).
 2. The status is generated with the pod terminal (``kubelet_pods.go``, ``generateAPIPodStatus``
    and ``getPhase``: every container stopped and one failed is ``Failed``, whatever the restart
    policy); a container that never started is terminated as unknown, 137

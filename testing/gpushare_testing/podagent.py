@@ -163,9 +163,11 @@ class PodAgent:
                     logger.warning("simulated kubelet failed to stop a pod: %s", exc)
                     self._stopping[uid] = (loop.time() + 0.5, self._stopping[uid][1])
             due = min((at for at, _ in self._stopping.values()), default=None)
-            timeout = None if due is None else max(0.0, due - loop.time())
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation
+            # that comes as the event is set, and the simulator's exit would wait for ever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop_wake.wait(), timeout)
+                async with asyncio.timeout_at(due):
+                    await self._stop_wake.wait()
 
     # -- following the pods ------------------------------------------------------------------
 

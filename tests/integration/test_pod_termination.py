@@ -85,6 +85,26 @@ async def last_state(client: RawClient, namespace: str, pod: dict[str, Any]) -> 
     raise AssertionError("the watch ended before the pod was deleted")
 
 
+async def budget_course(client: RawClient, pdb: dict[str, Any]) -> list[int]:
+    """``disruptionsAllowed`` in ``pdb`` and each version after it, without repeats, until it
+    has gone down and come back up (from a watch: every write, the eviction's own included)."""
+    metadata = pdb["metadata"]
+    params = {"fieldSelector": f"metadata.name={metadata['name']}"}
+    params["resourceVersion"] = metadata["resourceVersion"]
+    path = f"/apis/policy/v1/namespaces/{metadata['namespace']}/poddisruptionbudgets"
+    first = allowed(pdb)
+    assert first is not None
+    values = [first]
+    async with contextlib.aclosing(client.watch(path, params=params)) as events:
+        async for event in events:
+            value = allowed(event["object"])
+            if value is not None and values[-1] != value:
+                values.append(value)
+            if len(values) > 2 and values[-1] >= first:
+                return values
+    raise AssertionError(f"the watch ended at {values}")
+
+
 def budget_writes(plane: ControlPlane, namespace: str, name: str) -> list[int]:
     """``disruptionsAllowed`` in each status write of the disruption controller, in order,
     without repeats (from the audit log's request bodies)."""
@@ -150,16 +170,15 @@ async def test_an_evicted_deployment_pod_stops_after_its_grace_period_and_is_rep
         # One GPU per node: each replica has a node of its own, and a replacement can only
         # go where an evicted pod has gone from.
         assert sorted(p["spec"]["nodeName"] for p in running) == nodes
-        await eventually(
+        spendable = await eventually(
             lambda: budget(client, pods_ns, app),
             until=lambda b: allowed(b) == 1,
             what="the budget to allow one disruption",
         )
-        before = budget_writes(control_plane, pods_ns, app)
-        assert before[-1:] == [1], before
         victim, other = running
         name = victim["metadata"]["name"]
         watching = asyncio.create_task(last_state(client, pods_ns, victim))
+        course = asyncio.create_task(budget_course(client, spendable))
         try:
             started = time.monotonic()
             status, answer = await evict(client, pods_ns, name)
@@ -201,16 +220,14 @@ async def test_an_evicted_deployment_pod_stops_after_its_grace_period_and_is_rep
         assert new["spec"]["nodeName"] == victim["spec"]["nodeName"]
         assert new["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
 
-        async def writes() -> list[int]:
-            return budget_writes(control_plane, pods_ns, app)
-
-        # What the disruption controller wrote: one disruption allowed, none while the victim
-        # was going and its replacement not yet running, then one again.
-        await eventually(
-            writes,
-            until=lambda values: values == [*before, 0, 1],
-            what="the disruption controller to allow one disruption again",
-        )
+        # One disruption allowed, none while the victim was going and its replacement not yet
+        # running, then one again, written by the disruption controller.
+        try:
+            assert await asyncio.wait_for(course, timeout=30) == [1, 0, 1]
+        finally:
+            course.cancel()
+            await asyncio.gather(course, return_exceptions=True)
+        assert budget_writes(control_plane, pods_ns, app)[-1] == 1
 
         events = control_plane.audit_events()
         deletes = [

@@ -111,7 +111,8 @@ class PodAgent:
 
     @property
     def stopping(self) -> frozenset[str]:
-        """The uids of the pods being stopped: deleted, not yet gone, still holding devices."""
+        """The uids of the pods being stopped: deleted, their grace period not over, or their
+        last writes not yet made."""
         return frozenset(self._stopping)
 
     def start(self) -> list[asyncio.Task[None]]:

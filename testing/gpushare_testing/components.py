@@ -36,8 +36,8 @@ AUDIT_POLICY: Final[dict[str, Any]] = {
             "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}],
             "users": ["system:kube-controller-manager", "system:apiserver"],
         },
-        # With their bodies: what a label, taint, phase or binding was at each moment (the
-        # rollout tests read them back).
+        # With their bodies: what a label, taint, phase, binding or disruption budget was at
+        # each moment (the rollout and eviction tests read them back).
         {
             "level": "Request",
             "resources": [
@@ -46,6 +46,8 @@ AUDIT_POLICY: Final[dict[str, Any]] = {
                 {"group": "", "resources": ["nodes", "nodes/status", "pods/binding"]},
                 {"group": "gpushare.dev", "resources": ["gpunodestates/status"]},
                 {"group": "gpushare.dev", "resources": ["gpusharingpolicies"]},
+                # What the disruption controller said a PDB allowed at each moment.
+                {"group": "policy", "resources": ["poddisruptionbudgets/status"]},
             ],
         },
         {"level": "Metadata"},
@@ -103,12 +105,26 @@ def apiserver_args(
 
 
 def controller_manager_args(*, kubeconfig: Path, port: int) -> list[str]:
-    """Only garbage collection (ownerReferences), namespace deletion and the type check of
+    """The controllers the tests live with, without election.
+
+    Garbage collection (ownerReferences), namespace deletion and the type check of
     ValidatingAdmissionPolicies (their ``status.typeChecking``, which the chart's node guard is
-    tested by), without election."""
+    tested by); and the workload controllers an eviction is judged by: Deployments and their
+    ReplicaSets (an evicted pod is made again, for kube-scheduler to place), PodDisruptionBudgets'
+    ``status.disruptionsAllowed`` (the disruption controller, which the Eviction API reads) and
+    DaemonSets (a pod on each node they select).  They all run with the kubeconfig's identity
+    (no ``--use-service-account-credentials``): the audit log tells them apart by user agent,
+    ``kube-controller-manager/...`` ending in the controller's name.  Node lifecycle stays off
+    (its heartbeat checks would mark every simulated node unreachable), and so do the
+    ServiceAccount controllers (see ``apiserver_args``).
+    """
     controllers = (
+        "daemonset-controller",
+        "deployment-controller",
+        "disruption-controller",
         "garbage-collector-controller",
         "namespace-controller",
+        "replicaset-controller",
         "validatingadmissionpolicy-status-controller",
     )
     return [

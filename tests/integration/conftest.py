@@ -167,7 +167,7 @@ async def policies(sim: GpuClusterSimulator) -> AsyncIterator[list[str]]:
 @pytest.fixture
 async def pods_ns(sim: GpuClusterSimulator, namespace: str) -> AsyncIterator[str]:
     """The namespace for the test's pods (the device-plugin one); its pods are force-deleted
-    afterwards, since the simulated kubelet does not finish graceful deletions."""
+    afterwards, so that no test waits for another's grace periods."""
     try:
         yield namespace
     finally:

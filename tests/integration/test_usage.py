@@ -3,9 +3,9 @@
 Each pod is created already bound (``spec.nodeName``, as the scheduler's binding leaves it); the
 simulated kubelet admits it against what its node offers at that moment and runs it, or rejects
 it (``Failed``) as the real one would.  Pods finish when a test patches their phase through the
-status subresource, as kubelet would report it.  Finished pods are deleted with
-``gracePeriodSeconds=0``, since the simulated kubelet does not confirm graceful deletions.  The
-operator runs as a child process; the simulator plays the NVIDIA agents on its nodes.
+status subresource, as kubelet would report it.  Pods are deleted with
+``gracePeriodSeconds=0``, so that they go at once (the simulated kubelet would otherwise stop
+them after their grace period, as the real one does).  The operator runs as a child process; the simulator plays the NVIDIA agents on its nodes.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ ALLOWED_WRITES = {
     ("gpusharingpolicies", "", "patch"),  # our finalizer only (see the audit check below)
     ("configmaps", "", "patch"),
     ("events", "", "create"),
+    ("pods", "eviction", "create"),  # podPolicy Evict: never a delete
     ("leases", "", "create"),
     ("leases", "", "update"),
 }
@@ -140,6 +141,26 @@ async def test_operator_runs_as_the_chart_service_account_and_can_do_nothing_els
                 e["reason"] == "LeaderElected" and e["metadata"]["namespace"] == namespace
                 for e in leadership
             ), leadership
+
+            # podPolicy Evict: the pods hold nvidia.com/gpu.shared, which the config stops
+            # advertising; the chart's identity evicts them (and leaves an Event on each).
+            rollout = {"podPolicy": "Evict", "maxUnavailable": 2, "canary": 0}
+            await h.patch_policy(admin, policy, {"renameByDefault": False, "rollout": rollout})
+            for name, _, _ in pods:
+                await eventually(
+                    lambda name=name: admin.get(f"/api/v1/namespaces/{namespace}/pods/{name}"),
+                    until=lambda answer: answer[0] == 404,
+                    timeout=90,
+                    what=f"{name} evicted and gone",
+                )
+            evicted = await eventually(
+                lambda: h.ok(admin, "GET", f"/api/v1/namespaces/{namespace}/events"),
+                until=lambda body: sum(e["reason"] == "Evicted" for e in body["items"]) == 3,
+                what="an Evicted Event on each pod, in its namespace",
+            )
+            assert {
+                e["involvedObject"]["name"] for e in evicted["items"] if e["reason"] == "Evicted"
+            } == {name for name, _, _ in pods}
 
             await assert_refused(as_operator, admin, namespace, plugin_namespace, nodes[0])
 

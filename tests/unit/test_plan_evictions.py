@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from gpushare_operator.core.pods import PodRecord
-from gpushare_operator.kubectl import disruptions, manifests, output, planview
+from gpushare_operator.kubectl import disruptions, explain, manifests, output, planview, status
 from gpushare_operator.kubectl.disruptions import DetailSink, PodDetails
 from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_operator.kubectl.plan import PlanOptions, report
@@ -253,3 +253,42 @@ def test_the_detail_sink_keeps_only_pods_the_state_keeps() -> None:
     assert sink.details == {
         "uid-kept": PodDetails(labels={"app": "kept"}, ready=True, grace_period=30)
     }
+
+
+# -- status and explain ----------------------------------------------------------------------------
+
+
+def test_explain_shows_the_pods_left_to_evict_and_what_follows_them() -> None:
+    published = {
+        "phase": "Evicting",
+        "eviction": {
+            "policy": "p",
+            "generation": 2,
+            "startedAt": "2026-12-01T00:00:00Z",
+            "pods": ["ns/young", "ns/old"],
+            "blockedBy": ["ns/guard"],
+        },
+    }
+    eviction = status.eviction_of(published)
+    assert eviction is not None and not eviction["blocked"]
+    phase = {
+        "published": "Evicting",
+        "conditions": [],
+        "now": {"phase": "Pending", "reason": "ConfigKeyPending"},
+        "eviction": eviction,
+    }
+    text = explain._render_phase({"phase": phase, "events": []}, output.Style())
+    assert (
+        "  podPolicy Evict: evicting ns/young, ns/old; refused by PodDisruptionBudget(s) ns/guard"
+        in text.splitlines()
+    )
+    assert "  once its pods are gone: Pending (ConfigKeyPending)" in text.splitlines()
+    assert "from the cluster as it is now" not in text
+    published["eviction"].update(blockedAt="2026-12-01T00:10:00Z", reason="EvictionTimedOut")
+    blocked = status.eviction_of(published)
+    assert blocked is not None
+    assert status.eviction_line("n0", blocked) == (
+        "n0: eviction given up (EvictionTimedOut), keeps its config; pods: ns/young, ns/old;"
+        " refused by PodDisruptionBudget(s) ns/guard"
+    )
+    assert status.eviction_of({"phase": "Verified"}) is None

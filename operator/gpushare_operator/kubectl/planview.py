@@ -56,10 +56,10 @@ def _summary(report: Mapping[str, Any]) -> str:
             f"; {plural(rollout['nodes'], 'label change')} in"
             f" {plural(rollout['batches'], 'batch')}, about {duration(rollout['estimatedSeconds'])}"
         )
-    if rollout.get("evictions"):
-        line += f", {plural(rollout['evictions'], 'pod')} evicted first (podPolicy Evict)"
     wait = rollout["propagationDelaySeconds"]
     extra = f" (a new config key waits {duration(wait)} to propagate first)" if wait else ""
+    if rollout.get("evictions"):
+        extra += f"; {plural(rollout['evictions'], 'pod')} evicted first (podPolicy Evict)"
     assumptions = (
         f"Estimates: {rollout['writeQPS']:g} writes/s, {duration(rollout['verifySeconds'])}"
         f" from a label change to Verified, cluster-wide maxUnavailable"

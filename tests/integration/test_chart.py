@@ -261,9 +261,9 @@ def test_rbac_is_least_privilege(helm: Helm) -> None:
             rule["verbs"]
         )
         assert "secrets" not in rule.get("resources", [])
-    assert not [m for m in manifests if m["kind"] == "Role" and m["metadata"]["name"].endswith(
-        "-events"
-    )], "Events are created under the ClusterRole: no Role repeats it"
+    assert not [
+        m for m in manifests if m["kind"] == "Role" and m["metadata"]["name"].endswith("-events")
+    ], "Events are created under the ClusterRole: no Role repeats it"
     config = only(manifests, "Role", "-device-plugin-config")
     assert config["rules"] == [
         {

@@ -11,11 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpushare_operator.core import victims
-from gpushare_operator.core.models import PodPolicy, RolloutSpec
+from gpushare_operator.core.models import PodPolicy
+from gpushare_operator.core.nodes import GPU_RESOURCE
 from gpushare_operator.core.pods import PodRecord
+from gpushare_operator.core.policies import CompiledPolicy, compile_policy
 from gpushare_operator.kubectl.disruptions import DEFAULT_GRACE_PERIOD, PodDetails
+from gpushare_operator.kubectl.standings import GOVERNED, standing_of
+from gpushare_operator.reconcile.planner import Planner
+from gpushare_operator.reconcile.rollouts import RolloutBook
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,22 +42,35 @@ class NodeEvictions:
         return self.stuck is None
 
 
-def foresee(
-    *,
-    node: str,
-    policy: str,
-    spec: RolloutSpec,
-    pods: Iterable[PodRecord],
-    resource: str,
-    capacity: int,
-) -> NodeEvictions | None:
-    """The node's evictions, for a change whose pods would not fit; None unless under Evict."""
+def may_evict(policies: Iterable[CompiledPolicy], bodies: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a policy as it is, or as planned (``bodies``), drains nodes: only then are the
+    pods' details kept, and PodDisruptionBudgets read."""
+    specs = [p.spec for p in policies]
+    for body in bodies:
+        name = str((body.get("metadata") or {}).get("name"))
+        specs.append(compile_policy(name=name, uid="", generation=0, spec=body.get("spec")).spec)
+    return any(s is not None and s.rollout.podPolicy is PodPolicy.EVICT for s in specs)
+
+
+def foresee(*, node: str, planner: Planner, book: RolloutBook) -> NodeEvictions | None:
+    """The evictions of a node whose pods would not fit its change, if that change goes by
+    podPolicy Evict: the spec of the policy the rollout charges it to, as ``reconcile.drains``
+    reads it, and the resource and slots of its new config (the default one for a release)."""
+    record = planner.cache.nodes[node]
+    decision = planner.decide(record)
+    charged = book.judge(record, decision).placement.charged
+    spec, _ = book.spec_of(charged)
     if spec.podPolicy is not PodPolicy.EVICT:
         return None
+    standing = standing_of(record, decision)
+    resource, capacity = standing.resource, standing.capacity
+    if standing.standing != GOVERNED:  # released: the default config
+        resource, capacity = GPU_RESOURCE, standing.gpus
+    pods = planner.cache.usage.node_pods(node)
     chosen = victims.choose(pods, resource=resource, capacity=capacity)
     return NodeEvictions(
         node=node,
-        policy=policy,
+        policy=charged,
         pods=chosen.evict,
         leaving=chosen.leaving,
         stuck=chosen.stuck,

@@ -30,7 +30,6 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import defaults, devconfigs, rollouts
-from gpushare_operator.core.models import PodPolicy
 from gpushare_operator.core.nodes import GPU_RESOURCE
 from gpushare_operator.core.pods import PodRecord
 from gpushare_operator.core.policies import compile_policy
@@ -38,7 +37,7 @@ from gpushare_operator.core.rollouts import FINALIZER
 from gpushare_operator.core.workqueue import CONFIG, NODE, POLICY
 from gpushare_operator.kube import reading
 from gpushare_operator.kubectl.disruptions import DetailSink, PodDetails
-from gpushare_operator.kubectl.evictions import NodeEvictions, drain_seconds, foresee
+from gpushare_operator.kubectl.evictions import NodeEvictions, drain_seconds, foresee, may_evict
 from gpushare_operator.kubectl.standings import (
     GOVERNED,
     POOL_LABELS,
@@ -192,16 +191,8 @@ class Forecaster:
                 self.cache.tracked_resources.add(resource)
 
     def may_evict(self, bodies: Iterable[Mapping[str, Any]]) -> bool:
-        """Whether a policy as it is, or as planned, drains nodes (podPolicy Evict): only then
-        are the pods' details kept, and PodDisruptionBudgets read."""
-        compiled = [p.spec for p in self.cache.policies.values()]
-        for body in bodies:
-            metadata = body.get("metadata") or {}
-            name = str(metadata.get("name"))
-            compiled.append(
-                compile_policy(name=name, uid="", generation=0, spec=body.get("spec")).spec
-            )
-        return any(s is not None and s.rollout.podPolicy is PodPolicy.EVICT for s in compiled)
+        """Whether a policy as it is, or as planned, drains nodes (podPolicy Evict)."""
+        return may_evict(self.cache.policies.values(), bodies)
 
     def targets(self) -> dict[str, NodeStanding]:
         planner = self.planner
@@ -299,26 +290,10 @@ class Forecaster:
         ]
 
     def _foresee(self, misfits: Sequence[Misfit]) -> dict[str, NodeEvictions]:
-        """The evictions of each misfit whose change goes by podPolicy Evict (the spec of the
-        policy the rollout charges it to, as ``reconcile.drains`` reads it)."""
-        cache, book, found = self.cache, self.book, {}
+        """The evictions of each misfit whose change goes by podPolicy Evict."""
+        found = {}
         for misfit in misfits:
-            record = cache.nodes[misfit.node]
-            decision = self.planner.decide(record)
-            charged = book.judge(record, decision).placement.charged
-            spec, _ = book.spec_of(charged)
-            standing = standing_of(record, decision)
-            resource, capacity = standing.resource, standing.capacity
-            if standing.standing != GOVERNED:  # released: the default config
-                resource, capacity = GPU_RESOURCE, standing.gpus
-            evictions = foresee(
-                node=misfit.node,
-                policy=charged,
-                spec=spec,
-                pods=cache.usage.node_pods(misfit.node),
-                resource=resource,
-                capacity=capacity,
-            )
+            evictions = foresee(node=misfit.node, planner=self.planner, book=self.book)
             if evictions is not None:
                 found[misfit.node] = evictions
         return found

@@ -224,6 +224,7 @@ edits = st.fixed_dictionaries(
         "pool": st.sampled_from(["a", "b"]),
         "maxUnavailable": st.sampled_from([1, 2, "50%", "100%"]),
         "canary": st.integers(0, 2),
+        "podPolicy": st.sampled_from(["WaitForPods", "Proceed", "Evict"]),
     }
 )
 
@@ -250,7 +251,7 @@ def test_every_node_to_change_is_in_exactly_one_batch_or_held(
         cache.upsert_node(node(f"n{i}", pool=pool, **on(keys[owner], owner, 2)))
         if slots:
             cache.upsert_pod(pod(f"pod{i}", f"n{i}", slots))
-    rollout = {"maxUnavailable": edit["maxUnavailable"], "canary": edit["canary"]}
+    rollout = {key: edit[key] for key in ("maxUnavailable", "canary", "podPolicy")}
     planned = policy(
         "p",
         pool=edit["pool"],
@@ -265,6 +266,10 @@ def test_every_node_to_change_is_in_exactly_one_batch_or_held(
     held = [h.node for h in forecast.held]
     assert len(batched) == len(set(batched)) and not set(batched) & set(held)
     assert set(batched) | set(held) == relabelled
+    # Under Evict a node whose pods do not fit is drained and changes: no misfit, never held.
+    if edit["podPolicy"] == "Evict":
+        assert not forecast.misfits
+        assert all(e.drains and n in batched for n, e in forecast.evictions.items())
     for batch in forecast.batches:  # never more at once than the budgets allow
         for charged in {c for _, c in batch.nodes}:
             budget = forecast.budgets[charged].max_unavailable

@@ -35,8 +35,9 @@ examples:
   kubectl gpushare status --policy inference      and the nodes of one
   kubectl gpushare explain node gpu-a-0           why a node is configured as it is
 
-exit status: 0 done (plan: clean), 2 the plan would overcommit a node or leave one
-Unsupported, 1 an error (an object the API server refused, an unreadable file, no cluster)."""
+exit status: 0 done (plan: clean; evictions under podPolicy Evict are no overcommit), 2 the
+plan would overcommit a node, leave one Unsupported or need to drain one that cannot be
+drained, 1 an error (an object the API server refused, an unreadable file, no cluster)."""
 
 
 def _connection_options(*, suppress: bool) -> argparse.ArgumentParser:
@@ -85,8 +86,9 @@ def _add_plan(commands: Any, common: argparse.ArgumentParser) -> None:
         help="what applying or deleting policies would do (dry run; nothing is changed)",
         description="Validate each policy with a server-side dry run, then print what the"
         " operator would do: per policy and pool the nodes gained, lost and changed, slot"
-        " capacity before -> after, pods that would no longer fit, the config keys written,"
-        " and the rollout batches with an estimated duration.",
+        " capacity before -> after, pods that would no longer fit (under podPolicy Evict: the"
+        " pods it would evict, and the PodDisruptionBudgets that refuse them now), the config"
+        " keys written, and the rollout batches with an estimated duration.",
     )
     plan.add_argument(
         "-f",

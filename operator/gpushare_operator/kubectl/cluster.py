@@ -34,7 +34,13 @@ NODES = Resource(api="/api/v1", plural="nodes", kind="Node")
 PODS = Resource(api="/api/v1", plural="pods", kind="Pod", namespaced=True)
 EVENTS = Resource(api="/api/v1", plural="events", kind="Event", namespaced=True)
 CONFIGMAPS = Resource(api="/api/v1", plural="configmaps", kind="ConfigMap", namespaced=True)
-_RESOURCES = {r.kind: r for r in (POLICIES, NODE_STATES, NODES, PODS, EVENTS, CONFIGMAPS)}
+BUDGETS = Resource(
+    api="/apis/policy/v1",
+    plural="poddisruptionbudgets",
+    kind="PodDisruptionBudget",
+    namespaced=True,
+)
+_RESOURCES = {r.kind: r for r in (POLICIES, NODE_STATES, NODES, PODS, EVENTS, CONFIGMAPS, BUDGETS)}
 # As the operator's pod informer: finished pods hold no slots and are never read.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 POLICY_LIST = reading.Collection(path=objectpaths.path(POLICIES), kind=POLICIES.kind, page_size=250)
@@ -45,6 +51,7 @@ NODE_STATE_LIST = reading.Collection(
 POD_LIST = reading.Collection(
     path=objectpaths.path(PODS), kind=PODS.kind, field_selector=LIVE_PODS, page_size=250
 )
+BUDGET_LIST = reading.Collection(path=objectpaths.path(BUDGETS), kind=BUDGETS.kind, page_size=250)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +152,15 @@ async def load_configmap(api: reading.Api, cache: ClusterCache, cluster_ref: Clu
 
 
 async def load_fleet(
-    api: reading.Api, cache: ClusterCache, *, pods: bool = True, node_states: bool = True
+    api: reading.Api,
+    cache: ClusterCache,
+    *,
+    pods: bool = True,
+    node_states: bool = True,
+    pod_sink: Callable[[reading.Sink], reading.Sink] | None = None,
 ) -> None:
-    """Every GPU node, and (by default) every GPUNodeState and every live pod, in parallel."""
+    """Every GPU node, and (by default) every GPUNodeState and every live pod, in parallel.
+    ``pod_sink`` wraps the pods' sink (``plan`` keeps more of the pods it may evict)."""
     reads = [read_into(api, NODE_LIST, NodeSink(cache), purpose="every GPU node")]
     if node_states:
         sink = NodeStateSink(cache)
@@ -156,8 +169,17 @@ async def load_fleet(
     if pods:
         pod_list = replace(POD_LIST, worth_decoding=_asks_for(cache))
         purpose = "the pods that hold GPU slots"
-        reads.append(read_into(api, pod_list, PodSink(cache), purpose=purpose))
+        into: reading.Sink = PodSink(cache)
+        if pod_sink is not None:
+            into = pod_sink(into)
+        reads.append(read_into(api, pod_list, into, purpose=purpose))
     await asyncio.gather(*reads)
+
+
+async def load_budgets(api: reading.Api) -> list[dict[str, Any]]:
+    """Every PodDisruptionBudget (policy/v1): read only when the plan foresees evictions."""
+    purpose = "the PodDisruptionBudgets that would refuse the evictions the plan foresees"
+    return await read_all(api, BUDGET_LIST, purpose=purpose)
 
 
 def _asks_for(cache: ClusterCache) -> Callable[[bytes], bool]:

@@ -20,7 +20,7 @@ from gpushare_operator.kube import objectpaths, reading
 from gpushare_operator.kubectl import cluster
 from gpushare_operator.kubectl.output import Style, slots, table
 from gpushare_operator.kubectl.standings import POOL_LABELS, pool_of, standing_of
-from gpushare_operator.kubectl.status import new_planner
+from gpushare_operator.kubectl.status import eviction_line, eviction_of, new_planner
 
 EVENTS_SHOWN = 10
 
@@ -62,6 +62,7 @@ async def explain_node(cluster_ref: cluster.ClusterRef, name: str) -> dict[str, 
             "published": published.get("phase"),
             "conditions": published.get("conditions") or [],
             "now": {"phase": str(decision.phase), "reason": decision.reason},
+            "eviction": eviction_of(published),
         },
         "events": _events(events),
         "config": _config(cache, record, decision.policy),
@@ -236,7 +237,13 @@ def _render_phase(report: Mapping[str, Any], style: Style) -> str:
     if conditions:
         lines.append(table(("CONDITION", "STATUS", "REASON", "MESSAGE"), conditions, indent="  "))
     now = phase["now"]
-    if now["phase"] != phase["published"]:
+    eviction = phase.get("eviction")
+    if eviction:
+        lines.append("  " + eviction_line("podPolicy Evict", eviction))
+    if phase["published"] == "Evicting":
+        # Its change waits for the evictions: what the config alone says comes after them.
+        lines.append(f"  once its pods are gone: {now['phase']} ({now['reason']})")
+    elif now["phase"] != phase["published"]:
         lines.append(f"  from the cluster as it is now: {now['phase']} ({now['reason']})")
     events = [
         (e["time"], e["type"], e["reason"], e["object"], e["message"]) for e in report["events"]

@@ -9,7 +9,13 @@ informers feed, then ``run`` upserts the planned policies into that same state a
 - the rollout, by replaying the operator's own ``RolloutBook``: its gate and its admissions
   (fresh nodes at once, canary first and alone, ``maxUnavailable``, the cluster-wide budget,
   order by fewest allocated slots then name, WaitForPods), with every admitted node settled
-  as NVIDIA's agents would settle it before the next batch is admitted.
+  as NVIDIA's agents would settle it before the next batch is admitted;
+- under ``podPolicy: Evict``, which pods a change evicts (``kubectl.evictions``, by
+  ``core.victims``): such a node is no misfit.  The replay judges each node through the
+  operator's own drain (``reconcile.drains``): a node it would drain is admitted like any other
+  and changes once its evicted pods are gone (they leave the state as it settles), in a batch
+  that lasts as long as the evictions too; one it would give up at once (pods that are never
+  evicted in the way) is held, as the operator holds it.
 
 Nothing here is a second implementation of matching, resolution, rendering, slot accounting or
 rollout admission: where the operator decides, this calls the code that decides.
@@ -29,6 +35,9 @@ from gpushare_operator.core.pods import PodRecord
 from gpushare_operator.core.policies import compile_policy
 from gpushare_operator.core.rollouts import FINALIZER
 from gpushare_operator.core.workqueue import CONFIG, NODE, POLICY
+from gpushare_operator.kube import reading
+from gpushare_operator.kubectl.disruptions import DetailSink, PodDetails
+from gpushare_operator.kubectl.evictions import NodeEvictions, drain_seconds, foresee, may_evict
 from gpushare_operator.kubectl.standings import (
     GOVERNED,
     POOL_LABELS,
@@ -40,6 +49,7 @@ from gpushare_operator.kubectl.standings import (
     standing_of,
 )
 from gpushare_operator.reconcile import admissions
+from gpushare_operator.reconcile.drains import Drain
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_operator.reconcile.rollouts import CLUSTER, Step
@@ -109,7 +119,7 @@ class Forecast:
     after: dict[str, NodeStanding]  # every GPU node, with the planned policies in force
     pools: dict[str, str]  # node -> pool
     changes: list[NodeChange]
-    misfits: list[Misfit]
+    misfits: list[Misfit]  # not those that podPolicy Evict drains
     unsupported: list[NodeChange]  # nodes the planned policies concern that end Unsupported
     keys_written: dict[str, str]
     keys_unused: list[str]
@@ -117,6 +127,7 @@ class Forecast:
     batches: list[Batch] = field(default_factory=list)
     held: list[Held] = field(default_factory=list)
     budgets: dict[str, Budget] = field(default_factory=dict)
+    evictions: dict[str, NodeEvictions] = field(default_factory=dict)  # node -> its evictions
 
     @property
     def blocking(self) -> bool:
@@ -156,6 +167,16 @@ class Forecaster:
         )
         self.planner = self.reconciler.planner
         self.book = self.reconciler.book
+        self.pod_details: dict[str, PodDetails] = {}  # uid -> what evictions read; see below
+        self._evictions: dict[str, NodeEvictions] = {}
+        self._given_up: dict[str, Drain] = {}  # nodes the drain gave up (EvictionBlocked)
+
+    def keep_pod_details(self, inner: reading.Sink) -> reading.Sink:
+        """A pod sink that keeps the pods' labels, readiness and grace periods beside their
+        records (``pod_details``): what the evictions the forecast foresees are judged by."""
+        sink = DetailSink(inner, self.cache)
+        self.pod_details = sink.details
+        return sink
 
     def track_resources_of(self, bodies: Iterable[Mapping[str, Any]]) -> None:
         """Keep pods asking for what the planned policies advertise too; call before the pods
@@ -168,6 +189,10 @@ class Forecaster:
             if compiled.sharing is not None:
                 resource = devconfigs.advertised_resource(compiled.sharing)
                 self.cache.tracked_resources.add(resource)
+
+    def may_evict(self, bodies: Iterable[Mapping[str, Any]]) -> bool:
+        """Whether a policy as it is, or as planned, drains nodes (podPolicy Evict)."""
+        return may_evict(self.cache.policies.values(), bodies)
 
     def targets(self) -> dict[str, NodeStanding]:
         planner = self.planner
@@ -203,13 +228,15 @@ class Forecaster:
         concerned.update(change.name for change in changes)
         live = {p.config_key for p in cache.policies.values() if p.config_key}
         live -= {cache.policies[n].config_key for n in cache.deleting if n in cache.policies}
+        misfits = self._misfits(changes)
+        self._evictions = self._foresee(misfits)
         forecast = Forecast(
             planned=names,
             before=before,
             after=after,
             pools={name: self.pool(name) for name in after},
             changes=changes,
-            misfits=self._misfits(changes),
+            misfits=[m for m in misfits if not self._drains(m.node)],
             unsupported=[
                 NodeChange(n, self.pool(n), before[n], after[n])
                 for n in sorted(concerned)
@@ -218,6 +245,7 @@ class Forecaster:
             keys_written=keys_written,
             keys_unused=sorted(k for k in keys_before if k not in live),
             start_delay=self.pace.propagation_delay if keys_written else 0.0,
+            evictions=dict(self._evictions),
         )
         self._replay(forecast)
         return forecast
@@ -261,6 +289,19 @@ class Forecaster:
             for node, (pool, why) in sorted(found.items())
         ]
 
+    def _foresee(self, misfits: Sequence[Misfit]) -> dict[str, NodeEvictions]:
+        """The evictions of each misfit whose change goes by podPolicy Evict."""
+        found = {}
+        for misfit in misfits:
+            evictions = foresee(node=misfit.node, planner=self.planner, book=self.book)
+            if evictions is not None:
+                found[misfit.node] = evictions
+        return found
+
+    def _drains(self, node: str) -> bool:
+        evictions = self._evictions.get(node)
+        return evictions is not None and evictions.drains
+
     # -- replaying the rollout ---------------------------------------------------------------
 
     def _replay(self, forecast: Forecast) -> None:
@@ -291,10 +332,11 @@ class Forecaster:
             if settled.intersection(admitted):
                 break
             nodes = tuple((name, book.admitted[name][1]) for name in admitted)
+            draining = max((self._drain_seconds(name) for name in admitted), default=0.0)
             for name in admitted:
                 self._settle(name)
             settled.update(admitted)
-            self.clock.now += self.pace.batch_seconds(len(admitted))
+            self.clock.now += draining + self.pace.batch_seconds(len(admitted))
             index = len(forecast.batches) + 1
             forecast.batches.append(Batch(index, nodes, round(self.clock.now - start - ticks, 2)))
             carried = self._gate(self._preparing())  # a key may have propagated meanwhile
@@ -334,20 +376,44 @@ class Forecaster:
     def _dirty_nodes(self) -> list[str]:
         return sorted(self._taken(NODE))
 
+    def _judge(self, name: str) -> Drain:
+        """The node judged as the operator's planner judges it: by the book, then the drain.
+        A node the drain gave up stays given up, as the operator keeps it (from the status
+        it publishes, which the forecast does not write) until the policy's next edit."""
+        given_up = self._given_up.get(name)
+        if given_up is not None:
+            return given_up
+        record = self.cache.nodes[name]
+        planned = self.planner.decide(record)
+        drain = self.planner.drains.judge(record, planned, self.book.judge(record, planned))
+        if (drain.judgement.decision.eviction or {}).get("blockedAt"):
+            self._given_up[name] = drain
+        return drain
+
     def _place(self, name: str) -> bool:
         """Place the node in the book, as the operator's plan and learn would; True if the
-        book lets it change now."""
-        record = self.cache.nodes[name]
-        judged = self.book.judge(record, self.planner.decide(record))
-        self.book.record(judged.placement)
-        return judged.decision.labels is not None
+        book lets it change now (for a node to drain: once its evictions are done)."""
+        drain = self._judge(name)
+        self.book.record(drain.judgement.placement)
+        return drain.judgement.decision.labels is not None or drain.draining
+
+    def _drain_seconds(self, name: str) -> float:
+        evictions = self._evictions.get(name)
+        if evictions is None or not evictions.drains:
+            return 0.0
+        return drain_seconds(evictions, self.pod_details, write_qps=self.pace.write_qps)
 
     def _gate(self, names: Iterable[str]) -> list[str]:
         """Place each node in the book; those it lets change now."""
         return [name for name in names if name in self.cache.nodes and self._place(name)]
 
     def _settle(self, name: str) -> None:
+        """The node once its change is done: its evicted pods gone, its new config in force."""
         cache, planner = self.cache, self.planner
+        evictions = self._evictions.get(name)
+        if evictions is not None and evictions.drains:
+            for pod in (*evictions.pods, *evictions.leaving):
+                cache.delete_pod(pod.uid)
         record = cache.nodes[name]
         cache.upsert_node(settled_body(record, planner.decide(record).policy))
         self._place(name)
@@ -365,13 +431,12 @@ class Forecaster:
         return budgets
 
     def _held(self) -> list[Held]:
-        cache, planner, book = self.cache, self.planner, self.book
+        cache, book = self.cache, self.book
         held = []
         for policy in sorted({*cache.policies, CLUSTER}):
             for step in _HELD_STEPS:
                 for node in book.nodes_at(policy, step):
-                    record = cache.nodes[node]
-                    judged = book.judge(record, planner.decide(record))
+                    judged = self._judge(node).judgement
                     book.record(judged.placement)
                     decision = judged.decision
                     held.append(Held(node, policy, decision.reason, decision.message))

@@ -2,8 +2,12 @@
 
 Steps: read the manifests; dry-run each through the API server (any refusal: exit 1, in the
 API server's words); read the cluster into the operator's state; forecast with the operator's
-planner and rollout book (``kubectl.forecast``); report.  Exit 2 when the plan would leave a
-node overcommitted or Unsupported, so that a pipeline can stop there; 0 otherwise.
+planner and rollout book (``kubectl.forecast``); when it foresees evictions (podPolicy Evict),
+read the PodDisruptionBudgets that would refuse them now; report.  Exit 2 when the plan would
+leave a node overcommitted or Unsupported, or a node that must be drained cannot be, so that a
+pipeline can stop there; 0 otherwise.  An eviction is no overcommit: a node drained for its
+change does not make the exit status 2, whatever its budgets say now (they may allow it later;
+the operator retries until eviction.timeout).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from typing import Any, TextIO
 
 from gpushare_operator.core import defaults
 from gpushare_operator.core.policies import CompiledPolicy
-from gpushare_operator.kubectl import cluster, manifests
+from gpushare_operator.kubectl import cluster, disruptions, manifests
+from gpushare_operator.kubectl.evictions import NodeEvictions
 from gpushare_operator.kubectl.forecast import Forecast, Forecaster
 from gpushare_operator.kubectl.output import Trace
 from gpushare_operator.kubectl.standings import POOL_LABELS, UNMANAGED, RolloutPace
@@ -72,19 +77,28 @@ async def make_plan(options: PlanOptions, *, errors: TextIO = sys.stderr) -> dic
         forecaster.track_resources_of(bodies)
         await cluster.load_configmap(api, cache, options.cluster_ref)
         trace.mark(f"read {len(current)} policies and the device-plugin ConfigMap")
-        await cluster.load_fleet(api, cache)
+        keep = forecaster.keep_pod_details if forecaster.may_evict(bodies) else None
+        await cluster.load_fleet(api, cache, pod_sink=keep)
         trace.mark(
             f"read {len(cache.nodes)} GPU nodes, {len(cache.node_states)} GPUNodeStates,"
             f" {len(cache.usage.pods)} pods asking for GPU slots"
         )
-    forecast = forecaster.run(bodies)
-    trace.mark(f"forecast: {len(forecast.changes)} node(s) change, {len(forecast.batches)} batches")
+        forecast = forecaster.run(bodies)
+        trace.mark(
+            f"forecast: {len(forecast.changes)} node(s) change, {len(forecast.batches)} batches"
+        )
+        budgets: list[dict[str, Any]] = []
+        if any(e.pods for e in forecast.evictions.values()):
+            budgets = await cluster.load_budgets(api)
+            trace.mark(f"read {len(budgets)} PodDisruptionBudgets")
     return report(
         forecast=forecast,
         planned=planned,
         current=current,
         after=dict(forecaster.cache.policies),
         options=options,
+        budgets=budgets,
+        details=forecaster.pod_details,
     )
 
 
@@ -98,9 +112,14 @@ def report(
     current: Mapping[str, CompiledPolicy],
     after: Mapping[str, CompiledPolicy],
     options: PlanOptions,
+    budgets: Sequence[Mapping[str, Any]] = (),
+    details: Mapping[str, disruptions.PodDetails] | None = None,
 ) -> dict[str, Any]:
     by_name = {p.name: p for p in planned}
     problems = _problems(forecast)
+    evicted = {
+        node: _evictions(e, budgets, details or {}) for node, e in forecast.evictions.items()
+    }
     last = forecast.batches[-1].ends_at if forecast.batches else 0.0
     return {
         "apiVersion": "gpushare.dev/v1alpha1",
@@ -115,6 +134,7 @@ def report(
                 "pool": c.pool,
                 "before": c.before.as_dict(),
                 "after": c.after.as_dict(),
+                "evictions": evicted.get(c.name, []),
             }
             for c in forecast.changes
         ],
@@ -131,6 +151,7 @@ def report(
             "clusterMaxUnavailable": options.max_unavailable,
             "batches": len(forecast.batches),
             "nodes": sum(len(b.nodes) for b in forecast.batches),
+            "evictions": sum(len(pods) for pods in evicted.values()),
             "estimatedSeconds": round(last, 1),
         },
         "problems": problems,
@@ -141,7 +162,14 @@ def report(
 def _problems(forecast: Forecast) -> list[str]:
     problems = []
     for misfit in forecast.misfits:
-        problems.append(f"node {misfit.node} would be overcommitted: {misfit.why}")
+        evictions = forecast.evictions.get(misfit.node)
+        if evictions is not None and evictions.stuck is not None:
+            problems.append(
+                f"node {misfit.node} cannot be drained (podPolicy Evict): {evictions.stuck};"
+                " it would keep its config"
+            )
+        else:
+            problems.append(f"node {misfit.node} would be overcommitted: {misfit.why}")
     for change in forecast.unsupported:
         problems.append(f"node {change.name} would be Unsupported: {change.after.why}")
     return problems
@@ -149,12 +177,14 @@ def _problems(forecast: Forecast) -> list[str]:
 
 def _misfits(forecast: Forecast) -> list[dict[str, Any]]:
     waiting = {h.node for h in forecast.held if h.reason == "WaitingForPods"}
+    stuck = {n: e.stuck for n, e in forecast.evictions.items() if e.stuck is not None}
     return [
         {
             "node": m.node,
             "pool": m.pool,
             "why": m.why,
             "waitsForPods": m.node in waiting,
+            **({"notEvictable": stuck[m.node]} if m.node in stuck else {}),
             "pods": [
                 {
                     "namespace": p.namespace,
@@ -171,6 +201,25 @@ def _misfits(forecast: Forecast) -> list[dict[str, Any]]:
 
 def _requests(requests: Sequence[tuple[str, int]]) -> dict[str, Any]:
     return {"requests": dict(requests)}
+
+
+def _evictions(
+    evictions: NodeEvictions,
+    budgets: Sequence[Mapping[str, Any]],
+    details: Mapping[str, disruptions.PodDetails],
+) -> list[dict[str, Any]]:
+    """The pods the node's change would evict, in the operator's order, each with the
+    PodDisruptionBudgets that would refuse its eviction now."""
+    return [
+        {
+            "namespace": pod.namespace,
+            "name": pod.name,
+            **_requests(pod.requests),
+            "priority": pod.priority,
+            "blockedBy": disruptions.blocking(pod, details.get(pod.uid), budgets),
+        }
+        for pod in evictions.pods
+    ]
 
 
 def _action(planned: manifests.Planned | None) -> str:

@@ -1,4 +1,5 @@
-"""The plan's report as text: per policy and pool, then the problems and the verdict."""
+"""The plan's report as text: per policy and pool, the pods it evicts, then the problems and
+the verdict."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def render(report: Mapping[str, Any], style: Style) -> str:
     for policy in report["policies"]:
         if not _quiet(policy):
             parts.append(_policy(policy, style))
+    evicting = [n for n in report["nodes"] if n.get("evictions")]
+    if evicting:
+        parts.append(_evicted(evicting, style))
     if report["overcommitted"]:
         parts.append(_overcommitted(report["overcommitted"], style))
     if report["unsupported"]:
@@ -54,6 +58,8 @@ def _summary(report: Mapping[str, Any]) -> str:
         )
     wait = rollout["propagationDelaySeconds"]
     extra = f" (a new config key waits {duration(wait)} to propagate first)" if wait else ""
+    if rollout.get("evictions"):
+        extra += f"; {plural(rollout['evictions'], 'pod')} evicted first (podPolicy Evict)"
     assumptions = (
         f"Estimates: {rollout['writeQPS']:g} writes/s, {duration(rollout['verifySeconds'])}"
         f" from a label change to Verified, cluster-wide maxUnavailable"
@@ -151,13 +157,41 @@ def _rollout(rollout: Mapping[str, Any], *, loses: bool) -> list[str]:
     return lines
 
 
+def _evicted(nodes: Sequence[Mapping[str, Any]], style: Style) -> str:
+    lines = [style.heading("Pods evicted before their node changes (podPolicy Evict):")]
+    refused = False
+    for node in nodes:
+        pods = node["evictions"]
+        lines.append(f"  {node['name']} ({node['pool']}): {plural(len(pods), 'pod')}")
+        rows = [
+            (
+                f"{p['namespace']}/{p['name']}",
+                p["priority"],
+                ", ".join(f"{n} {r}" for r, n in p["requests"].items()),
+                ", ".join(p["blockedBy"]) or "-",
+            )
+            for p in pods
+        ]
+        refused = refused or any(p["blockedBy"] for p in pods)
+        headers = ("POD", "PRIORITY", "HOLDS", "REFUSED NOW BY")
+        lines.append(table(headers, rows, indent="    "))
+    if refused:
+        lines.append(
+            "  A PodDisruptionBudget that allows no disruption now refuses the eviction: the"
+            " operator retries until the policy's eviction.timeout, then leaves the node on its"
+            " config (EvictionBlocked)."
+        )
+    return "\n".join(lines)
+
+
 def _overcommitted(items: Sequence[Mapping[str, Any]], style: Style) -> str:
     lines = [style.heading("Pods that would hold more slots than their node's new config has:")]
     for item in items:
         wait = " (WaitForPods: the node keeps its config until they fit)"
-        lines.append(
-            f"  {item['node']} ({item['pool']}): {item['why']}{wait * item['waitsForPods']}"
-        )
+        if item.get("notEvictable"):
+            wait = f" (podPolicy Evict cannot drain it: {item['notEvictable']})"
+        held = item["waitsForPods"] or bool(item.get("notEvictable"))
+        lines.append(f"  {item['node']} ({item['pool']}): {item['why']}{wait * held}")
         rows = [
             (
                 f"{p['namespace']}/{p['name']}",

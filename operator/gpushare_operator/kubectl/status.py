@@ -114,9 +114,36 @@ def _nodes(planner: Planner, name: str) -> list[dict[str, Any]]:
                 "gpus": standing.gpus,
                 "slots": {"allocated": allocated, "capacity": standing.capacity},
                 "pods": pods,
+                "eviction": eviction_of(published),
             }
         )
     return rows
+
+
+def eviction_of(published: Mapping[str, Any]) -> dict[str, Any] | None:
+    """podPolicy Evict on the node, as the operator published it: the pods still to go and the
+    PodDisruptionBudgets that refused them; ``blocked`` once it gave up (EvictionBlocked)."""
+    block = published.get("eviction")
+    if not isinstance(block, Mapping):
+        return None
+    return {
+        "policy": block.get("policy"),
+        "startedAt": block.get("startedAt"),
+        "pods": list(block.get("pods") or ()),
+        "blockedBy": list(block.get("blockedBy") or ()),
+        "blocked": bool(block.get("blockedAt")),
+        "reason": block.get("reason"),
+    }
+
+
+def eviction_line(name: str, eviction: Mapping[str, Any]) -> str:
+    pods = ", ".join(eviction["pods"]) or "none left"
+    refused = ", ".join(eviction["blockedBy"])
+    if eviction["blocked"]:
+        line = f"{name}: eviction given up ({eviction['reason']}), keeps its config; pods: {pods}"
+    else:
+        line = f"{name}: evicting {pods}"
+    return line + (f"; refused by PodDisruptionBudget(s) {refused}" if refused else "")
 
 
 def render(report: Mapping[str, Any], style: Style) -> str:
@@ -174,4 +201,6 @@ def _render_nodes(nodes: list[Mapping[str, Any]], style: Style) -> str:
         for n in nodes
     ]
     headers = ("NODE", "POOL", "GOVERNED BY", "PHASE", "REASON", "SLOTS", "PODS", "CONFIG KEY")
-    return table(headers, rows)
+    lines = [table(headers, rows)]
+    lines.extend(eviction_line(n["name"], n["eviction"]) for n in nodes if n["eviction"])
+    return "\n".join(lines)

@@ -5,7 +5,8 @@ simulated kubelet admits it against what its node offers at that moment and runs
 it (``Failed``) as the real one would.  Pods finish when a test patches their phase through the
 status subresource, as kubelet would report it.  Pods are deleted with
 ``gracePeriodSeconds=0``, so that they go at once (the simulated kubelet would otherwise stop
-them after their grace period, as the real one does).  The operator runs as a child process; the simulator plays the NVIDIA agents on its nodes.
+them after their grace period, as the real one does).  The operator runs as a child process;
+the simulator plays the NVIDIA agents on its nodes.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ are read only when some node would evict, and a user who may not list them gets 
 MissingPermission.  ``status`` and ``explain node`` then show the node Evicting, and once the
 timeout passed, EvictionBlocked.
 
-The budgets' status is written here through their ``/status`` subresource, as the disruption
-controller would: the test control plane's kube-controller-manager does not run it.
+The budgets' status is kube-controller-manager's disruption controller's, from the pods the
+simulated kubelet runs.
 """
 
 from __future__ import annotations
@@ -47,24 +47,28 @@ async def gpu_pod(sim: GpuClusterSimulator, namespace: str, name: str, node: str
 async def budget(
     sim: GpuClusterSimulator, namespace: str, name: str, app: str, allowed: int
 ) -> None:
-    """A PodDisruptionBudget over ``app``, with the status the disruption controller would
-    give it: ``allowed`` disruptions now."""
+    """A PodDisruptionBudget over ``app`` allowing ``allowed`` disruptions, once the disruption
+    controller says so."""
     body = {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"maxUnavailable": allowed, "selector": {"matchLabels": {"app": app}}},
+        # minAvailable, not maxUnavailable: a bare pod has no controller whose scale the
+        # disruption controller could read (it would say InsufficientPods).
+        "spec": {"minAvailable": 1 - allowed, "selector": {"matchLabels": {"app": app}}},
     }
     path = f"{PDBS}/namespaces/{namespace}/poddisruptionbudgets"
     created = await h.ok(sim.client, "POST", path, body)
-    status = {
-        "observedGeneration": created["metadata"]["generation"],
-        "disruptionsAllowed": allowed,
-        "currentHealthy": 1,
-        "desiredHealthy": 1 - allowed,
-        "expectedPods": 1,
-    }
-    await h.ok(sim.client, "PATCH", f"{path}/{name}/status", {"status": status})
+    generation = created["metadata"]["generation"]
+    await eventually(  # kube-controller-manager's disruption controller has counted the pod
+        lambda: h.ok(sim.client, "GET", f"{path}/{name}"),
+        until=lambda pdb: (
+            (pdb.get("status") or {}).get("observedGeneration") == generation
+            and pdb["status"].get("disruptionsAllowed") == allowed
+            and pdb["status"].get("currentHealthy") == 1
+        ),
+        what=f"the disruption controller's status of {name}",
+    )
 
 
 def budget_reads(plane: ControlPlane, user: str) -> list[str]:

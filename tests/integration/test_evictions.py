@@ -310,7 +310,13 @@ async def test_a_budget_that_allows_nothing_blocks_the_node_and_the_rest_goes_on
     assert asked and all(code == 429 for _, _, code in asked), asked
     assert {pod for _, pod, _ in asked} <= set(running(await pods_of(sim, pods_ns, app)))
     assert pod_writes_by_us(control_plane) == []
-    events = await h.events_about(sim.client, stuck)
-    assert "EvictionBlocked" in {e["reason"] for e in events}
+    events = await eventually(
+        lambda: h.events_about(sim.client, stuck),
+        until=lambda es: any(e["reason"] == "EvictionBlocked" for e in es),
+        what=f"an EvictionBlocked Event about {stuck}",
+    )
+    about = {(e["reason"], e["type"], e["involvedObject"]["kind"]) for e in events}
+    assert ("EvictionBlocked", "Warning", "GPUNodeState") in about
+    assert ("Evicting", "Normal", "GPUNodeState") in about
     counters = await evictions_counted(operator)
     assert counters["blocked"] >= 1 and counters["started"] == 0

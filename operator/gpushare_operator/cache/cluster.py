@@ -54,6 +54,9 @@ class ClusterCache:
         self.policy_versions: dict[str, int] = {}  # name -> resourceVersion of what we hold
         self.deleted_policies: dict[str, float] = {}  # uid -> when its delete was seen
         self.node_states: dict[str, Mapping[str, Any]] = {}  # GPUNodeState name → status
+        # GPUNodeState name → uid: what an Event about the object itself needs (kubectl
+        # describe finds Events by uid); only for the states in node_states.
+        self.node_state_uids: dict[str, str] = {}
         self.config_data: dict[str, str] | None = None  # None: ConfigMap absent
         # data key -> the field managers that own it (from managedFields, when delivered)
         self.config_owners: dict[str, frozenset[str]] = {}
@@ -334,12 +337,16 @@ class ClusterCache:
     def upsert_node_state(self, obj: Mapping[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name"))
         self.node_states[name] = obj.get("status") or {}
+        uid = (obj.get("metadata") or {}).get("uid")
+        if isinstance(uid, str):
+            self.node_state_uids[name] = uid
         self.in_flight.pop(("nodestate", name), None)
         if name in self.nodes:
             self.queue.node(name)
 
     def delete_node_state(self, name: str) -> None:
         self.node_states.pop(name, None)
+        self.node_state_uids.pop(name, None)
         self.in_flight.pop(("nodestate", name), None)
         if name in self.nodes:
             self.queue.node(name)

@@ -46,6 +46,9 @@ _NODE_RULES = {
 }
 # Node Ready reasons that deserve a Normal Event when they appear (progress worth a trace).
 _NODE_NORMAL = ("Evicting",)
+# Events about a podPolicy Evict drain: posted on the node's GPUNodeState, where the drain
+# is described (status.eviction), rather than on the Node.
+NODE_STATE_REASONS = frozenset({"Evicting", "EvictionBlocked"})
 
 
 def condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:

@@ -166,14 +166,23 @@ class Patches:
             content_type=JSON_PATCH,
         )
         for event in announcements.node_announcements(previous, plan.status):
+            ref = _node_ref(plan)
+            if event.reason in announcements.NODE_STATE_REASONS:  # about the drain itself
+                ref = self._node_state_ref(plan.name) or ref
             if event.reason == "EvictionBlocked":
                 left = (plan.status.get("eviction") or {}).get("pods") or ()
                 self._sender.telemetry.evicted("blocked", len(left))
             await self._sender.recorder.post(
-                ref=_node_ref(plan), type_=event.type, reason=event.reason, message=event.message
+                ref=ref, type_=event.type, reason=event.reason, message=event.message
             )
         echo = answer if isinstance(answer, dict) else None
         return NodeWritten(Done(), node, status=plan.status, echo=echo)
+
+    def _node_state_ref(self, name: str) -> ObjectRef | None:
+        uid = self._cache.node_state_uids.get(name)
+        if uid is None:
+            return None
+        return ObjectRef(models.API_VERSION, models.NODE_STATE_KIND, name, uid)
 
     async def _create_node_state(self, plan: NodePlan, tokens: Tokens) -> None:
         body = {

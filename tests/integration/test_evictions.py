@@ -7,8 +7,9 @@ gpushare asked for, and when, is read from the API server's audit log.
 from __future__ import annotations
 
 import itertools
+import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from gpushare_testing import rolloutaudit as audit
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.gpupods import create, small_pod
 from gpushare_testing.operators import OperatorFactory, RunningOperator
+from gpushare_testing.replicas import USERS, Replicas
 from gpushare_testing.rolloutstate import all_verified, paced
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
@@ -107,12 +109,14 @@ async def evictions_counted(operator: RunningOperator) -> dict[str, float]:
     }
 
 
-def evictions(plane: ControlPlane, *, since: float) -> list[tuple[float, str, int]]:
-    """(when, pod, HTTP code) of each eviction gpushare asked for."""
+def evictions(
+    plane: ControlPlane, *, since: float, users: Collection[str] = (h.OPERATOR_USER,)
+) -> list[tuple[float, str, int]]:
+    """(when, pod, HTTP code) of each eviction gpushare (as ``users``) asked for."""
     found = []
     for event in plane.audit_events():
         ref = event["objectRef"]
-        if event["user"]["username"] != h.OPERATOR_USER or ref.get("resource") != "pods":
+        if event["user"]["username"] not in users or ref.get("resource") != "pods":
             continue
         if ref.get("subresource") == "eviction" and event["verb"] == "create":
             code = int((event.get("responseStatus") or {}).get("code", 0))
@@ -320,3 +324,59 @@ async def test_a_budget_that_allows_nothing_blocks_the_node_and_the_rest_goes_on
     assert ("Evicting", "Normal", "GPUNodeState") in about
     counters = await evictions_counted(operator)
     assert counters["blocked"] >= 1 and counters["started"] == 0
+
+
+async def test_a_new_leader_gives_the_drain_up_when_the_first_one_would_have(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    pods_ns: str,
+    policies: list[str],
+    start_replicas: Callable[[], Awaitable[Replicas]],
+) -> None:
+    """The eviction's deadline is in the GPUNodeState: a failover does not restart it."""
+    pool = h.unique("handover")
+    mine = {RUN: pool}
+    [node] = await sim.create_gpu_nodes(pool=pool, count=1, gpus=1, extra_labels=mine)
+    name = h.unique("handover")
+    timeout = 30
+    rollout = {"canary": 0, "podPolicy": "Evict", "eviction": {"timeout": f"{timeout}s"}}
+    await h.add_policy(sim, policies, paced(name, pool=pool, replicas=4, **rollout))
+    replicas = await start_replicas()
+    leader, follower = await replicas.roles()
+    old = await all_verified(sim, [node], name)
+    app = h.unique("db")
+    await apply(sim, pods_ns, budget(app, minAvailable=3))  # allows no eviction at all
+    await apply(sim, pods_ns, deployment(app, replicas=3, run=pool))
+    await settled(sim, pods_ns, app, 3)
+
+    since = time.time()
+    await h.patch_policy(sim.client, name, {"replicas": 2})  # 3 pods, 2 slots: one must go
+    evicting = await eventually(
+        lambda: h.node_state(sim.client, node),
+        until=lambda s: (s or {}).get("status", {}).get("phase") == "Evicting",
+        what=f"{node} Evicting",
+    )
+    assert evicting is not None
+    started = evicting["status"]["eviction"]["startedAt"]
+    dying = replicas.running[leader]
+    dying.proc.send_signal(signal.SIGKILL)  # mid-drain: its refusals and back-off are lost
+    assert await dying.exited() == -signal.SIGKILL
+    blocked = await eventually(
+        lambda: h.node_state(sim.client, node),
+        until=lambda s: bool(((s or {}).get("status") or {}).get("eviction", {}).get("blockedAt")),
+        timeout=90,
+        what=f"{node} given up",
+    )
+    assert blocked is not None
+    eviction = blocked["status"]["eviction"]
+    assert eviction["startedAt"] == started  # the new leader read it, and kept it
+    waited = audit.moment({"stageTimestamp": eviction["blockedAt"]}) - audit.moment(
+        {"stageTimestamp": started}
+    )
+    # Given up at the first leader's deadline (stamps have whole seconds), not a timeout
+    # after the new leader took over (at least a Lease duration after the kill).
+    assert timeout - 1 <= waited <= timeout + 3, waited
+    labels = (await h.node(sim.client, node))["metadata"]["labels"]
+    assert labels[h.CONFIG_LABEL] == old
+    by_new = evictions(control_plane, since=since, users=[USERS[follower]])
+    assert by_new and all(code == 429 for _, _, code in by_new), "the new leader asked too"

@@ -20,7 +20,7 @@ from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.gpupods import create, small_pod
 from gpushare_testing.operators import OperatorFactory, RunningOperator
 from gpushare_testing.replicas import USERS, Replicas
-from gpushare_testing.rolloutstate import all_verified, paced
+from gpushare_testing.rolloutstate import all_verified, paced, rollout_state
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
 
@@ -310,6 +310,10 @@ async def test_a_budget_that_allows_nothing_blocks_the_node_and_the_rest_goes_on
     assert blocked["status"]["phase"] == "Pending"
     node = await h.node(sim.client, stuck)
     assert not any(t["key"] == TAINT for t in node["spec"].get("taints") or ())  # given back
+    # The rollout reports it: done but for the given-up node, named with why.
+    rollout = await rollout_state(sim, name, "WaitingForPods")
+    assert rollout["waitingOn"] == [stuck]
+    assert "could not be evicted in time" in rollout["message"], rollout
     asked = evictions(control_plane, since=since)
     assert asked and all(code == 429 for _, _, code in asked), asked
     assert {pod for _, pod, _ in asked} <= set(running(await pods_of(sim, pods_ns, app)))

@@ -5,189 +5,32 @@ policy that governs it (``choose``: the first usable one by rank), what is known
 key, and the clock.  ``render_status`` turns the decision into the status dict that is compared
 with what the API server holds.  Nothing rendered changes with the clock alone: a wait is
 published once, as the absolute time it ends (``configReadyAt``), so re-plans during it write
-nothing.
+nothing.  A node no policy governs any more is released by ``core.releases``; the values
+passed between them are in ``core.decisions``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from gpushare_operator.core import conditions, devconfigs
+from gpushare_operator.core.decisions import NOTHING_PUBLISHED as NOTHING_PUBLISHED
+from gpushare_operator.core.decisions import KeyReadiness as KeyReadiness
+from gpushare_operator.core.decisions import Labels as Labels
+from gpushare_operator.core.decisions import NodeDecision as NodeDecision
+from gpushare_operator.core.decisions import Published as Published
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import (
     CONFIG_LABEL,
-    GFD_TIMESTAMP,
-    GPU_RESOURCE,
     POLICY_LABEL,
     NodeRecord,
 )
 from gpushare_operator.core.policies import CompiledPolicy
-from gpushare_operator.core.stamps import epoch_of
-
-Labels = dict[str, str | None]
-
-
-@dataclass(frozen=True, slots=True)
-class KeyReadiness:
-    """What the writer knows of a config key: in the ConfigMap, and usable from when."""
-
-    present: bool
-    ready_at: float | None = None  # monotonic time from which nodes may name it
-    ready_at_wall: str | None = None  # the same moment, RFC 3339, fixed when the key was seen
-
-
-@dataclass(frozen=True, slots=True)
-class NodeDecision:
-    policy: CompiledPolicy | None
-    phase: NodePhase
-    reason: str
-    message: str
-    labels: Labels | None  # our two labels as wanted (None value = remove); None = leave as is
-    recheck_at: float | None = None  # when the decision may change by time alone
-    config_ready_at: str | None = None  # published while waiting for config propagation
-    # While our labels are gone but the device plugin is not yet back unshared: the policy the
-    # node is being released from (its status keeps naming it, and its budget keeps the node).
-    released_from: str | None = None
-    # podPolicy Evict: the GPUNodeState's ``eviction`` block (statuses.EvictionStatus) while
-    # the node is drained, or after it was given up (EvictionBlocked); None: no eviction.
-    eviction: Mapping[str, Any] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Published:
-    """What the node's GPUNodeState says, as last written: every leader reads the same."""
-
-    policy: str | None = None
-    config_key: str | None = None
-    phase: str | None = None
-    reason: str | None = None  # its Ready condition's
-    message: str = ""  # and that condition's message
-    since: float | None = None  # its lastTransitionTime, on the caller's monotonic clock
-    stamp: float | None = None  # the same, in seconds since the epoch (whole seconds)
-
-    @classmethod
-    def of(cls, status: Mapping[str, Any] | None, *, since: float | None) -> Published:
-        status = status or {}
-        ready = conditions.find(status.get("conditions"), "Ready") or {}
-        return cls(
-            policy=status.get("policy"),
-            config_key=status.get("configKey"),
-            phase=status.get("phase"),
-            reason=ready.get("reason"),
-            message=str(ready.get("message") or ""),
-            since=since,
-            stamp=epoch_of(status.get("lastTransitionTime")),
-        )
-
-    def verified(self, policy: CompiledPolicy) -> bool:
-        """Whether the node was confirmed for ``policy``'s config in force (drift since)."""
-        return (
-            self.policy == policy.name
-            and self.config_key == policy.config_key
-            and self.phase in (NodePhase.VERIFIED, NodePhase.DEGRADED)
-        )
-
-
-NOTHING_PUBLISHED = Published()
-_UNCONFIRMED = "ReleaseNotConfirmed"
-
-
-def _release(
-    record: NodeRecord, *, published: Published, now: float, timeout: float
-) -> NodeDecision:
-    """No policy governs the node: our labels go, then the release is watched until the device
-    plugin runs unshared again, for at most ``timeout`` (a node that never settles, say a bad
-    GPU, is reported and stops counting against its policy's budget)."""
-    # Only a node carrying our policy label is ours to clean; a config label set by someone else
-    # without it is theirs, and SSA could not remove it anyway.
-    message = "no GPUSharingPolicy selects this node"
-    if record.policy_label is not None:
-        # It names the policy it leaves, so that a wait for its turn is published for that
-        # policy, and the release, once the labels are gone, is watched against its budget.
-        labels: Labels = {CONFIG_LABEL: None, POLICY_LABEL: None}
-        return NodeDecision(
-            None,
-            NodePhase.UNMANAGED,
-            "NoPolicy",
-            message,
-            labels,
-            released_from=record.policy_label,
-        )
-    losing = published.policy
-    if release_settled(record) and (losing is None or _seen_since_release(record, published)):
-        return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, None)
-    if published.reason == _UNCONFIRMED:
-        # Said once, kept as it was: the node stays out of every budget until it settles.
-        return NodeDecision(None, NodePhase.UNMANAGED, _UNCONFIRMED, published.message, None)
-    if losing is None:  # what it last said names no policy: it was never ours to release
-        return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, None)
-    since = published.since if published.phase == NodePhase.RELEASING else None
-    deadline = (now if since is None else since) + timeout
-    seen = "; ".join(_release_disagreements(record))
-    if now >= deadline:
-        message = (
-            f"released from GPUSharingPolicy {losing}, but the device plugin did not come back"
-            f" unshared within {timeout:.0f} s: {seen}; it no longer counts against {losing}"
-        )
-        return NodeDecision(None, NodePhase.UNMANAGED, _UNCONFIRMED, message, None)
-    message = (
-        f"released from GPUSharingPolicy {losing}: waiting for the device plugin to run"
-        " unshared (GPU Feature Discovery and kubelet to confirm)"
-    )
-    return NodeDecision(
-        None,
-        NodePhase.RELEASING,
-        "Releasing",
-        message,
-        None,
-        recheck_at=deadline,
-        released_from=losing,
-    )
-
-
-def release_blocked(record: NodeRecord, *, owners: Sequence[str]) -> NodeDecision:
-    """Our labels stay on the node after our release: other field managers own them too."""
-    message = (
-        f"no GPUSharingPolicy selects this node, but its {POLICY_LABEL} label is also owned by"
-        f" field manager(s) {', '.join(owners)}: gpushare gave up its part and leaves them"
-        " (remove the label with that manager, or by hand)"
-    )
-    return NodeDecision(None, NodePhase.UNMANAGED, "ReleaseBlocked", message, None)
-
-
-def _seen_since_release(record: NodeRecord, published: Published) -> bool:
-    """Whether GPU Feature Discovery has labelled the node since our labels went: what the
-    node showed before may look unshared already (a config that never took), while the device
-    plugin is still to restart on the default config.  GFD stamps every pass in whole seconds;
-    the release's second is not enough.  A GFD that writes no stamp cannot tell: the labels
-    are taken as they are."""
-    stamp = record.labels.get(GFD_TIMESTAMP)
-    if stamp is None or not stamp.isdigit():
-        return True
-    if published.phase != NodePhase.RELEASING or published.stamp is None:
-        return False  # the release was not even recorded yet: nothing can be after it
-    return int(stamp) > published.stamp
-
-
-def release_settled(record: NodeRecord) -> bool:
-    """Whether a released node runs the unshared config again: GFD reports no sharing and
-    kubelet shows one ``nvidia.com/gpu`` per GPU (what the default config advertises)."""
-    return not _release_disagreements(record)
-
-
-def _release_disagreements(record: NodeRecord) -> list[str]:
-    problems = []
-    if record.reported_replicas not in (None, 1):
-        problems.append(f"nvidia.com/gpu.replicas is {record.reported_replicas}, expected 1")
-    if record.sharing_strategy not in (None, "none"):
-        problems.append(f"nvidia.com/gpu.sharing-strategy is {record.sharing_strategy}")
-    gpus = record.gpus
-    allocatable = record.allocatable_of(GPU_RESOURCE)
-    if gpus is not None and allocatable != gpus:
-        problems.append(f"allocatable {GPU_RESOURCE} is {allocatable}, expected {gpus}")
-    return problems
+from gpushare_operator.core.releases import release as released
+from gpushare_operator.core.releases import release_blocked as release_blocked
+from gpushare_operator.core.releases import release_settled as release_settled
 
 
 def unsupported(record: NodeRecord, policy: CompiledPolicy) -> tuple[str, str] | None:
@@ -293,7 +136,7 @@ def decide(
     """The node's phase and the labels we want on it, from current state alone (level-based):
     the node's record, and what its GPUNodeState says (which any leader reads the same)."""
     if policy is None or policy.config_key is None:
-        return _release(record, published=published, now=now, timeout=mismatch_timeout)
+        return released(record, published=published, now=now, timeout=mismatch_timeout)
     problem = _unsupported(record, policy)
     if problem is not None:
         return NodeDecision(policy, NodePhase.UNSUPPORTED, problem[0], problem[1], None)

@@ -19,68 +19,23 @@ is an admission not yet written: it can only make the count larger.
 
 from __future__ import annotations
 
-import enum
 from collections import defaultdict
 from collections.abc import Collection
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import devconfigs, nodephases, rollouts
 from gpushare_operator.core.models import NodePhase, PodPolicy, RolloutSpec
 from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
-
-RELEASE = ""  # the target of a node to be released (config keys are never empty)
-CLUSTER = ""  # charged to no policy, only to the cluster-wide budget (names are never empty)
-
-
-class Step(enum.Enum):
-    UPDATED = "updated"  # on the target, Verified
-    CHANGING = "changing"  # on the target, not Verified yet (or releasing, not yet settled)
-    FAILED = "failed"  # on the target, Mismatch: never confirmed after our change
-    DEGRADED = "degraded"  # on the target, confirmed once and disagreeing since
-    ADMITTED = "admitted"  # cleared to change; label not written yet
-    WAITING = "waiting"  # wants to change; waits for its turn
-    BLOCKED = "blocked"  # wants to change; waits for its pods to fit
-    PREPARING = "preparing"  # to change once its config key has propagated (or unpaused)
-
-
-HELD_STEPS = frozenset({Step.WAITING, Step.BLOCKED})
-# A rollout with a node at any of these is under way (or unhealthy): no node joins it at once.
-_UNDER_WAY = (*HELD_STEPS, Step.PREPARING, Step.ADMITTED, Step.CHANGING, Step.FAILED)
-_SETTLED_STEP = {
-    NodePhase.VERIFIED: Step.UPDATED,
-    NodePhase.APPLIED: Step.CHANGING,
-    NodePhase.RELEASING: Step.CHANGING,
-    NodePhase.MISMATCH: Step.FAILED,
-    NodePhase.DEGRADED: Step.DEGRADED,
-    NodePhase.PENDING: Step.PREPARING,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Place:
-    policy: str  # charged to; CLUSTER: to the cluster-wide budget only
-    step: Step
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where ``judge`` puts a node: everything ``record`` enters about it."""
-
-    node: str
-    charged: str  # the policy whose budget the node is charged to (CLUSTER: none)
-    step: Step | None  # None: the node leaves the book
-    down: str | None  # unavailable, charged to this policy; None: available
-    grant: tuple[str, str] | None  # its admission (target, charged) from now on
-    wanted: str | None = None  # the target it waits for, while held back
-    held_since: float | None = None  # when it began to be held back
-
-
-@dataclass(frozen=True, slots=True)
-class Judgement:
-    decision: nodephases.NodeDecision  # to act on: the planned one, or a wait
-    placement: Placement
+from gpushare_operator.reconcile.placements import CLUSTER as CLUSTER
+from gpushare_operator.reconcile.placements import HELD_STEPS as HELD_STEPS
+from gpushare_operator.reconcile.placements import RELEASE as RELEASE
+from gpushare_operator.reconcile.placements import SETTLED_STEP, UNDER_WAY
+from gpushare_operator.reconcile.placements import Judgement as Judgement
+from gpushare_operator.reconcile.placements import Place as Place
+from gpushare_operator.reconcile.placements import Placement as Placement
+from gpushare_operator.reconcile.placements import Step as Step
 
 
 class RolloutBook:
@@ -142,7 +97,7 @@ class RolloutBook:
         down = self.unavailable_for(record, decision)
         place = Placement(name, charged, None, down, grant)
         if not wants:
-            return Judgement(decision, replace(place, step=_SETTLED_STEP.get(decision.phase)))
+            return Judgement(decision, replace(place, step=SETTLED_STEP.get(decision.phase)))
         if (grant is not None and grant[0] == target) or self._fresh(record, target, charged):
             grant = grant or (target, charged)
             admitted = replace(place, step=Step.ADMITTED, down=down or charged, grant=grant)
@@ -285,7 +240,7 @@ class RolloutBook:
         """Whether nodes other than ``node`` are under way in the policy's rollout: waiting,
         admitted, changing and not yet confirmed, or failed."""
         steps = self._steps.get(policy, {})
-        return any(steps.get(step, set()) - {node} for step in _UNDER_WAY)
+        return any(steps.get(step, set()) - {node} for step in UNDER_WAY)
 
     def _halted_without(self, policy: str, node: str) -> bool:
         """Whether the policy's rollout is halted, not counting ``node`` (being judged anew:

@@ -9,6 +9,7 @@ from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import rollouts
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.core.releases import QUIET_RELEASE as QUIET
 from gpushare_operator.core.rollouts import FINALIZER
 from gpushare_operator.reconcile.outcomes import Done, NodeWritten
 from gpushare_operator.reconcile.plans import Stage
@@ -378,5 +379,27 @@ def test_a_release_is_not_confirmed_by_what_the_node_showed_before_it() -> None:
     assert loop.book.down_nodes("p") == ["n0"]
     later = {"nvidia.com/gfd.timestamp": str(int(EPOCH + clock.now) + 1)}
     update(cache, node("n0", pool="gone", **later))  # GFD's first pass since the release
+    assert published(loop, "n0")["phase"] == NodePhase.UNMANAGED
+    assert loop.book.unavailable() == 0
+
+
+def test_a_release_that_restarts_nothing_is_taken_as_it_looks_after_a_quiet_time() -> None:
+    # The config manager skips a key it already runs: a node labelled and released before it
+    # applied our key restarts nothing, and GFD writes no new pass to wait for.
+    clock = Clock()
+    cache = steady(clock, nodes=1)
+    key = str(cache.policies["p"].config_key)
+    stale = {"nvidia.com/gfd.timestamp": str(int(EPOCH + clock.now))}
+    update(cache, node("n0", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}, **stale))
+    loop = leader(cache)
+    loop.plan_queued_nodes()
+    published(loop, "n0")
+    update(cache, node("n0", pool="gone", **{CONFIG_LABEL: key, POLICY_LABEL: "p"}, **stale))
+    assert changed(loop, clock) == ["n0"]
+    status = published(loop, "n0")
+    assert status["phase"] == NodePhase.RELEASING
+    plan = loop.plan_node("n0")
+    assert plan.facts.recheck_at is not None and plan.facts.recheck_at <= clock.now + QUIET
+    clock.now += QUIET + 1
     assert published(loop, "n0")["phase"] == NodePhase.UNMANAGED
     assert loop.book.unavailable() == 0

@@ -21,6 +21,11 @@ from gpushare_operator.core.nodes import (
 )
 
 UNCONFIRMED = "ReleaseNotConfirmed"
+# A node that shows unshared when our labels go may not have restarted yet; GFD's next pass says
+# it has.  When none comes this long after the release, nothing is restarting: the config
+# manager never applied our key (it skips a key it already runs), or the node's agents are
+# down.  The labels are then taken as they are.
+QUIET_RELEASE = 10.0
 
 
 def release(
@@ -45,14 +50,19 @@ def release(
             released_from=record.policy_label,
         )
     losing = published.policy
-    if release_settled(record) and (losing is None or _seen_since_release(record, published)):
+    since = published.since if published.phase == NodePhase.RELEASING else None
+    settled = release_settled(record)
+    if settled and (
+        losing is None
+        or _seen_since_release(record, published)
+        or (since is not None and now >= since + QUIET_RELEASE)
+    ):
         return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, None)
     if published.reason == UNCONFIRMED:
         # Said once, kept as it was: the node stays out of every budget until it settles.
         return NodeDecision(None, NodePhase.UNMANAGED, UNCONFIRMED, published.message, None)
     if losing is None:  # what it last said names no policy: it was never ours to release
         return NodeDecision(None, NodePhase.UNMANAGED, "NoPolicy", message, None)
-    since = published.since if published.phase == NodePhase.RELEASING else None
     deadline = (now if since is None else since) + timeout
     seen = "; ".join(_release_disagreements(record))
     if now >= deadline:
@@ -65,13 +75,16 @@ def release(
         f"released from GPUSharingPolicy {losing}: waiting for the device plugin to run"
         " unshared (GPU Feature Discovery and kubelet to confirm)"
     )
+    recheck = deadline
+    if settled:  # looks unshared already: look again when the quiet time is over
+        recheck = min(deadline, (now if since is None else since) + QUIET_RELEASE)
     return NodeDecision(
         None,
         NodePhase.RELEASING,
         "Releasing",
         message,
         None,
-        recheck_at=deadline,
+        recheck_at=recheck,
         released_from=losing,
     )
 

@@ -201,6 +201,29 @@ def test_a_deletion_releases_the_nodes_under_the_policys_budget_without_a_canary
     assert forecast.start_delay == 0  # a release needs no new key
 
 
+def test_a_release_of_nodes_gfd_stamped_is_foreseen_as_unshared() -> None:
+    # GFD stamps every pass; a settled node in the replay is one after its pass, or the
+    # release would look unconfirmed and the node still governed by the policy it leaves.
+    forecaster = Forecaster(max_unavailable="100%", pace=PACE)
+    cache = forecaster.cache
+    cache.upsert_policy(policy("p", replicas=2, rollout={"maxUnavailable": 3, "canary": 0}))
+    key = str(cache.policies["p"].config_key)
+    cache.set_config_data(config_texts(cache), initial=True)
+    for i in range(2):
+        labels = on(key, "p", 2) | {"nvidia.com/gfd.timestamp": "1796140000"}
+        cache.upsert_node(node(f"n{i}", **labels))
+        status = {"policy": "p", "configKey": key, "phase": "Verified"}
+        cache.upsert_node_state({"metadata": {"name": f"n{i}"}, "status": status})
+    gone = policy("p", replicas=2, rollout={"maxUnavailable": 3, "canary": 0})
+    gone["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    forecast = forecaster.run([gone])
+    assert {c.name: c.after.standing for c in forecast.changes} == {
+        "n0": UNMANAGED,
+        "n1": UNMANAGED,
+    }
+    assert {c.after.policy for c in forecast.changes} == {None}
+
+
 def test_a_policy_that_cannot_work_on_a_node_leaves_it_unsupported() -> None:
     forecaster = Forecaster(max_unavailable="100%", pace=PACE)
     converged(forecaster, 2)

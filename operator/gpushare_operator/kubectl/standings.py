@@ -23,6 +23,7 @@ from gpushare_operator.core import defaults, devconfigs, nodephases
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import (
     CONFIG_LABEL,
+    GFD_TIMESTAMP,
     GPU_PRODUCT,
     GPU_REPLICAS,
     GPU_RESOURCE,
@@ -139,6 +140,9 @@ def settled_body(record: NodeRecord, policy: CompiledPolicy | None) -> dict[str,
         resource = devconfigs.advertised_resource(policy.sharing)
     labels[GPU_REPLICAS] = str(replicas)
     labels[GPU_SHARING] = strategy
+    # GFD's stamp of a pass before the change would say the agents have not relabelled since
+    # (a release then looks unconfirmed): the settled node is the one after their pass.
+    labels.pop(GFD_TIMESTAMP, None)
     gpus = record.gpus or 0
     resources = dict(record.allocatable)
     for advertised in (GPU_RESOURCE, SHARED_RESOURCE):

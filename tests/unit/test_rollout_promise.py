@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import rollouts
+from gpushare_operator.core import nodephases, rollouts
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.core.releases import QUIET_RELEASE as QUIET
+from gpushare_operator.core.releases import release
 from gpushare_operator.core.rollouts import FINALIZER
 from gpushare_operator.reconcile.outcomes import Done, NodeWritten
 from gpushare_operator.reconcile.plans import Stage
@@ -403,3 +404,14 @@ def test_a_release_that_restarts_nothing_is_taken_as_it_looks_after_a_quiet_time
     clock.now += QUIET + 1
     assert published(loop, "n0")["phase"] == NodePhase.UNMANAGED
     assert loop.book.unavailable() == 0
+
+
+def test_a_node_unsupported_for_the_policy_it_leaves_is_unmanaged_at_once() -> None:
+    # Never configured by us (the policy could not work there): nothing restarts, so there is
+    # no GFD pass to wait for (found by the plugin's prediction test in CI).
+    clock = Clock()
+    cache = ClusterCache(clock=clock, wallclock=lambda: EPOCH + clock.now)
+    cache.upsert_node(node("n0", **{"nvidia.com/gfd.timestamp": "1796140000"}))
+    published = nodephases.Published(policy="p", phase=NodePhase.UNSUPPORTED)
+    decision = release(cache.nodes["n0"], published=published, now=clock.now, timeout=60)
+    assert decision.phase is NodePhase.UNMANAGED and decision.reason == "NoPolicy"

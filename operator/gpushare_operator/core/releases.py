@@ -54,6 +54,7 @@ def release(
     settled = release_settled(record)
     if settled and (
         losing is None
+        or published.phase == NodePhase.UNSUPPORTED  # never configured by us: nothing restarts
         or _seen_since_release(record, published)
         or (since is not None and now >= since + QUIET_RELEASE)
     ):

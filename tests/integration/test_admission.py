@@ -156,6 +156,12 @@ def spec(**overrides: Any) -> Json:
     return {key: value for key, value in merged.items() if value is not ...}
 
 
+def mig_spec(**overrides: Any) -> Json:
+    """A valid minimal MIG spec with `overrides` (``...`` removes a field)."""
+    merged: Json = {"replicas": ..., "strategy": "MIG", "mig": {"profile": "1g.10gb"}, **overrides}
+    return spec(**merged)
+
+
 def expression(key: str = "pool", operator: str = "In", values: Any = ...) -> Json:
     requirement: Json = {"key": key, "operator": operator}
     if values is not ...:
@@ -268,6 +274,92 @@ REJECTED = [
         spec(rollout={"podPolicy": "Evict", "eviction": {"gracePeriodSeconds": -1}}),
         "spec.rollout.eviction.gracePeriodSeconds",
         "greater than or equal to 0",
+    ),
+    # strategy MIG
+    Rejected("mig-without-block", mig_spec(mig=...), "spec", "mig is required when strategy"),
+    Rejected(
+        "mig-on-mps",
+        spec(strategy="MPS", mig={"profile": "1g.10gb"}),
+        "spec",
+        f"mig is refused with strategy MPS: {models.MPS_ON_MIG}",
+    ),
+    Rejected(
+        "mig-on-time-slicing",
+        spec(mig={"profile": "1g.10gb"}),
+        "spec",
+        "mig applies only when strategy is MIG",
+    ),
+    Rejected(
+        "mig-with-replicas",
+        mig_spec(replicas=4),
+        "spec",
+        "replicas must be absent when strategy is MIG",
+    ),
+    Rejected(
+        "mig-with-resource-name",
+        mig_spec(resourceName="nvidia.com/slice"),
+        "spec",
+        "resourceName must be left at nvidia.com/gpu when strategy is MIG",
+    ),
+    Rejected(
+        "mig-rename-by-default",
+        mig_spec(renameByDefault=True),
+        "spec",
+        "renameByDefault applies only to TimeSlicing and MPS",
+    ),
+    Rejected(
+        "mig-proceed",
+        mig_spec(rollout={"podPolicy": "Proceed"}),
+        "spec",
+        "rollout.podPolicy Proceed is refused when strategy is MIG",
+    ),
+    Rejected(
+        "mig-profile-and-devices",
+        mig_spec(mig={"profile": "1g.10gb", "devices": {"1g.10gb": 7}}),
+        "spec.mig",
+        "exactly one of profile and devices must be set",
+    ),
+    Rejected(
+        "mig-neither-profile-nor-devices",
+        mig_spec(mig={"migStrategy": "mixed"}),
+        "spec.mig",
+        "exactly one of profile and devices must be set",
+    ),
+    Rejected(
+        "mig-single-with-two-profiles",
+        mig_spec(mig={"devices": {"3g.40gb": 1, "4g.40gb": 1}, "migStrategy": "single"}),
+        "spec.mig",
+        "migStrategy single advertises every MIG device as nvidia.com/gpu",
+    ),
+    Rejected(
+        "mig-profile-name",
+        mig_spec(mig={"profile": "5g.50gb"}),
+        "spec.mig.profile",
+        "should match",
+    ),
+    Rejected(
+        "mig-devices-key",
+        mig_spec(mig={"devices": {"1c.3g.40gb": 1}}),
+        "spec.mig.devices",
+        "mig.devices keys must be MIG profile names",
+    ),
+    Rejected(
+        "mig-devices-count",
+        mig_spec(mig={"devices": {"1g.10gb": 8}}),
+        "spec.mig.devices.1g.10gb",
+        "less than or equal to 7",
+    ),
+    Rejected(
+        "mig-replicas-1",
+        mig_spec(mig={"profile": "1g.10gb", "replicas": 1}),
+        "spec.mig.replicas",
+        "greater than or equal to 2",
+    ),
+    Rejected(
+        "mig-strategy-unknown",
+        mig_spec(mig={"profile": "1g.10gb", "migStrategy": "none"}),
+        "spec.mig.migStrategy",
+        'Unsupported value: "none"',
     ),
     # replicas
     Rejected("replicas-1", spec(replicas=1), "spec", "replicas must be 2 to 64 when strategy"),
@@ -788,6 +880,41 @@ ACCEPTED: list[tuple[str, Json, Json]] = [
                 {PREFIX_253 + "/" + "n" * 63: "v" * 63, "my_label": "", "k" * 63: "A.b-c_9"}
             ),
         },
+    ),
+    (
+        "mig-one-profile",
+        mig_spec(),
+        {**DEFAULTED_SPEC, **mig_spec()},
+    ),
+    (
+        "mig-explicit-devices-time-sliced",
+        mig_spec(
+            mig={
+                "devices": {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb+me": 1},
+                "migStrategy": "mixed",
+                "replicas": 4,
+            },
+            rollout={"podPolicy": "Evict"},
+        ),
+        {
+            **DEFAULTED_SPEC,
+            **mig_spec(
+                mig={
+                    "devices": {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb+me": 1},
+                    "migStrategy": "mixed",
+                    "replicas": 4,
+                },
+            ),
+            "rollout": {
+                **DEFAULTED_SPEC["rollout"],
+                "podPolicy": "Evict",
+            },
+        },
+    ),
+    (
+        "mig-single-one-profile-devices",
+        mig_spec(mig={"devices": {"1g.10gb": 7}, "migStrategy": "single"}),
+        {**DEFAULTED_SPEC, **mig_spec(mig={"devices": {"1g.10gb": 7}, "migStrategy": "single"})},
     ),
     (
         "unknown-field-pruned",

@@ -23,6 +23,7 @@ FILES = {
 # What a structural schema node may carry (apiextensions.k8s.io/v1 JSONSchemaProps we use).
 ALLOWED_KEYWORDS = {
     "additionalProperties",
+    "minProperties",
     "default",
     "description",
     "enum",
@@ -223,7 +224,7 @@ def test_spec_schema_carries_the_admission_rules(by_plural: dict[str, dict[str, 
     assert spec["required"] == ["strategy"]  # replicas: required by a CEL rule, not Exclusive
     assert spec["x-kubernetes-validations"] == [dict(r) for r in crds.SPEC_RULES]
     fields = spec["properties"]
-    assert fields["strategy"]["enum"] == ["TimeSlicing", "MPS", "Exclusive"]
+    assert fields["strategy"]["enum"] == ["TimeSlicing", "MPS", "Exclusive", "MIG"]
     assert (fields["replicas"]["minimum"], fields["replicas"]["maximum"]) == (1, 64)
     assert (fields["priority"]["minimum"], fields["priority"]["maximum"]) == (0, 1_000_000_000)
     assert fields["priority"]["default"] == 0

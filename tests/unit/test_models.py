@@ -52,6 +52,7 @@ def test_minimal_spec_takes_the_documented_defaults() -> None:
         "priority": 0,
         "strategy": "TimeSlicing",
         "replicas": 4,
+        "mig": None,
         "resourceName": "nvidia.com/gpu",
         "renameByDefault": False,
         "failRequestsGreaterThanOne": None,
@@ -124,6 +125,23 @@ def test_spec_is_frozen() -> None:
         parsed.replicas = 8  # type: ignore[misc]
 
 
+def mig(**overrides: Any) -> dict[str, Any]:
+    """A valid MIG spec with ``overrides``; None removes a field."""
+    body = {"strategy": "MIG", "mig": {"profile": "1g.10gb"}, **overrides}
+    return {key: value for key, value in body.items() if value is not None}
+
+
+def test_mig_strategy_defaults_to_single_for_a_profile_and_mixed_for_devices() -> None:
+    one = GPUSharingPolicySpec.model_validate(mig())
+    several = GPUSharingPolicySpec.model_validate(
+        mig(mig={"devices": {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 1}, "replicas": 3})
+    )
+    assert one.mig is not None and several.mig is not None
+    assert (one.mig.strategy, one.slots_per_gpu) == ("single", 1)
+    assert (several.mig.strategy, several.slots_per_gpu) == ("mixed", 3)
+    assert several.mig.profiles == ("1g.10gb", "2g.20gb", "3g.40gb")
+
+
 GOOD_SPECS = {
     "mps": spec(strategy="MPS"),
     "replicas-2": spec(replicas=2),
@@ -157,10 +175,33 @@ BAD_SPECS = {
     "no-strategy": ({"replicas": 4}, "strategy", "Field required"),
     "no-replicas": ({"strategy": "MPS"}, "", "replicas must be 2 to 64 when strategy is MPS"),
     "unknown-strategy": (
-        spec(strategy="MIG"),
+        spec(strategy="Slices"),
         "strategy",
-        "'TimeSlicing', 'MPS' or 'Exclusive'",
+        "'TimeSlicing', 'MPS', 'Exclusive' or 'MIG'",
     ),
+    "mig-without-block": (mig(mig=None), "", "mig is required when strategy is MIG"),
+    "mig-on-mps": (
+        spec(strategy="MPS", mig={"profile": "1g.10gb"}),
+        "",
+        f"mig is refused with strategy MPS: {models.MPS_ON_MIG}",
+    ),
+    "mig-on-time-slicing": (spec(mig={"profile": "1g.10gb"}), "", "mig applies only"),
+    "mig-with-replicas": (mig(replicas=4), "", "replicas must be absent when strategy is MIG"),
+    "mig-resource": (mig(resourceName="nvidia.com/x"), "", "resourceName must be left"),
+    "mig-rename": (mig(renameByDefault=True), "", "renameByDefault applies only"),
+    "mig-proceed": (mig(rollout={"podPolicy": "Proceed"}), "", "Proceed is refused"),
+    "mig-both": (
+        mig(mig={"profile": "1g.10gb", "devices": {"1g.10gb": 7}}),
+        "mig",
+        "exactly one of profile and devices",
+    ),
+    "mig-single-two-profiles": (
+        mig(mig={"devices": {"3g.40gb": 1, "4g.40gb": 1}, "migStrategy": "single"}),
+        "mig",
+        "migStrategy single advertises every MIG device as nvidia.com/gpu",
+    ),
+    "mig-profile-name": (mig(mig={"profile": "5g.50gb"}), "mig.profile", "should match"),
+    "mig-count-8": (mig(mig={"devices": {"1g.10gb": 8}}), "mig.devices", "less than or equal"),
     "replicas-1": (spec(replicas=1), "", "replicas must be 2 to 64 when strategy is TimeSlicing"),
     "mps-49": (spec(strategy="MPS", replicas=49), "", "at most 48 when strategy is MPS"),
     "exclusive-4": (
@@ -439,7 +480,7 @@ def test_invalid_policy_statuses_are_refused(body: dict[str, Any], message: str)
         ({}, "Field required"),
         ({"phase": "Done"}, "'Pending', 'Applied'"),
         ({"phase": "Applied", "replicas": 0}, "greater than or equal to 1"),
-        ({"phase": "Applied", "strategy": "MIG"}, "'TimeSlicing', 'MPS' or 'Exclusive'"),
+        ({"phase": "Applied", "strategy": "Slices"}, "'TimeSlicing', 'MPS', 'Exclusive' or 'MIG'"),
         ({"phase": "Applied", "lastTransitionTime": "2025-01-31 12:00"}, "RFC 3339"),
     ],
     ids=["no-phase", "phase", "replicas", "strategy", "time"],
@@ -450,7 +491,7 @@ def test_invalid_node_statuses_are_refused(body: dict[str, Any], message: str) -
 
 
 def test_enums_carry_the_api_spellings() -> None:
-    assert [s.value for s in SharingStrategy] == ["TimeSlicing", "MPS", "Exclusive"]
+    assert [s.value for s in SharingStrategy] == ["TimeSlicing", "MPS", "Exclusive", "MIG"]
     assert [p.value for p in NodePhase] == [
         "Pending",
         "Applied",

@@ -22,8 +22,6 @@ from typing import Annotated, Final, Literal, Self
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     StrictBool,
     StrictInt,
@@ -39,6 +37,8 @@ from gpushare_operator.core.labels import is_valid_label_key as is_valid_label_k
 from gpushare_operator.core.labels import is_valid_label_value as is_valid_label_value
 from gpushare_operator.core.labels import label_key_error as label_key_error
 from gpushare_operator.core.labels import label_value_error as label_value_error
+from gpushare_operator.core.migspec import MigSpec
+from gpushare_operator.core.modelbase import ApiModel as ApiModel
 from gpushare_operator.core.rewrittenlabels import rewritten_key_error, shared_product_error
 
 # The one field manager of every write (server-side apply owns fields by it).
@@ -66,6 +66,12 @@ MAX_REPLICAS: Final = 64
 # device plugin enforces a replica limit for MPS since v0.15.0.
 MAX_MPS_REPLICAS: Final = 48
 MAX_PRIORITY: Final = 1_000_000_000
+# NVIDIA's MPS documentation (and the device plugin's README) on MIG.
+MPS_ON_MIG: Final = "Sharing with MPS is currently not supported on devices with MIG enabled"
+MIG_IDLE: Final = (
+    "the MIG manager can only change the layout of a GPU that runs no process, so a MIG"
+    " change waits for the node's GPU pods to go (WaitForPods) or evicts them (Evict)"
+)
 
 # A policy's name goes into the `gpushare.dev/policy` node label and into its config key
 # `<name>-<ts|mps><replicas>-<6 hex>`, which is itself a node label value (63 characters at most);
@@ -209,11 +215,14 @@ IntOrPercent = Annotated[
 
 
 class SharingStrategy(enum.StrEnum):
-    """How a GPU is shared: TimeSlicing (interleaved contexts), MPS, or Exclusive (not at all)."""
+    """How a GPU is shared: TimeSlicing (interleaved contexts), MPS, MIG (hardware slices), or
+    Exclusive (not at all)."""
 
     TIME_SLICING = "TimeSlicing"
     MPS = "MPS"
     EXCLUSIVE = "Exclusive"
+    # Multi-Instance GPU: hardware slices in the layout of the policy's mig block.
+    MIG = "MIG"
 
 
 class NodePhase(enum.StrEnum):
@@ -234,15 +243,6 @@ class NodePhase(enum.StrEnum):
     EVICTING = "Evicting"
     UNSUPPORTED = "Unsupported"
     UNMANAGED = "Unmanaged"
-
-
-class ApiModel(BaseModel):
-    """The base of every API model, spec and status alike."""
-
-    # Frozen: records are shared between caches and snapshots, never copied (docs/architecture.md).
-    # Unknown fields are ignored, not refused: the apiserver prunes them anyway, and a newer CRD
-    # must not make an older operator fail on fields it does not know yet.
-    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
 
 class LabelSelectorRequirement(ApiModel):
@@ -365,7 +365,10 @@ class GPUSharingPolicySpec(ApiModel):
     strategy: SharingStrategy
     """How replicas share a GPU: TimeSlicing, MPS, or Exclusive (no sharing)."""
     replicas: SpecReplicas | None = None
-    """Slots advertised per physical GPU: 2 to 64 (MPS: to 48); absent or 1 for Exclusive."""
+    """Slots advertised per physical GPU: 2 to 64 (MPS: to 48); absent or 1 for Exclusive;
+    absent for MIG (mig.replicas time-slices each MIG device)."""
+    mig: MigSpec | None = None
+    """With strategy MIG: the layout of every GPU and how its MIG devices are advertised."""
     resourceName: ResourceName = DEFAULT_RESOURCE_NAME
     """The extended resource whose replicas are advertised, e.g. nvidia.com/gpu."""
     renameByDefault: StrictBool = False
@@ -380,6 +383,12 @@ class GPUSharingPolicySpec(ApiModel):
 
     @model_validator(mode="after")
     def _replicas_fit_strategy(self) -> Self:
+        if self.strategy is SharingStrategy.MIG:
+            return self._mig_fits()
+        if self.mig is not None:
+            if self.strategy is SharingStrategy.MPS:
+                raise ValueError(f"mig is refused with strategy MPS: {MPS_ON_MIG}")
+            raise ValueError("mig applies only when strategy is MIG")
         if self.strategy is SharingStrategy.EXCLUSIVE:
             if self.replicas not in (None, 1):
                 raise ValueError("replicas must be absent or 1 when strategy is Exclusive")
@@ -393,6 +402,28 @@ class GPUSharingPolicySpec(ApiModel):
             )
         if self.strategy is SharingStrategy.MPS and self.replicas > MAX_MPS_REPLICAS:
             raise ValueError(f"replicas must be at most {MAX_MPS_REPLICAS} when strategy is MPS")
+        return self
+
+    def _mig_fits(self) -> Self:
+        if self.mig is None:
+            raise ValueError("mig is required when strategy is MIG: a profile or devices")
+        if self.replicas is not None:
+            raise ValueError(
+                "replicas must be absent when strategy is MIG: mig.replicas time-slices each"
+                " MIG device"
+            )
+        if self.renameByDefault:
+            raise ValueError("renameByDefault applies only to TimeSlicing and MPS")
+        if self.resourceName != DEFAULT_RESOURCE_NAME:
+            raise ValueError(
+                "resourceName must be left at nvidia.com/gpu when strategy is MIG: the MIG"
+                " strategy names the resources (single: nvidia.com/gpu, mixed:"
+                " nvidia.com/mig-<profile>)"
+            )
+        if self.rollout.podPolicy is PodPolicy.PROCEED:
+            raise ValueError(
+                f"rollout.podPolicy Proceed is refused when strategy is MIG: {MIG_IDLE}"
+            )
         return self
 
     @model_validator(mode="after")
@@ -413,7 +444,10 @@ class GPUSharingPolicySpec(ApiModel):
 
     @property
     def slots_per_gpu(self) -> int:
-        """Replicas per GPU, 1 for Exclusive."""
+        """Replicas per GPU, 1 for Exclusive; for MIG, slots per MIG device (how many MIG
+        devices a GPU has depends on its model)."""
+        if self.mig is not None:
+            return self.mig.slots_per_device
         return self.replicas or 1
 
     @property

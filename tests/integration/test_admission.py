@@ -332,6 +332,12 @@ REJECTED = [
         "migStrategy single advertises every MIG device as nvidia.com/gpu",
     ),
     Rejected(
+        "mig-single-with-devices",
+        mig_spec(mig={"devices": {"1g.10gb": 7}, "migStrategy": "single"}),
+        "spec.mig",
+        "it needs the one-profile layout (mig.profile)",
+    ),
+    Rejected(
         "mig-profile-name",
         mig_spec(mig={"profile": "5g.50gb"}),
         "spec.mig.profile",
@@ -910,11 +916,6 @@ ACCEPTED: list[tuple[str, Json, Json]] = [
                 "podPolicy": "Evict",
             },
         },
-    ),
-    (
-        "mig-single-one-profile-devices",
-        mig_spec(mig={"devices": {"1g.10gb": 7}, "migStrategy": "single"}),
-        {**DEFAULTED_SPEC, **mig_spec(mig={"devices": {"1g.10gb": 7}, "migStrategy": "single"})},
     ),
     (
         "unknown-field-pruned",

@@ -200,6 +200,11 @@ BAD_SPECS = {
         "mig",
         "migStrategy single advertises every MIG device as nvidia.com/gpu",
     ),
+    "mig-single-devices": (
+        mig(mig={"devices": {"1g.10gb": 7}, "migStrategy": "single"}),
+        "mig",
+        "it needs the one-profile layout",
+    ),
     "mig-profile-name": (mig(mig={"profile": "5g.50gb"}), "mig.profile", "should match"),
     "mig-count-8": (mig(mig={"devices": {"1g.10gb": 8}}), "mig.devices", "less than or equal"),
     "replicas-1": (spec(replicas=1), "", "replicas must be 2 to 64 when strategy is TimeSlicing"),

@@ -154,10 +154,8 @@ MIG_RULES: Final = (
         "mig: exactly one of profile and devices must be set",
     ),
     _rule(
-        f"!has(self.migStrategy) || self.migStrategy != {_SINGLE} || has(self.profile)"
-        " || size(self.devices) == 1",
-        "mig: migStrategy single advertises every MIG device as nvidia.com/gpu, so it needs a"
-        " layout of one profile; use mixed for several",
+        f"!has(self.migStrategy) || self.migStrategy != {_SINGLE} || has(self.profile)",
+        migspec.SINGLE_NEEDS_PROFILE,
     ),
 )
 # A map's keys have no schema of their own: the profile-name pattern is CEL here.

@@ -28,6 +28,14 @@ MAX_PROFILES: Final = 16
 MIN_MIG_REPLICAS: Final = 2
 MAX_MIG_REPLICAS: Final = 64
 
+# Under single, GPU Feature Discovery rewrites the node's GPU count and product to the MIG
+# devices'; the physical count is read back as count / devices per GPU, which only the uniform
+# layout of one profile (the same on every GPU of a model) makes exact.
+SINGLE_NEEDS_PROFILE: Final = (
+    "mig: migStrategy single advertises every MIG device as nvidia.com/gpu, so it needs the"
+    " one-profile layout (mig.profile); use mixed with mig.devices"
+)
+
 MigProfileName = Annotated[
     str,
     Field(pattern=f"^{MIG_PROFILE_PATTERN}$", max_length=MIG_PROFILE_MAX_LENGTH),
@@ -72,7 +80,7 @@ class MigSpec(ApiModel):
     """Instances per profile on every GPU, e.g. {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 1}.
     Exactly one of profile and devices."""
     migStrategy: MigStrategy | None = None
-    """single: every MIG device as nvidia.com/gpu (one profile only); mixed: each profile as
+    """single: every MIG device as nvidia.com/gpu (with profile only); mixed: each profile as
     nvidia.com/mig-<profile>. Unset: single for profile, mixed for devices."""
     replicas: Annotated[StrictInt, Field(ge=MIN_MIG_REPLICAS, le=MAX_MIG_REPLICAS)] | None = None
     """Time-slice every MIG device into this many slots (2 to 64); unset: one slot each."""
@@ -81,11 +89,8 @@ class MigSpec(ApiModel):
     def _one_layout(self) -> Self:
         if (self.profile is None) == (self.devices is None):
             raise ValueError("mig: exactly one of profile and devices must be set")
-        if self.migStrategy is MigStrategy.SINGLE and len(self.profiles) != 1:
-            raise ValueError(
-                "mig: migStrategy single advertises every MIG device as nvidia.com/gpu, so it"
-                " needs a layout of one profile; use mixed for several"
-            )
+        if self.migStrategy is MigStrategy.SINGLE and self.profile is None:
+            raise ValueError(SINGLE_NEEDS_PROFILE)
         return self
 
     @property

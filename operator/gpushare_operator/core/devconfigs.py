@@ -34,7 +34,7 @@ from typing import Any, Final
 
 import yaml
 
-from gpushare_operator.core.labels import dns_subdomain_error
+from gpushare_operator.core.labels import dns_subdomain_error, label_value_prefix
 
 DEFAULT_KEY: Final = "default"
 VERSION: Final = "v1"
@@ -56,8 +56,6 @@ _GFD_STRATEGIES: Final = {TIME_SLICING: "time-slicing", MPS: "mps", EXCLUSIVE: "
 _FLAGS: Final = {"migStrategy": "none"}
 _STRATEGY_FLAGS: Final = ("renameByDefault", "failRequestsGreaterThanOne")
 _HASH_LENGTH: Final = 6
-_NOT_KEY_CHARS: Final = re.compile(r"[^-._a-zA-Z0-9]")
-_UNTRIMMED_ENDS: Final = re.compile(r"^[^a-zA-Z0-9]+|[^a-zA-Z0-9]+$")
 
 
 class ConfigError(ValueError):
@@ -135,7 +133,7 @@ def config_key(*, policy_name: str, config: SharingConfig) -> str:
     digest = hashlib.sha256(text.encode()).hexdigest()[:_HASH_LENGTH]
     tag = _KEY_TAGS[_checked_strategy(config.strategy)]
     suffix = f"{tag}{config.replicas if config.shared else ''}-{digest}"
-    prefix = _key_prefix(policy_name, budget=MAX_KEY_LENGTH - len(suffix) - 1)
+    prefix = label_value_prefix(policy_name, budget=MAX_KEY_LENGTH - len(suffix) - 1)
     return f"{prefix}-{suffix}" if prefix else suffix
 
 
@@ -204,13 +202,6 @@ def _checked_strategy(strategy: str) -> str:
 
 def _dump(rendered: Mapping[str, Any]) -> str:
     return yaml.safe_dump(rendered, sort_keys=False, default_flow_style=False, indent=2, width=1000)
-
-
-def _key_prefix(policy_name: str, *, budget: int) -> str:
-    # Policy names are DNS subdomains already; replacing other characters only guards the
-    # label-value syntax against a caller passing something else.
-    cut = _NOT_KEY_CHARS.sub("-", policy_name)[: max(budget, 0)]
-    return _UNTRIMMED_ENDS.sub("", cut)
 
 
 def _validate_flags(flags: Any) -> None:

@@ -22,18 +22,26 @@ device), resource names in the ``nvidia.com`` domain.
 An Exclusive policy renders without a sharing section: the same content as ``default``, under
 a key of its own, so that moving a node between Exclusive and shared is a label change like any
 other.
+
+A MIG policy's key carries the plugin's MIG strategy (``flags.migStrategy``): ``single``
+advertises every MIG device as ``nvidia.com/gpu``, ``mixed`` one resource per profile,
+``nvidia.com/mig-<profile>`` (``internal/rm`` in the plugin: ``+`` becomes ``.``, and profiles
+whose compute instance is smaller than its GPU instance are not advertised). With replicas, every
+one of those resources is time-sliced (the plugin's README: time-slicing is supported on MIG
+devices); MPS is not ("Sharing with MPS is currently not supported on devices with MIG enabled").
+The layout itself is mig-parted's business (:mod:`~gpushare_operator.core.migconfigs`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import yaml
 
+from gpushare_operator.core import migprofiles
 from gpushare_operator.core.labels import dns_subdomain_error, label_value_prefix
 
 DEFAULT_KEY: Final = "default"
@@ -41,6 +49,12 @@ VERSION: Final = "v1"
 TIME_SLICING: Final = "TimeSlicing"
 MPS: Final = "MPS"
 EXCLUSIVE: Final = "Exclusive"
+MIG: Final = "MIG"
+MIG_SINGLE: Final = "single"
+MIG_MIXED: Final = "mixed"
+NO_MIG: Final = "none"
+MAX_MIG_REPLICAS: Final = 64  # the policy API's bound for time-sliced MIG devices
+MIG_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
 MIN_REPLICAS: Final = 2
 MAX_MPS_REPLICAS: Final = 48
 RESOURCE_DOMAIN: Final = "nvidia.com"
@@ -49,11 +63,13 @@ MAX_RESOURCE_NAME_LENGTH: Final = 63
 MAX_KEY_LENGTH: Final = 63  # the key is also a node label value
 SHARING_STRATEGY_LABEL: Final = "nvidia.com/gpu.sharing-strategy"
 
-_MIG_STRATEGIES: Final = ("none", "single", "mixed")
+_MIG_STRATEGIES: Final = (NO_MIG, MIG_SINGLE, MIG_MIXED)
 _SECTIONS: Final = {TIME_SLICING: "timeSlicing", MPS: "mps"}
-_KEY_TAGS: Final = {TIME_SLICING: "ts", MPS: "mps", EXCLUSIVE: "excl"}
+_KEY_TAGS: Final = {TIME_SLICING: "ts", MPS: "mps", EXCLUSIVE: "excl", MIG: "mig"}
 _GFD_STRATEGIES: Final = {TIME_SLICING: "time-slicing", MPS: "mps", EXCLUSIVE: "none"}
-_FLAGS: Final = {"migStrategy": "none"}
+_FLAGS: Final = {"migStrategy": NO_MIG}
+_SINGLE_RESOURCES: Final = (f"{RESOURCE_DOMAIN}/gpu",)
+_MPS_ON_MIG: Final = "Sharing with MPS is currently not supported on devices with MIG enabled"
 _STRATEGY_FLAGS: Final = ("renameByDefault", "failRequestsGreaterThanOne")
 _HASH_LENGTH: Final = 6
 
@@ -66,8 +82,11 @@ class ConfigError(ValueError):
 class SharingConfig:
     """The part of a policy's spec that decides the rendered config, and so its key.
 
-    ``strategy`` is ``"TimeSlicing"``, ``"MPS"`` or ``"Exclusive"`` (a ``StrEnum`` member works
-    too); Exclusive has 1 replica and no sharing flags.
+    ``strategy`` is ``"TimeSlicing"``, ``"MPS"``, ``"Exclusive"`` or ``"MIG"`` (a ``StrEnum``
+    member works too); Exclusive has 1 replica and no sharing flags. MIG has a ``mig_strategy``
+    (``"single"`` or ``"mixed"``; ``"none"`` for every other strategy) and the resources the
+    plugin advertises for the layout, ``mig_resources`` (:func:`mig_resource_names`); with 1
+    replica it shares nothing, with more it time-slices each of them.
     """
 
     strategy: str
@@ -75,9 +94,14 @@ class SharingConfig:
     resource_name: str = f"{RESOURCE_DOMAIN}/gpu"
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
+    mig_strategy: str = NO_MIG
+    mig_resources: tuple[str, ...] = ()
 
     @property
     def shared(self) -> bool:
+        """Whether the plugin replicates devices: a sharing section, the replicas in the key."""
+        if self.strategy == MIG:
+            return self.replicas > 1
         return self.strategy != EXCLUSIVE
 
 
@@ -88,7 +112,14 @@ def render_config(config: SharingConfig) -> dict[str, Any]:
     plugin's default for an omitted value differs between strategies (false for time-slicing,
     true for MPS), and an explicit value says in the ConfigMap what is in force.
     """
-    if _checked_strategy(config.strategy) == EXCLUSIVE:
+    strategy = _checked_strategy(config.strategy)
+    if strategy == MIG:
+        return _render_mig(config)
+    if config.mig_strategy != NO_MIG or config.mig_resources:
+        if strategy == MPS:
+            raise ConfigError(f"MPS cannot share MIG devices: NVIDIA: {_MPS_ON_MIG!r}")
+        raise ConfigError(f"{strategy} has no MIG strategy or MIG resources; use strategy MIG")
+    if strategy == EXCLUSIVE:
         if config.replicas != 1:
             raise ConfigError(f"Exclusive has 1 replica per GPU, not {config.replicas}")
         rendered: dict[str, Any] = {"version": VERSION, "flags": dict(_FLAGS)}
@@ -97,16 +128,98 @@ def render_config(config: SharingConfig) -> dict[str, Any]:
     rendered = {
         "version": VERSION,
         "flags": dict(_FLAGS),
-        "sharing": {
-            _section(config.strategy): {
-                "renameByDefault": config.rename_by_default,
-                "failRequestsGreaterThanOne": config.fail_requests_greater_than_one,
-                "resources": [{"name": config.resource_name, "replicas": config.replicas}],
-            },
-        },
+        "sharing": {_section(strategy): _sharing_body(config, (config.resource_name,))},
     }
     validate_config(rendered)
     return rendered
+
+
+def _render_mig(config: SharingConfig) -> dict[str, Any]:
+    _check_mig(config)
+    rendered: dict[str, Any] = {"version": VERSION, "flags": {"migStrategy": config.mig_strategy}}
+    if config.shared:
+        body = _sharing_body(config, config.mig_resources)
+        rendered["sharing"] = {_SECTIONS[TIME_SLICING]: body}
+    validate_config(rendered)
+    return rendered
+
+
+def _sharing_body(config: SharingConfig, resources: Sequence[str]) -> dict[str, Any]:
+    return {
+        "renameByDefault": config.rename_by_default,
+        "failRequestsGreaterThanOne": config.fail_requests_greater_than_one,
+        "resources": [{"name": name, "replicas": config.replicas} for name in resources],
+    }
+
+
+def _check_mig(config: SharingConfig) -> None:
+    """What a MIG config needs beyond the plugin's syntax, so one config has one text."""
+    if config.mig_strategy not in (MIG_SINGLE, MIG_MIXED):
+        raise ConfigError(
+            f"MIG needs migStrategy {MIG_SINGLE} or {MIG_MIXED}, not {config.mig_strategy!r}"
+        )
+    if config.resource_name != _SINGLE_RESOURCES[0]:
+        raise ConfigError("MIG advertises what its layout holds; resourceName does not apply")
+    if not 1 <= config.replicas <= MAX_MIG_REPLICAS:
+        raise ConfigError(
+            f"MIG has 1 replica per MIG device, or 2 to {MAX_MIG_REPLICAS} to time-slice "
+            f"each, not {config.replicas}"
+        )
+    if not config.shared and (config.rename_by_default or config.fail_requests_greater_than_one):
+        raise ConfigError(
+            "renameByDefault and failRequestsGreaterThanOne apply to time-sliced MIG "
+            "devices only (replicas of at least 2)"
+        )
+    _check_mig_resources(config)
+
+
+def _check_mig_resources(config: SharingConfig) -> None:
+    resources = config.mig_resources
+    if config.mig_strategy == MIG_SINGLE:
+        if resources != _SINGLE_RESOURCES:
+            raise ConfigError(
+                f"MIG single advertises {_SINGLE_RESOURCES[0]} only, not {list(resources)}"
+            )
+        return
+    if not resources and not config.shared:
+        return  # an unshared mixed text names no resource: the layout decides them
+    if not resources:
+        raise ConfigError("time-sliced MIG mixed needs the layout's resources to replicate")
+    if list(resources) != sorted(set(resources)):
+        raise ConfigError(f"MIG resources must be distinct and sorted, not {list(resources)}")
+    for name in resources:
+        if not name.startswith(MIG_RESOURCE_PREFIX):
+            raise ConfigError(
+                f"MIG mixed advertises {MIG_RESOURCE_PREFIX}<profile> resources, not {name!r}"
+            )
+        _validate_resource_name(name, where="mig_resources")
+
+
+def mig_resource_names(*, mig_strategy: str, profiles: Iterable[str]) -> tuple[str, ...]:
+    """The resources the plugin advertises for a layout of ``profiles`` under ``mig_strategy``:
+    what :attr:`SharingConfig.mig_resources` holds, in its order.
+
+    Single needs one profile on every GPU (the plugin refuses mixed devices under single);
+    mixed cannot advertise a compute-instance profile such as ``1c.2g.20gb``, so a layout that
+    holds one would offer slots no pod can ask for.
+    """
+    parsed = [migprofiles.parse_profile(p) for p in profiles]
+    if not parsed:
+        raise ConfigError("a MIG layout holds at least one profile")
+    if mig_strategy == MIG_SINGLE:
+        if len({p.name for p in parsed}) != 1:
+            raise ConfigError(
+                f"MIG single needs one profile on every GPU, not {sorted({p.name for p in parsed})}"
+            )
+        return _SINGLE_RESOURCES
+    if mig_strategy != MIG_MIXED:
+        raise ConfigError(f"MIG strategy must be {MIG_SINGLE} or {MIG_MIXED}, not {mig_strategy!r}")
+    if partial := sorted(p.name for p in parsed if not p.whole_instance):
+        raise ConfigError(
+            f"MIG mixed advertises no resource for compute-instance profiles {partial}: "
+            "the device plugin skips them"
+        )
+    return tuple(sorted({(MIG_RESOURCE_PREFIX + p.name).replace("+", ".") for p in parsed}))
 
 
 def render_config_text(config: SharingConfig) -> str:
@@ -149,6 +262,8 @@ def parse_config_text(text: str) -> SharingConfig | None:
         validate_config(config)
     except (yaml.YAMLError, ConfigError):
         return None
+    if config["flags"]["migStrategy"] != NO_MIG:
+        return _parse_mig(config)
     sharing = config.get("sharing")
     if sharing is None:
         return SharingConfig(strategy=EXCLUSIVE, replicas=1)
@@ -166,16 +281,68 @@ def parse_config_text(text: str) -> SharingConfig | None:
     )
 
 
+def _parse_mig(config: Mapping[str, Any]) -> SharingConfig | None:
+    """A MIG key's config; None for one we would not render (MPS on MIG, a resource list out
+    of order, ``nvidia.com/gpu`` time-sliced under mixed: the plugin's, not ours)."""
+    sharing = config.get("sharing") or {}
+    body = sharing.get(_SECTIONS[TIME_SLICING]) or {}
+    resources = tuple(str(r["name"]) for r in body.get("resources", ()))
+    mig_strategy = config["flags"]["migStrategy"]
+    replicas = {int(r["replicas"]) for r in body.get("resources", ())} or {1}
+    if sharing.get(_SECTIONS[MPS]) is not None or len(replicas) != 1:
+        return None
+    parsed = SharingConfig(
+        strategy=MIG,
+        replicas=replicas.pop(),
+        rename_by_default=bool(body.get("renameByDefault", False)),
+        fail_requests_greater_than_one=bool(body.get("failRequestsGreaterThanOne", False)),
+        mig_strategy=mig_strategy,
+        mig_resources=_SINGLE_RESOURCES if mig_strategy == MIG_SINGLE else resources,
+    )
+    try:
+        _check_mig(parsed)
+    except ConfigError:
+        return None
+    if mig_strategy == MIG_SINGLE and body and resources != _SINGLE_RESOURCES:
+        return None
+    return parsed
+
+
 def advertised_resource(config: SharingConfig) -> str:
-    """The extended resource whose slots pods request on a node governed by ``config``."""
+    """The extended resource whose slots pods request on a node governed by ``config``.
+
+    A MIG config under mixed may advertise several: :func:`advertised_resources` says which;
+    this one raises :class:`ConfigError` rather than pick one of them.
+    """
+    if config.strategy == MIG:
+        resources = advertised_resources(config)
+        if len(resources) != 1:
+            named = list(resources) or "the resources of its layout"
+            raise ConfigError(
+                f"a MIG {config.mig_strategy} config advertises {named}, not one resource; "
+                "use advertised_resources"
+            )
+        return resources[0]
     if config.rename_by_default and config.shared:
         return config.resource_name + SHARED_SUFFIX
     return config.resource_name
 
 
+def advertised_resources(config: SharingConfig) -> tuple[str, ...]:
+    """Every extended resource whose slots pods request on a node governed by ``config``:
+    one for whole GPUs, the MIG resources (renamed to ``<name>.shared`` if asked) for MIG."""
+    if config.strategy != MIG:
+        return (advertised_resource(config),)
+    if config.rename_by_default and config.shared:
+        return tuple(name + SHARED_SUFFIX for name in config.mig_resources)
+    return config.mig_resources
+
+
 def sharing_strategy_label(config: SharingConfig) -> str:
     """The value GPU Feature Discovery puts in ``nvidia.com/gpu.sharing-strategy`` once applied."""
-    return _GFD_STRATEGIES[_checked_strategy(config.strategy)]
+    if _checked_strategy(config.strategy) == MIG:
+        return _GFD_STRATEGIES[TIME_SLICING] if config.shared else _GFD_STRATEGIES[EXCLUSIVE]
+    return _GFD_STRATEGIES[config.strategy]
 
 
 def validate_config(config: Mapping[str, Any]) -> None:
@@ -186,6 +353,11 @@ def validate_config(config: Mapping[str, Any]) -> None:
     _validate_flags(config.get("flags"))
     if config.get("sharing") is not None:
         _validate_sharing(config["sharing"])
+        if config["flags"]["migStrategy"] != NO_MIG and config["sharing"].get("mps") is not None:
+            raise ConfigError(
+                f"sharing.mps with migStrategy {config['flags']['migStrategy']}: "
+                f"NVIDIA: {_MPS_ON_MIG!r}"
+            )
 
 
 def _section(strategy: str) -> str:
@@ -195,7 +367,8 @@ def _section(strategy: str) -> str:
 def _checked_strategy(strategy: str) -> str:
     if strategy not in _KEY_TAGS:
         raise ConfigError(
-            f"strategy {strategy!r} is not supported; use {TIME_SLICING}, {MPS} or {EXCLUSIVE}"
+            f"strategy {strategy!r} is not supported; use {TIME_SLICING}, {MPS}, {EXCLUSIVE} "
+            f"or {MIG}"
         )
     return strategy
 

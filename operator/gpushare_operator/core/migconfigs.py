@@ -114,9 +114,7 @@ def parse_text(text: str) -> dict[str, MigLayout | None] | None:
         validate_spec(spec)
     except (yaml.YAMLError, MigConfigError):
         return None
-    return {
-        name: _layout_of(entry) for name, [entry] in spec["mig-configs"].items()
-    }
+    return {name: _layout_of(entry) for name, [entry] in spec["mig-configs"].items()}
 
 
 def validate_spec(spec: Any) -> None:
@@ -125,9 +123,7 @@ def validate_spec(spec: Any) -> None:
         raise MigConfigError("config must be an object with version and mig-configs")
     _only_fields(spec, allowed=("version", "mig-configs"), where="config")
     if spec.get("version") != VERSION:
-        raise MigConfigError(
-            f"config: version must be {VERSION!r}, not {spec.get('version')!r}"
-        )
+        raise MigConfigError(f"config: version must be {VERSION!r}, not {spec.get('version')!r}")
     configs = spec.get("mig-configs")
     if not isinstance(configs, Mapping) or not configs:
         raise MigConfigError("config: mig-configs must be an object with at least one entry")
@@ -204,8 +200,7 @@ def _checked_devices(devices: Any, *, where: str) -> tuple[tuple[str, int], ...]
             raise MigConfigError(f"{where}: {exc}") from None
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise MigConfigError(
-                f"{where}: the count of {profile!r} must be an integer of at least 1, "
-                f"not {count!r}"
+                f"{where}: the count of {profile!r} must be an integer of at least 1, not {count!r}"
             )
         if profile in seen:
             raise MigConfigError(f"{where}: {profile!r} is named more than once")

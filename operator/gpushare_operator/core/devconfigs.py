@@ -193,6 +193,18 @@ def _check_mig_resources(config: SharingConfig) -> None:
                 f"MIG mixed advertises {MIG_RESOURCE_PREFIX}<profile> resources, not {name!r}"
             )
         _validate_resource_name(name, where="mig_resources")
+        if name not in mig_resource_names(mig_strategy=MIG_MIXED, profiles=[_profile_of(name)]):
+            raise ConfigError(f"mig_resources: {name!r} names no MIG profile")
+
+
+def _profile_of(resource: str) -> str:
+    """The profile a mixed-strategy resource is named after: the plugin's ``+`` -> ``.`` undone
+    for the attributes NVML has (``me.all`` before ``me``, which it ends with)."""
+    short = resource.removeprefix(MIG_RESOURCE_PREFIX)
+    for attribute in sorted(migprofiles.ATTRIBUTES, key=len, reverse=True):
+        if short.endswith(f".{attribute}"):
+            return f"{short.removesuffix(f'.{attribute}')}+{attribute}"
+    return short
 
 
 def mig_resource_names(*, mig_strategy: str, profiles: Iterable[str]) -> tuple[str, ...]:
@@ -203,7 +215,10 @@ def mig_resource_names(*, mig_strategy: str, profiles: Iterable[str]) -> tuple[s
     mixed cannot advertise a compute-instance profile such as ``1c.2g.20gb``, so a layout that
     holds one would offer slots no pod can ask for.
     """
-    parsed = [migprofiles.parse_profile(p) for p in profiles]
+    try:
+        parsed = [migprofiles.parse_profile(p) for p in profiles]
+    except migprofiles.ProfileError as exc:
+        raise ConfigError(str(exc)) from None
     if not parsed:
         raise ConfigError("a MIG layout holds at least one profile")
     if mig_strategy == MIG_SINGLE:

@@ -11,13 +11,8 @@ documentation and the GPU Operator's examples use and what people read in ``kube
 yaml``. pyyaml is told exactly how to emit (block style, insertion order), and the unit tests pin
 the bytes, so a pyyaml change that would silently rename every key fails a test instead.
 
-The plugin ignores unknown keys and, at best, logs and ignores ``rename``/``devices`` in shared
-resources; a mistake there does not fail, it just shares nothing. So :func:`validate_config`
-is stricter than the plugin: it accepts exactly the shape this module renders, and within it
-applies the rules of the plugin's own parser (``api/config/v1`` in NVIDIA/k8s-device-plugin):
-a sharing section with a non-empty resource list, replicas of at least 2 for a shared resource
-(the plugin treats 1 as not replicated), at most 48 for MPS (MPS serves at most 48 clients per
-device), resource names in the ``nvidia.com`` domain.
+Every text is checked against the plugin's own rules before it is used
+(:func:`~gpushare_operator.core.devschema.validate_config`, re-exported here).
 
 An Exclusive policy renders without a sharing section: the same content as ``default``, under
 a key of its own, so that moving a node between Exclusive and shared is a label change like any
@@ -41,41 +36,37 @@ from typing import Any, Final
 
 import yaml
 
-from gpushare_operator.core import migprofiles
-from gpushare_operator.core.labels import dns_subdomain_error, label_value_prefix
+from gpushare_operator.core import devschema, migprofiles
+from gpushare_operator.core.devschema import MAX_MPS_REPLICAS as MAX_MPS_REPLICAS
+from gpushare_operator.core.devschema import MAX_RESOURCE_NAME_LENGTH as MAX_RESOURCE_NAME_LENGTH
+from gpushare_operator.core.devschema import MIG_MIXED as MIG_MIXED
+from gpushare_operator.core.devschema import MIG_SINGLE as MIG_SINGLE
+from gpushare_operator.core.devschema import MIN_REPLICAS as MIN_REPLICAS
+from gpushare_operator.core.devschema import MPS_ON_MIG, MPS_SECTION, TIME_SLICING_SECTION
+from gpushare_operator.core.devschema import NO_MIG as NO_MIG
+from gpushare_operator.core.devschema import RESOURCE_DOMAIN as RESOURCE_DOMAIN
+from gpushare_operator.core.devschema import VERSION as VERSION
+from gpushare_operator.core.devschema import ConfigError as ConfigError
+from gpushare_operator.core.devschema import validate_config as validate_config
+from gpushare_operator.core.labels import label_value_prefix
 
 DEFAULT_KEY: Final = "default"
-VERSION: Final = "v1"
 TIME_SLICING: Final = "TimeSlicing"
 MPS: Final = "MPS"
 EXCLUSIVE: Final = "Exclusive"
 MIG: Final = "MIG"
-MIG_SINGLE: Final = "single"
-MIG_MIXED: Final = "mixed"
-NO_MIG: Final = "none"
 MAX_MIG_REPLICAS: Final = 64  # the policy API's bound for time-sliced MIG devices
 MIG_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
-MIN_REPLICAS: Final = 2
-MAX_MPS_REPLICAS: Final = 48
-RESOURCE_DOMAIN: Final = "nvidia.com"
 SHARED_SUFFIX: Final = ".shared"
-MAX_RESOURCE_NAME_LENGTH: Final = 63
 MAX_KEY_LENGTH: Final = 63  # the key is also a node label value
 SHARING_STRATEGY_LABEL: Final = "nvidia.com/gpu.sharing-strategy"
 
-_MIG_STRATEGIES: Final = (NO_MIG, MIG_SINGLE, MIG_MIXED)
-_SECTIONS: Final = {TIME_SLICING: "timeSlicing", MPS: "mps"}
+_SECTIONS: Final = {TIME_SLICING: TIME_SLICING_SECTION, MPS: MPS_SECTION}
 _KEY_TAGS: Final = {TIME_SLICING: "ts", MPS: "mps", EXCLUSIVE: "excl", MIG: "mig"}
 _GFD_STRATEGIES: Final = {TIME_SLICING: "time-slicing", MPS: "mps", EXCLUSIVE: "none"}
 _FLAGS: Final = {"migStrategy": NO_MIG}
 _SINGLE_RESOURCES: Final = (f"{RESOURCE_DOMAIN}/gpu",)
-_MPS_ON_MIG: Final = "Sharing with MPS is currently not supported on devices with MIG enabled"
-_STRATEGY_FLAGS: Final = ("renameByDefault", "failRequestsGreaterThanOne")
 _HASH_LENGTH: Final = 6
-
-
-class ConfigError(ValueError):
-    """A device-plugin config the plugin would reject, or would silently not apply."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,7 +108,7 @@ def render_config(config: SharingConfig) -> dict[str, Any]:
         return _render_mig(config)
     if config.mig_strategy != NO_MIG or config.mig_resources:
         if strategy == MPS:
-            raise ConfigError(f"MPS cannot share MIG devices: NVIDIA: {_MPS_ON_MIG!r}")
+            raise ConfigError(f"MPS cannot share MIG devices: NVIDIA: {MPS_ON_MIG!r}")
         raise ConfigError(f"{strategy} has no MIG strategy or MIG resources; use strategy MIG")
     if strategy == EXCLUSIVE:
         if config.replicas != 1:
@@ -192,7 +183,7 @@ def _check_mig_resources(config: SharingConfig) -> None:
             raise ConfigError(
                 f"MIG mixed advertises {MIG_RESOURCE_PREFIX}<profile> resources, not {name!r}"
             )
-        _validate_resource_name(name, where="mig_resources")
+        devschema.validate_resource_name(name, where="mig_resources")
         if name not in mig_resource_names(mig_strategy=MIG_MIXED, profiles=[_profile_of(name)]):
             raise ConfigError(f"mig_resources: {name!r} names no MIG profile")
 
@@ -360,21 +351,6 @@ def sharing_strategy_label(config: SharingConfig) -> str:
     return _GFD_STRATEGIES[config.strategy]
 
 
-def validate_config(config: Mapping[str, Any]) -> None:
-    """Accept exactly the shape this module renders; raise :class:`ConfigError` otherwise."""
-    _only_fields(config, allowed=("version", "flags", "sharing"), where="config")
-    if config.get("version") != VERSION:
-        raise ConfigError(f"config: version must be {VERSION!r}, not {config.get('version')!r}")
-    _validate_flags(config.get("flags"))
-    if config.get("sharing") is not None:
-        _validate_sharing(config["sharing"])
-        if config["flags"]["migStrategy"] != NO_MIG and config["sharing"].get("mps") is not None:
-            raise ConfigError(
-                f"sharing.mps with migStrategy {config['flags']['migStrategy']}: "
-                f"NVIDIA: {_MPS_ON_MIG!r}"
-            )
-
-
 def _section(strategy: str) -> str:
     return _SECTIONS[_checked_strategy(strategy)]
 
@@ -390,103 +366,3 @@ def _checked_strategy(strategy: str) -> str:
 
 def _dump(rendered: Mapping[str, Any]) -> str:
     return yaml.safe_dump(rendered, sort_keys=False, default_flow_style=False, indent=2, width=1000)
-
-
-def _validate_flags(flags: Any) -> None:
-    if not isinstance(flags, Mapping):
-        raise ConfigError("config: flags must be an object with migStrategy")
-    _only_fields(flags, allowed=("migStrategy",), where="flags")
-    if flags.get("migStrategy") not in _MIG_STRATEGIES:
-        raise ConfigError(
-            f"flags: migStrategy must be one of {', '.join(_MIG_STRATEGIES)}, "
-            f"not {flags.get('migStrategy')!r}"
-        )
-
-
-def _validate_sharing(sharing: Any) -> None:
-    if not isinstance(sharing, Mapping):
-        raise ConfigError("config: sharing must be an object")
-    _only_fields(sharing, allowed=tuple(_SECTIONS.values()), where="sharing")
-    present = [name for name in _SECTIONS.values() if sharing.get(name) is not None]
-    if len(present) != 1:
-        raise ConfigError(
-            "sharing: exactly one of timeSlicing or mps must be set, "
-            f"not {' and '.join(present) or 'neither'}"
-        )
-    _validate_strategy(sharing[present[0]], where=f"sharing.{present[0]}", mps=present[0] == "mps")
-
-
-def _validate_strategy(body: Any, *, where: str, mps: bool) -> None:
-    if not isinstance(body, Mapping):
-        raise ConfigError(f"{where} must be an object")
-    _only_fields(body, allowed=(*_STRATEGY_FLAGS, "resources"), where=where)
-    for flag in _STRATEGY_FLAGS:
-        if not isinstance(body.get(flag, False), bool):
-            raise ConfigError(f"{where}.{flag} must be true or false, not {body[flag]!r}")
-    resources = body.get("resources")
-    if isinstance(resources, str) or not isinstance(resources, Sequence) or not resources:
-        raise ConfigError(f"{where}.resources must be a non-empty list")
-    names = [
-        _validate_resource(r, where=f"{where}.resources[{i}]", mps=mps)
-        for i, r in enumerate(resources)
-    ]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"{where}.resources names a resource more than once: {names}")
-
-
-def _validate_resource(resource: Any, *, where: str, mps: bool) -> str:
-    if not isinstance(resource, Mapping):
-        raise ConfigError(f"{where} must be an object with name and replicas")
-    for ignored in ("rename", "devices"):
-        if ignored in resource:
-            raise ConfigError(
-                f"{where}.{ignored} is not supported: the device plugin ignores it for shared "
-                "resources (use renameByDefault to advertise <name>.shared)"
-            )
-    _only_fields(resource, allowed=("name", "replicas"), where=where)
-    replicas = resource.get("replicas")
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < MIN_REPLICAS:
-        raise ConfigError(
-            f"{where}.replicas must be an integer of at least {MIN_REPLICAS}, not {replicas!r}"
-        )
-    if mps and replicas > MAX_MPS_REPLICAS:
-        raise ConfigError(
-            f"{where}.replicas must be at most {MAX_MPS_REPLICAS} for MPS, not {replicas}"
-        )
-    name = resource.get("name")
-    if not isinstance(name, str):
-        raise ConfigError(f"{where}.name must be a resource name string, not {name!r}")
-    _validate_resource_name(name, where=f"{where}.name")
-    return name
-
-
-def _validate_resource_name(name: str, *, where: str) -> None:
-    """Mirror the plugin's rule: ``nvidia.com/`` then a DNS subdomain, 63 characters in all.
-
-    The plugin prefixes names outside its domain with ``nvidia.com/``, which turns any other
-    ``domain/name`` into an invalid name, so those are refused here by name. The ``.shared``
-    name that renameByDefault advertises needs no check of its own: its part after the domain
-    is at most 59 characters, within the 63 that Kubernetes allows.
-    """
-    domain, slash, short = name.partition("/")
-    if not slash or domain != RESOURCE_DOMAIN:
-        raise ConfigError(
-            f"{where}: resource {name!r} must be named {RESOURCE_DOMAIN}/<name>; "
-            "the device plugin only advertises resources in its own domain"
-        )
-    if len(name) > MAX_RESOURCE_NAME_LENGTH:
-        raise ConfigError(
-            f"{where}: resource {name!r} must be at most {MAX_RESOURCE_NAME_LENGTH} characters, "
-            f"not {len(name)}"
-        )
-    if problem := dns_subdomain_error(short):
-        raise ConfigError(f"{where}: the part of {name!r} after '/' {problem}")
-
-
-def _only_fields(body: Mapping[str, Any], *, allowed: Sequence[str], where: str) -> None:
-    unknown = sorted(str(k) for k in body if k not in allowed)
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown field(s) {', '.join(map(repr, unknown))} would be ignored by "
-            f"the device plugin; expected only {', '.join(allowed)}"
-        )

@@ -295,7 +295,10 @@ def test_a_profile_named_twice_is_refused() -> None:
     ("layouts", "message"),
     [
         ({ALL_DISABLED: UNIFORM}, "'all-disabled' is always rendered and names no layout"),
-        ({"": UNIFORM}, "name '' must be a non-empty label value"),
+        (
+            {"": UNIFORM},
+            "name '' must be a non-empty label value (it is the nvidia.com/mig.config label): it is empty",
+        ),
         ({"a" * 60 + "-mig-" + _hash(UNIFORM_ENTRY): UNIFORM}, "at most 63 characters"),
         ({"bad/name-mig-" + _hash(UNIFORM_ENTRY): UNIFORM}, "must be a non-empty label value"),
         ({"all-1g.10gb": UNIFORM}, f"the name must end in mig-{_hash(UNIFORM_ENTRY)}"),

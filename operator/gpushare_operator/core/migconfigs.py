@@ -134,10 +134,11 @@ def validate_spec(spec: Any) -> None:
 
 
 def _validate_config(name: Any, entries: Any) -> None:
-    if not isinstance(name, str) or (problem := label_value_error(name)) is not None or not name:
+    problem = label_value_error(name) if isinstance(name, str) else "it is not a string"
+    if problem is not None or not name:
         raise MigConfigError(
             f"mig-configs: name {name!r} must be a non-empty label value "
-            f"(it is the nvidia.com/mig.config label): {problem or 'not a string'}"
+            f"(it is the nvidia.com/mig.config label): {problem or 'it is empty'}"
         )
     where = f"mig-configs.{name}"
     if isinstance(entries, str) or not isinstance(entries, Sequence) or len(entries) != 1:

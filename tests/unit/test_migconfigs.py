@@ -297,7 +297,8 @@ def test_a_profile_named_twice_is_refused() -> None:
         ({ALL_DISABLED: UNIFORM}, "'all-disabled' is always rendered and names no layout"),
         (
             {"": UNIFORM},
-            "name '' must be a non-empty label value (it is the nvidia.com/mig.config label): it is empty",
+            "name '' must be a non-empty label value (it is the nvidia.com/mig.config label): "
+            "it is empty",
         ),
         ({"a" * 60 + "-mig-" + _hash(UNIFORM_ENTRY): UNIFORM}, "at most 63 characters"),
         ({"bad/name-mig-" + _hash(UNIFORM_ENTRY): UNIFORM}, "must be a non-empty label value"),

@@ -19,7 +19,10 @@ from gpushare_operator.core.devconfigs import (
     ConfigError,
     SharingConfig,
     advertised_resource,
+    advertised_resources,
     config_key,
+    mig_resource_names,
+    parse_config_text,
     render_config,
     render_config_text,
     render_default_text,
@@ -401,3 +404,298 @@ def test_replicas_of_one_in_a_sharing_section_are_refused() -> None:
     }
     with pytest.raises(ConfigError, match="at least 2, not 1"):
         validate_config(body)
+
+
+# --- MIG ----------------------------------------------------------------------------------------
+
+
+MIG_KEY_SHAPE = re.compile(r"(?:(?P<policy>.+)-)?mig(?P<replicas>\d*)-(?P<hash>[0-9a-f]{6})")
+
+MIG_SINGLE = SharingConfig(
+    strategy="MIG", replicas=1, mig_strategy="single", mig_resources=("nvidia.com/gpu",)
+)
+MIG_MIXED_SHARED = SharingConfig(
+    strategy="MIG",
+    replicas=4,
+    mig_strategy="mixed",
+    fail_requests_greater_than_one=True,
+    mig_resources=("nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"),
+)
+
+MIG_SINGLE_TEXT = """\
+version: v1
+flags:
+  migStrategy: single
+"""
+
+MIG_MIXED_SHARED_TEXT = """\
+version: v1
+flags:
+  migStrategy: mixed
+sharing:
+  timeSlicing:
+    renameByDefault: false
+    failRequestsGreaterThanOne: true
+    resources:
+    - name: nvidia.com/mig-1g.10gb
+      replicas: 4
+    - name: nvidia.com/mig-3g.40gb
+      replicas: 4
+"""
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:6]
+
+
+def mig_configs() -> st.SearchStrategy[SharingConfig]:
+    profile = st.sampled_from(["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "7g.80gb", "1g.10gb+me"])
+
+    def build(
+        strategy: str, profiles: list[str], replicas: int, rename: bool, fail: bool
+    ) -> SharingConfig:
+        shared = replicas > 1
+        return SharingConfig(
+            strategy="MIG",
+            replicas=replicas,
+            mig_strategy=strategy,
+            mig_resources=mig_resource_names(mig_strategy=strategy, profiles=profiles),
+            rename_by_default=rename and shared,
+            fail_requests_greater_than_one=fail and shared,
+        )
+
+    single = st.builds(
+        build,
+        st.just("single"),
+        profile.map(lambda p: [p]),
+        st.integers(1, 64),
+        st.booleans(),
+        st.booleans(),
+    )
+    mixed = st.builds(
+        build,
+        st.just("mixed"),
+        st.lists(profile, min_size=1, max_size=5),
+        st.integers(1, 64),
+        st.booleans(),
+        st.booleans(),
+    )
+    return single | mixed
+
+
+def test_mig_golden_texts() -> None:
+    assert render_config_text(MIG_SINGLE) == MIG_SINGLE_TEXT
+    assert render_config_text(MIG_MIXED_SHARED) == MIG_MIXED_SHARED_TEXT
+
+
+def test_mig_keys_carry_the_tag_and_the_replicas_when_shared() -> None:
+    assert config_key(policy_name="inference", config=MIG_SINGLE) == (
+        f"inference-mig-{_digest(MIG_SINGLE_TEXT)}"
+    )
+    assert config_key(policy_name="inference", config=MIG_MIXED_SHARED) == (
+        f"inference-mig4-{_digest(MIG_MIXED_SHARED_TEXT)}"
+    )
+
+
+def test_the_old_strategies_keep_their_keys() -> None:
+    # Adding MIG must not rename a key any node carries today.
+    assert config_key(policy_name="inference", config=TS) == f"inference-ts4-{_digest(TS_TEXT)}"
+    assert config_key(policy_name="batch", config=MPS) == f"batch-mps8-{_digest(MPS_TEXT)}"
+    exclusive = SharingConfig(strategy="Exclusive", replicas=1)
+    assert render_config_text(exclusive) == render_default_text()
+    assert parse_config_text(TS_TEXT) == TS
+    assert parse_config_text(MPS_TEXT) == MPS
+    assert parse_config_text(render_default_text()) == exclusive
+
+
+@given(policy_names(), mig_configs())
+def test_mig_keys_are_valid_and_read_back(name: str, config: SharingConfig) -> None:
+    key = config_key(policy_name=name, config=config)
+    assert len(key) <= 63
+    assert is_valid_label_value(key)
+    found = MIG_KEY_SHAPE.fullmatch(key)
+    assert found is not None
+    assert found["replicas"] == (str(config.replicas) if config.replicas > 1 else "")
+    text = render_config_text(config)
+    assert found["hash"] == _digest(text)
+    parsed = parse_config_text(text)
+    if config.mig_strategy == "mixed" and config.replicas == 1:
+        # Nothing in the text names the resources: they are the layout's.
+        assert parsed == dataclasses.replace(config, mig_resources=())
+        assert parsed is not None
+        assert render_config_text(parsed) == text
+    else:
+        assert parsed == config
+
+
+def test_mig_resource_names_follow_the_device_plugin() -> None:
+    assert mig_resource_names(mig_strategy="single", profiles=["1g.10gb"]) == ("nvidia.com/gpu",)
+    assert mig_resource_names(
+        mig_strategy="mixed", profiles=["3g.40gb", "1g.10gb+me", "1g.10gb"]
+    ) == (
+        "nvidia.com/mig-1g.10gb",
+        "nvidia.com/mig-1g.10gb.me",
+        "nvidia.com/mig-3g.40gb",
+    )
+    assert mig_resource_names(mig_strategy="mixed", profiles=["1g.12gb-me"]) == (
+        "nvidia.com/mig-1g.12gb-me",
+    )
+    # Every name reads back as the profile it came from, whatever its attribute.
+    for profile in ("1g.12gb+me.all", "2g.24gb+gfx", "1g.10gb+me", "1g.12gb-me", "7g.80gb"):
+        [resource] = mig_resource_names(mig_strategy="mixed", profiles=[profile])
+        render_config(dataclasses.replace(MIG_MIXED, mig_resources=(resource,)))
+
+
+@pytest.mark.parametrize(
+    ("strategy", "profiles", "message"),
+    [
+        ("single", ["1g.10gb", "2g.20gb"], "MIG single needs one profile on every GPU"),
+        ("single", [], "a MIG layout holds at least one profile"),
+        (
+            "mixed",
+            ["1c.2g.20gb", "2g.20gb"],
+            "no resource for compute-instance profiles ['1c.2g.20gb']",
+        ),
+        ("none", ["1g.10gb"], "MIG strategy must be single or mixed, not 'none'"),
+        ("mixed", ["5g.50gb"], "not 5"),
+    ],
+)
+def test_mig_resource_names_refuse_what_the_plugin_cannot_advertise(
+    strategy: str, profiles: list[str], message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        mig_resource_names(mig_strategy=strategy, profiles=profiles)
+
+
+MIG_MIXED = SharingConfig(
+    strategy="MIG", replicas=1, mig_strategy="mixed", mig_resources=("nvidia.com/mig-1g.10gb",)
+)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            SharingConfig(strategy="MPS", replicas=4, mig_strategy="mixed"),
+            "Sharing with MPS is currently not supported on devices with MIG enabled",
+        ),
+        (
+            SharingConfig(strategy="MPS", replicas=4, mig_strategy="single"),
+            "MPS cannot share MIG devices",
+        ),
+        (
+            SharingConfig(strategy="TimeSlicing", replicas=4, mig_strategy="single"),
+            "TimeSlicing has no MIG strategy or MIG resources; use strategy MIG",
+        ),
+        (
+            SharingConfig(strategy="Exclusive", replicas=1, mig_resources=("nvidia.com/gpu",)),
+            "Exclusive has no MIG strategy",
+        ),
+        (
+            dataclasses.replace(MIG_SINGLE, mig_strategy="none"),
+            "MIG needs migStrategy single or mixed",
+        ),
+        (dataclasses.replace(MIG_SINGLE, replicas=0), "not 0"),
+        (dataclasses.replace(MIG_SINGLE, replicas=65), "2 to 64 to time-slice each, not 65"),
+        (
+            dataclasses.replace(MIG_SINGLE, resource_name="nvidia.com/a100"),
+            "resourceName does not apply",
+        ),
+        (dataclasses.replace(MIG_SINGLE, rename_by_default=True), "time-sliced MIG devices only"),
+        (
+            dataclasses.replace(MIG_MIXED, fail_requests_greater_than_one=True),
+            "time-sliced MIG devices only",
+        ),
+        (
+            dataclasses.replace(MIG_SINGLE, mig_resources=("nvidia.com/mig-1g.10gb",)),
+            "MIG single advertises nvidia.com/gpu only",
+        ),
+        (dataclasses.replace(MIG_SINGLE, mig_resources=()), "MIG single advertises nvidia.com/gpu"),
+        (dataclasses.replace(MIG_MIXED_SHARED, mig_resources=()), "needs the layout's resources"),
+        (
+            dataclasses.replace(
+                MIG_MIXED_SHARED, mig_resources=MIG_MIXED_SHARED.mig_resources[::-1]
+            ),
+            "must be distinct and sorted",
+        ),
+        (
+            dataclasses.replace(MIG_MIXED, mig_resources=("nvidia.com/mig-1g.10gb",) * 2),
+            "must be distinct and sorted",
+        ),
+        (
+            dataclasses.replace(MIG_MIXED, mig_resources=("nvidia.com/gpu",)),
+            "MIG mixed advertises nvidia.com/mig-<profile> resources, not 'nvidia.com/gpu'",
+        ),
+        (
+            dataclasses.replace(MIG_MIXED, mig_resources=("nvidia.com/mig-1g.10gb+me",)),
+            "lowercase DNS subdomain",
+        ),
+        (
+            dataclasses.replace(MIG_MIXED, mig_resources=("nvidia.com/mig-5g.50gb",)),
+            "not 5",
+        ),
+        (
+            dataclasses.replace(MIG_MIXED, mig_resources=("nvidia.com/mig-1g.10gb.foo",)),
+            "must look like",
+        ),
+        (
+            dataclasses.replace(MIG_MIXED, mig_resources=("nvidia.com/mig-1c.2g.20gb",)),
+            "no resource for compute-instance profiles",
+        ),
+    ],
+)
+def test_mig_rendering_refuses(config: SharingConfig, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        render_config(config)
+    with pytest.raises(ConfigError):
+        config_key(policy_name="p", config=config)
+
+
+def test_mps_under_a_mig_strategy_is_refused_in_any_text() -> None:
+    text = MPS_TEXT.replace("migStrategy: none", "migStrategy: single")
+    with pytest.raises(ConfigError, match="Sharing with MPS is currently not supported"):
+        validate_config(yaml.safe_load(text))
+    assert parse_config_text(text) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # whole GPUs time-sliced under mixed: valid for the plugin, never rendered by gpushare
+        TS_TEXT.replace("migStrategy: none", "migStrategy: mixed"),
+        MIG_MIXED_SHARED_TEXT.replace("replicas: 4\n    - name", "replicas: 3\n    - name"),
+        MIG_MIXED_SHARED_TEXT.replace("mig-1g.10gb", "mig-1g.10gbx"),
+        MIG_MIXED_SHARED_TEXT.replace("mig-1g.10gb", "mig-1c.2g.10gb"),
+        MIG_MIXED_SHARED_TEXT.replace("mig-1g.10gb", "mig-4g.40gb"),  # out of order
+        MIG_SINGLE_TEXT
+        + TS_TEXT.split("\n", 3)[3].replace("nvidia.com/gpu", "nvidia.com/mig-1g.10gb"),
+        MIG_MIXED_SHARED_TEXT.replace("replicas: 4", "replicas: 65"),
+    ],
+)
+def test_mig_texts_we_would_not_render_read_as_unknown(text: str) -> None:
+    assert parse_config_text(text) is None
+
+
+def test_advertised_resources() -> None:
+    assert advertised_resources(TS) == ("nvidia.com/gpu",)
+    assert advertised_resources(MPS) == ("nvidia.com/gpu.shared",)
+    assert advertised_resources(MIG_SINGLE) == ("nvidia.com/gpu",)
+    assert advertised_resource(MIG_SINGLE) == "nvidia.com/gpu"
+    assert advertised_resources(MIG_MIXED_SHARED) == MIG_MIXED_SHARED.mig_resources
+    renamed = dataclasses.replace(MIG_MIXED_SHARED, rename_by_default=True)
+    assert advertised_resources(renamed) == (
+        "nvidia.com/mig-1g.10gb.shared",
+        "nvidia.com/mig-3g.40gb.shared",
+    )
+    assert advertised_resource(MIG_MIXED) == "nvidia.com/mig-1g.10gb"
+    with pytest.raises(ConfigError, match="use advertised_resources"):
+        advertised_resource(MIG_MIXED_SHARED)
+    with pytest.raises(ConfigError, match="the resources of its layout"):
+        advertised_resource(dataclasses.replace(MIG_MIXED, mig_resources=()))
+
+
+def test_mig_sharing_strategy_label_and_sharedness() -> None:
+    assert sharing_strategy_label(MIG_SINGLE) == "none"
+    assert not MIG_SINGLE.shared
+    assert sharing_strategy_label(MIG_MIXED_SHARED) == "time-slicing"
+    assert MIG_MIXED_SHARED.shared

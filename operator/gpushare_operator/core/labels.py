@@ -18,6 +18,8 @@ MAX_VALUE_LENGTH = 63
 
 _NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+_NOT_VALUE_CHARS = re.compile(r"[^-._a-zA-Z0-9]")
+_UNTRIMMED_ENDS = re.compile(r"^[^a-zA-Z0-9]+|[^a-zA-Z0-9]+$")
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
 
@@ -81,3 +83,15 @@ def is_valid_label_key(key: str) -> bool:
 
 def is_valid_label_value(value: str) -> bool:
     return label_value_error(value) is None
+
+
+def label_value_prefix(text: str, *, budget: int) -> str:
+    """The start of ``text`` that fits in ``budget`` characters of a label value, cut and
+    trimmed to begin and end on a letter or digit ("" when nothing usable is left).
+
+    Content-hashed names (device-plugin keys, mig-parted config names) are ``<policy>-<tag>``:
+    the policy part is what gives way. Policy names are DNS subdomains already; replacing
+    other characters only guards the label-value syntax against a caller passing another.
+    """
+    cut = _NOT_VALUE_CHARS.sub("-", text)[: max(budget, 0)]
+    return _UNTRIMMED_ENDS.sub("", cut)

@@ -41,7 +41,7 @@ import orjson
 from benchmarks.naive import NaiveController
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import NodeSink
-from gpushare_operator.core.nodes import GPU_COUNT, GPU_PRODUCT, MIG_STRATEGY
+from gpushare_operator.core.nodes import GPU_COUNT, GPU_PRODUCT
 from gpushare_operator.core.policies import compile_policy
 from gpushare_operator.kube.reading import Collection, Reader
 from gpushare_operator.reconcile.planner import Planner, Timings
@@ -162,7 +162,7 @@ def _templates(pool: str) -> list[tuple[str, dict[str, Any], int, str, int]]:
         ("zone-bc", [_req(ZONE, "In", "us-east-2b", "us-east-2c"), _req(product, "NotIn", T4)],
          150, "TimeSlicing", 2),
         ("whole", [_req("nvidia.com/mig.capable", "In", "true"),
-                   _req(MIG_STRATEGY, "NotIn", "mixed")], 120, "MPS", 8),
+                   _req("nvidia.com/gpu.family", "NotIn", "turing")], 120, "MPS", 8),
         ("canary", [_req("gpushare.dev/canary", "In", "true")], 999, "MPS", 16),
     ]  # fmt: skip
     own = {"matchLabels": {"pool": pool}}

@@ -855,7 +855,7 @@ ACCEPTED: list[tuple[str, Json, Json]] = [
             nodeSelector={
                 "matchExpressions": [
                     {"key": "nvidia.com/gpu.present", "operator": "Exists"},
-                    {"key": "nvidia.com/mig.strategy", "operator": "DoesNotExist", "values": []},
+                    {"key": "nvidia.com/gpu.family", "operator": "DoesNotExist", "values": []},
                     {"key": "pool", "operator": "NotIn", "values": ["training", ""]},
                 ]
             }
@@ -867,7 +867,7 @@ ACCEPTED: list[tuple[str, Json, Json]] = [
                     "matchExpressions": [
                         {"key": "nvidia.com/gpu.present", "operator": "Exists"},
                         {
-                            "key": "nvidia.com/mig.strategy",
+                            "key": "nvidia.com/gpu.family",
                             "operator": "DoesNotExist",
                             "values": [],
                         },

@@ -17,6 +17,7 @@ from gpushare_operator.app.settings import Settings
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
 from gpushare_operator.core import models
+from gpushare_operator.core.nodes import carries_mig_config
 from gpushare_operator.core.rollouts import Counts
 from gpushare_operator.kube import access, connection, reading
 from gpushare_operator.kube.connection import ApiHandle
@@ -67,6 +68,7 @@ class Assembly:
         self.handle = handle
         api = handle.api
         self.cache = ClusterCache()
+        self.cache.mig_config_name = s.mig_parted_configmap
         self.cache.queue.cap = s.write_backoff_cap
         self.registry = CollectorRegistry()
         self.telemetry = metrics.PrometheusTelemetry(self.registry)
@@ -107,7 +109,9 @@ class Assembly:
             bucket=TokenBucket(qps=s.write_qps, burst=s.write_burst),
             recorder=self.recorder,
             config=ConfigMapRef(
-                namespace=s.device_plugin_namespace, name=s.device_plugin_configmap
+                namespace=s.device_plugin_namespace,
+                name=s.device_plugin_configmap,
+                mig_name=s.mig_parted_configmap,
             ),
             telemetry=self.telemetry,
             concurrency=s.write_concurrency,
@@ -127,13 +131,24 @@ class Assembly:
             keep_managed_fields=True,  # who owns each key (one small object)
         )
         nodes = reading.Collection(
-            path="/api/v1/nodes", kind="Node", batch_window=READ_ONLY_BATCH_WINDOW
+            path="/api/v1/nodes",
+            kind="Node",
+            batch_window=READ_ONLY_BATCH_WINDOW,
+            keep_managed_fields_of=carries_mig_config,
+        )
+        mig_configmap = reading.Collection(
+            path=f"/api/v1/namespaces/{s.device_plugin_namespace}/configmaps",
+            kind="ConfigMap",
+            field_selector=f"metadata.name={s.mig_parted_configmap}",
+            forbidden_is_empty=True,
+            keep_managed_fields=True,
         )
         node_states = reading.Collection(path=NODE_STATES_PATH, kind="GPUNodeState")
         read: list[tuple[reading.Collection, reading.Sink]] = [
             (nodes, NodeSink(self.cache)),
             (node_states, NodeStateSink(self.cache)),
             (configmap, ConfigMapSink(self.cache)),
+            (mig_configmap, ConfigMapSink(self.cache, mig=True)),
             (PODS, PodSink(self.cache)),  # last: on_new_resource re-lists it
         ]
         return [Informer(api=api, collection=c, sink=k, telemetry=telemetry) for c, k in read]

@@ -23,6 +23,7 @@ class Settings:
     namespace: str
     device_plugin_namespace: str
     device_plugin_configmap: str
+    mig_parted_configmap: str
     http_port: int
     metrics_port: int
     metrics_insecure: bool
@@ -92,6 +93,11 @@ _FLAGS: tuple[_Flag, ...] = (
     ),
     _Flag(
         "device-plugin-configmap", defaults.DEVICE_PLUGIN_CONFIGMAP, "device-plugin ConfigMap name"
+    ),
+    _Flag(
+        "mig-parted-configmap",
+        defaults.MIG_PARTED_CONFIGMAP,
+        "name of the mig-parted ConfigMap (MIG layouts), in the device-plugin namespace",
     ),
     _Flag("http-port", "8080", "plain-HTTP port for /healthz and /readyz", _positive_int),
     _Flag(
@@ -204,6 +210,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         namespace=args.namespace,
         device_plugin_namespace=args.device_plugin_namespace,
         device_plugin_configmap=args.device_plugin_configmap,
+        mig_parted_configmap=args.mig_parted_configmap,
         http_port=args.http_port,
         metrics_port=args.metrics_port,
         metrics_insecure=args.metrics_insecure,

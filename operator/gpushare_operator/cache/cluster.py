@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpushare_operator.cache.index import MatchIndex
+from gpushare_operator.cache.migconfig import MigConfigState
 from gpushare_operator.cache.usage import UsageLedger
-from gpushare_operator.core import devconfigs, nodephases, resolution
+from gpushare_operator.core import defaults, nodephases, resolution
 from gpushare_operator.core import nodes as core_nodes
 from gpushare_operator.core import pods as core_pods
 from gpushare_operator.core.devconfigs import SharingConfig, parse_config_text
@@ -25,7 +26,7 @@ from gpushare_operator.core.policies import (
     keep_last_good,
     keep_recorded,
 )
-from gpushare_operator.core.workqueue import WorkQueue
+from gpushare_operator.core.workqueue import MIG_CONFIG, MIG_CONFIG_KEY, WorkQueue
 
 ALWAYS_TRACKED = frozenset({core_nodes.GPU_RESOURCE, core_nodes.SHARED_RESOURCE})
 # How long a deleted policy's uid is remembered: longer than any list of policies can take to
@@ -68,6 +69,8 @@ class ClusterCache:
         # The same moments on the wall clock, fixed once: a published wait never drifts.
         self.key_seen_wall: dict[str, float] = {}
         self.config_label_counts: Counter[str] = Counter()
+        self.mig_config = MigConfigState(clock=clock, wallclock=wallclock)
+        self.mig_config_name = defaults.MIG_PARTED_CONFIGMAP  # set by the assembly, for messages
         self.policy_label_counts: Counter[str] = Counter()  # policy label value -> nodes
         # Policies being deleted (deletionTimestamp set): they govern nothing, and are kept
         # until our finalizer goes, which is when no node carries their label any more.
@@ -134,7 +137,7 @@ class ClusterCache:
                 and record is not None
                 and nodephases.unsupported(record, policy) is None  # no slots there to use
             ):
-                governor = (policy.name, devconfigs.advertised_resource(policy.sharing))
+                governor = (policy.name, policy.resources[0])
             old = self.usage.set_governor(node, governor)
             if old != governor:
                 self.queue.many_policies(g[0] for g in (old, governor) if g is not None)
@@ -144,6 +147,7 @@ class ClusterCache:
     def _count_config_label(self, record: NodeRecord | None, delta: int) -> None:
         if record is None:
             return
+        self.mig_config.count(record.mig_config_label, delta)
         for counts, value in (
             (self.config_label_counts, record.config_label),
             (self.policy_label_counts, record.policy_label),
@@ -291,9 +295,7 @@ class ClusterCache:
         """Stop keeping pod requests of a resource no policy advertises any more; pods that
         asked only for it leave the ledger, as a fresh list would leave them out."""
         tracked = set(ALWAYS_TRACKED).union(
-            devconfigs.advertised_resource(p.sharing)
-            for p in self.policies.values()
-            if p.sharing is not None
+            resource for p in self.policies.values() for resource in p.resources
         )
         if tracked == self.tracked_resources:
             return
@@ -305,11 +307,9 @@ class ClusterCache:
                 self._pod_changed(uid, slim)
 
     def _track_resource(self, policy: CompiledPolicy) -> None:
-        if policy.sharing is None:
-            return
-        resource = devconfigs.advertised_resource(policy.sharing)
-        if resource not in self.tracked_resources:
-            self.tracked_resources.add(resource)
+        new = set(policy.resources) - self.tracked_resources
+        if new:
+            self.tracked_resources |= new
             self.on_new_resource()
 
     # -- pods (informer sink) ------------------------------------------------------------------
@@ -391,6 +391,23 @@ class ClusterCache:
             self.queue.config()
             self._dirty_nodes_waiting_on_keys()
 
+    def set_mig_config(
+        self,
+        data: Mapping[str, str] | None,
+        *,
+        initial: bool,
+        version: str | None = None,
+        owners: Mapping[str, frozenset[str]] | None = None,
+    ) -> None:
+        """Record the mig-parted ConfigMap (None: absent)."""
+        self.in_flight.pop(("configmap", MIG_CONFIG), None)
+        if self.mig_config.set(data, initial=initial, version=version, owners=owners):
+            self.queue.add(MIG_CONFIG_KEY)
+            for policy in self.policies.values():
+                if policy.mig is not None:
+                    self.queue.many_nodes(self.index.nodes_of(policy.name))
+                    self.queue.policy(policy.name)
+
     def _parse_keys(self, fresh: Mapping[str, str] | None) -> None:
         """What each key configures, parsed once per key and text (keys are few): whether a node
         runs the config its label names is judged from it (``RolloutBook.unavailable_for``)."""
@@ -402,6 +419,10 @@ class ClusterCache:
         }
 
     def settle_initial_keys(self) -> None:
+        self.mig_config.settle_initial()
+        self._settle_initial_config_keys()
+
+    def _settle_initial_config_keys(self) -> None:
         """Once every cache has synced: a key present at startup but named by no node may be
         only seconds old (a leader wrote it and died), so it waits the propagation delay from now;
         a key some node already names has evidently propagated."""

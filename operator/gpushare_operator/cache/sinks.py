@@ -79,12 +79,14 @@ class NodeStateSink(_ReplacingSink):
 
 
 class ConfigMapSink:
-    """Sink for the single device-plugin ConfigMap (watched with a name field selector)."""
+    """Sink for one ConfigMap watched with a name field selector: the device plugin's, or
+    (``mig=True``) the mig-parted one."""
 
-    def __init__(self, cache: ClusterCache) -> None:
+    def __init__(self, cache: ClusterCache, *, mig: bool = False) -> None:
         self._cache = cache
         self._listed: Mapping[str, Any] | None = None
         self._first = True
+        self._set = cache.set_mig_config if mig else cache.set_config_data
 
     def begin_relist(self) -> None:
         self._listed = None
@@ -94,7 +96,7 @@ class ConfigMapSink:
 
     def end_relist(self) -> None:
         data = (self._listed or {}).get("data") if self._listed is not None else None
-        self._cache.set_config_data(
+        self._set(
             data or ({} if self._listed is not None else None),
             initial=self._first,
             version=_version(self._listed),
@@ -104,9 +106,7 @@ class ConfigMapSink:
 
     def apply(self, event_type: str, obj: dict[str, Any]) -> None:
         data = None if event_type == "DELETED" else (obj.get("data") or {})
-        self._cache.set_config_data(
-            data, initial=False, version=_version(obj), owners=data_owners(obj)
-        )
+        self._set(data, initial=False, version=_version(obj), owners=data_owners(obj))
 
 
 def data_owners(obj: Mapping[str, Any] | None) -> dict[str, frozenset[str]] | None:

@@ -20,6 +20,7 @@ MAX_UNAVAILABLE: Final = ROLLOUT_MAX_UNAVAILABLE
 # Where the device plugin reads its configs (``--device-plugin-namespace``/``-configmap``).
 DEVICE_PLUGIN_NAMESPACE: Final = "gpu-operator"
 DEVICE_PLUGIN_CONFIGMAP: Final = "gpushare-device-plugin-configs"
+MIG_PARTED_CONFIGMAP: Final = "gpushare-mig-parted-config"
 
 # Seconds: the wait before a new config key is put on nodes (the kubelet's sync period plus its
 # cache TTL, until the mounted ConfigMap has the key), how long an unused key is kept, and how

@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gpushare_operator.core import conditions, devconfigs
+from gpushare_operator.core import conditions, devconfigs, migconfigs, miggeometry, migphases
 from gpushare_operator.core.decisions import NOTHING_PUBLISHED as NOTHING_PUBLISHED
 from gpushare_operator.core.decisions import KeyReadiness as KeyReadiness
 from gpushare_operator.core.decisions import Labels as Labels
@@ -24,6 +24,7 @@ from gpushare_operator.core.decisions import Published as Published
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import (
     CONFIG_LABEL,
+    MIG_CONFIG_LABEL,
     POLICY_LABEL,
     NodeRecord,
 )
@@ -31,6 +32,9 @@ from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.core.releases import release as released
 from gpushare_operator.core.releases import release_blocked as release_blocked
 from gpushare_operator.core.releases import release_settled as release_settled
+
+# A policy without MIG needs no layout name: nothing to wait for.
+MIG_NOT_NEEDED = KeyReadiness(present=True)
 
 
 def unsupported(record: NodeRecord, policy: CompiledPolicy) -> tuple[str, str] | None:
@@ -51,6 +55,8 @@ def _unsupported(record: NodeRecord, policy: CompiledPolicy) -> tuple[str, str] 
     count_error = record.gpu_count_error
     if count_error is not None:
         return "InvalidNodeLabel", count_error
+    if policy.mig is not None:
+        return migphases.unsupported(record, policy)
     if policy.strategy == "MPS" and record.mig_strategy == "mixed":
         return (
             "MPSWithMixedMIG",
@@ -69,7 +75,23 @@ def _applied(
     mismatch_timeout: float,
 ) -> NodeDecision:
     assert policy.sharing is not None
-    problems = disagreements(record, policy.sharing)
+    if policy.mig is not None:
+        waiting = _mig_waiting(record, policy, published=published)
+        if waiting is not None:
+            return waiting
+        slots = policy.mig.slots_per_gpu(record.product)
+        problems = migphases.disagreements(record, policy=policy, layout_slots=slots)
+    else:
+        problems = disagreements(record, policy.sharing)
+    if not problems and policy.mig is not None:
+        layout = ", ".join(
+            f"{n} x {r}" for r, n in sorted(policy.mig.slots_per_gpu(record.product).items())
+        )
+        message = (
+            f"the MIG manager applied {migphases.layout_name(record, policy)}; the device plugin"
+            f" advertises {layout} per GPU on {record.gpus} GPUs"
+        )
+        return NodeDecision(policy, NodePhase.VERIFIED, "Verified", message, None)
     if not problems:
         strategy = devconfigs.sharing_strategy_label(policy.sharing)
         resource = devconfigs.advertised_resource(policy.sharing)
@@ -95,6 +117,24 @@ def _applied(
     return NodeDecision(policy, NodePhase.APPLIED, "Applied", message, None, recheck_at=deadline)
 
 
+def _mig_waiting(
+    record: NodeRecord, policy: CompiledPolicy, *, published: Published
+) -> NodeDecision | None:
+    """The MIG manager's own states: ``failed`` fails the change at once; while it works (or
+    the node reboots for it) the node is Applied with no deadline, and says nothing new."""
+    name = migphases.layout_name(record, policy)
+    if migphases.failed(record) and not published.verified(policy):
+        message = (
+            f"the MIG manager could not apply {name} (nvidia.com/mig.config.state=failed):"
+            " see its log on the node; the layout stays as it was"
+        )
+        return NodeDecision(policy, NodePhase.MISMATCH, "MIGConfigFailed", message, None)
+    if migphases.in_progress(record):
+        message = f"the MIG manager is applying {name}"
+        return NodeDecision(policy, NodePhase.APPLIED, "MIGChanging", message, None)
+    return None
+
+
 def disagreements(record: NodeRecord, sharing: devconfigs.SharingConfig) -> list[str]:
     """What the node shows that ``sharing`` in force would not: GFD's replicas and
     sharing-strategy labels, and kubelet's allocatable of the advertised resource.
@@ -103,6 +143,8 @@ def disagreements(record: NodeRecord, sharing: devconfigs.SharingConfig) -> list
     explicit ``1`` / ``none``: GFD releases before sharing support wrote neither; the
     allocatable check still proves the GPUs are there, one slot each.
     """
+    if sharing.strategy == devconfigs.MIG:
+        return _mig_key_disagreements(record, sharing)
     replicas = sharing.replicas if sharing.shared else 1
     strategy = devconfigs.sharing_strategy_label(sharing)
     shared = sharing.shared
@@ -123,6 +165,30 @@ def disagreements(record: NodeRecord, sharing: devconfigs.SharingConfig) -> list
     return problems
 
 
+def _mig_key_disagreements(record: NodeRecord, sharing: devconfigs.SharingConfig) -> list[str]:
+    """A MIG key judged by itself (the node's layout is the MIG manager's to confirm): the
+    manager's success, GFD's MIG strategy, and every resource the key advertises there."""
+    problems = []
+    if record.mig_state != migphases.SUCCESS:
+        problems.append(f"nvidia.com/mig.config.state is {record.mig_state}, expected success")
+    if record.mig_strategy != sharing.mig_strategy:
+        problems.append(f"nvidia.com/mig.strategy is {record.mig_strategy}")
+    for resource in sharing.mig_resources:
+        if not record.allocatable_of(resource):
+            problems.append(f"allocatable {resource} is {record.allocatable_of(resource)}")
+    return problems
+
+
+def shows_target(record: NodeRecord, policy: CompiledPolicy) -> bool:
+    """Whether the node carries ``policy``'s labels: its key, its name, and for MIG its
+    layout (and for any other policy, no MIG layout of ours left enabled)."""
+    if record.config_label != policy.config_key or record.policy_label != policy.name:
+        return False
+    if policy.mig is None:
+        return not migphases.mig_enabled_by_us(record)
+    return record.mig_config_label == migphases.layout_name(record, policy)
+
+
 def decide(
     *,
     record: NodeRecord,
@@ -132,15 +198,19 @@ def decide(
     now: float,
     mismatch_timeout: float,
     published: Published = NOTHING_PUBLISHED,
+    mig_key: KeyReadiness = MIG_NOT_NEEDED,
 ) -> NodeDecision:
     """The node's phase and the labels we want on it, from current state alone (level-based):
-    the node's record, and what its GPUNodeState says (which any leader reads the same)."""
+    the node's record, and what its GPUNodeState says (which any leader reads the same).
+    ``mig_key``: what is known of the node's MIG layout name in the mig-parted ConfigMap."""
     if policy is None or policy.config_key is None:
         return released(record, published=published, now=now, timeout=mismatch_timeout)
     problem = _unsupported(record, policy)
     if problem is not None:
         return NodeDecision(policy, NodePhase.UNSUPPORTED, problem[0], problem[1], None)
-    if record.config_label == policy.config_key and record.policy_label == policy.name:
+    if policy.mig is None and migphases.leaving_mig(record) and not policy.paused:
+        return _disable_mig_first(record, policy)
+    if shows_target(record, policy):
         return _applied(
             record,
             policy,
@@ -155,6 +225,12 @@ def decide(
     if not key.present:
         message = f"config key {policy.config_key} is not in the device-plugin ConfigMap yet"
         return NodeDecision(policy, NodePhase.PENDING, "ConfigNotWritten", message, None)
+    layout = migphases.layout_name(record, policy)
+    if not mig_key.present:
+        message = f"MIG layout {layout} is not in the mig-parted ConfigMap yet"
+        return NodeDecision(policy, NodePhase.PENDING, "ConfigNotWritten", message, None)
+    if mig_key.ready_at is not None and (key.ready_at is None or mig_key.ready_at > key.ready_at):
+        key = mig_key  # the later of the two names to propagate
     if key.ready_at is not None and now < key.ready_at:
         message = (
             f"config key {policy.config_key} is new: the kubelet refreshes the device plugin's"
@@ -171,7 +247,32 @@ def decide(
         )
     labels: Labels = {CONFIG_LABEL: policy.config_key, POLICY_LABEL: policy.name}
     message = f"labelling the node with config key {policy.config_key}"
+    if layout is not None:
+        labels[MIG_CONFIG_LABEL] = layout
+        message += f" and MIG layout {layout}"
+    elif record.mig_config_label is not None and not record.mig_config_owners:
+        labels[MIG_CONFIG_LABEL] = None  # MIG is disabled: our all-disabled label goes too
     return NodeDecision(policy, NodePhase.PENDING, "LabelPending", message, labels)
+
+
+def _disable_mig_first(record: NodeRecord, policy: CompiledPolicy) -> NodeDecision:
+    """A node leaving a MIG layout of ours for a policy without MIG: the MIG manager disables
+    MIG first (``all-disabled``), under the config the node runs; the new config follows once
+    it reports success."""
+    if record.mig_config_label == migconfigs.ALL_DISABLED:
+        state = record.mig_state
+        message = (
+            "waiting for the MIG manager to disable MIG before the new config"
+            f" (nvidia.com/mig.config.state={state})"
+        )
+        return NodeDecision(policy, NodePhase.PENDING, "DisablingMIG", message, None)
+    labels: Labels = {
+        CONFIG_LABEL: record.config_label,
+        POLICY_LABEL: record.policy_label,
+        MIG_CONFIG_LABEL: migconfigs.ALL_DISABLED,
+    }
+    message = f"disabling MIG ({migconfigs.ALL_DISABLED}) before config key {policy.config_key}"
+    return NodeDecision(policy, NodePhase.PENDING, "DisablingMIG", message, labels)
 
 
 def orphan_released(
@@ -218,7 +319,7 @@ def shows(record: NodeRecord, policy: CompiledPolicy | None) -> bool:
     """Whether the node carries ``policy``'s labels (for None: none of ours)."""
     if policy is None:
         return record.policy_label is None
-    return record.config_label == policy.config_key and record.policy_label == policy.name
+    return shows_target(record, policy)
 
 
 def labels_satisfied(record: NodeRecord, labels: Labels) -> bool:
@@ -248,6 +349,20 @@ def _write_failed(problem: str | None) -> list[conditions.Cond]:
     return [conditions.Cond("WriteFailed", "True", "LabelWriteRefused", problem)]
 
 
+def _mig_status(record: NodeRecord, policy: CompiledPolicy) -> dict[str, Any] | None:
+    mig = policy.mig
+    layout = mig.layouts.get(record.product or "") if mig is not None else None
+    if mig is None or layout is None:
+        return None
+    status = {
+        "config": migphases.layout_name(record, policy),
+        "layout": miggeometry.describe(layout.as_dict()),
+        "state": record.mig_state,
+        "slotsPerGPU": mig.slots_per_gpu(record.product),
+    }
+    return {k: v for k, v in status.items() if v is not None}
+
+
 def render_status(
     *,
     record: NodeRecord,
@@ -262,7 +377,11 @@ def render_status(
     policy = decision.policy
     gpus = record.gpus or 0
     governed = policy is not None and decision.phase is not NodePhase.UNSUPPORTED
-    capacity = gpus * (policy.replicas or 0) if governed and policy is not None else 0
+    capacity = 0
+    if governed and policy is not None:
+        capacity = gpus * (policy.replicas or 0)
+        if policy.mig is not None:
+            capacity = gpus * sum(policy.mig.slots_per_gpu(record.product).values())
     previous = previous or {}
     since = previous.get("lastTransitionTime")
     if previous.get("phase") != decision.phase or not since:
@@ -282,6 +401,7 @@ def render_status(
         "pods": pods,
         "configReadyAt": decision.config_ready_at,
         "eviction": dict(decision.eviction) if decision.eviction else None,
+        "mig": _mig_status(record, policy) if governed and policy is not None else None,
         "conditions": conditions.render_conditions(
             [
                 conditions.Cond("Ready", ready, decision.reason, decision.message),

@@ -16,12 +16,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpushare_operator.core import miggeometry
 from gpushare_operator.core.labelsets import LabelSet
-from gpushare_operator.core.rewrittenlabels import base_product
+from gpushare_operator.core.rewrittenlabels import base_product, mig_profile_of
+
+FIELD_MANAGER = "gpushare-operator"  # models.FIELD_MANAGER, without importing the API here
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 POLICY_LABEL = "gpushare.dev/policy"
-OWNED_LABELS = (CONFIG_LABEL, POLICY_LABEL)
+# The MIG manager applies the mig-parted config this label names (NVIDIA/mig-parted
+# cmd/nvidia-mig-manager); gpushare writes it only on nodes a MIG policy governs or governed.
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+OWNED_LABELS = (CONFIG_LABEL, POLICY_LABEL, MIG_CONFIG_LABEL)
+# The MIG manager's progress: pending, rebooting, success or failed.
+MIG_STATE_LABEL = "nvidia.com/mig.config.state"
+MIG_CAPABLE = "nvidia.com/mig.capable"
 
 GPU_PRESENT = "nvidia.com/gpu.present"
 GPU_COUNT = "nvidia.com/gpu.count"
@@ -71,6 +80,9 @@ class NodeRecord:
     # spec.taints exactly as the API server has them (usually none): a taint patch tests the
     # list it changes, so that another manager's taints are never replaced or reordered.
     taints: tuple[Mapping[str, Any], ...] = ()
+    # The field managers besides ours that own the nvidia.com/mig.config label (from
+    # managedFields, read only while the label is there): a layout someone else set.
+    mig_config_owners: tuple[str, ...] = ()
 
     def allocatable_of(self, resource: str) -> int | None:
         """What kubelet says pods may request of ``resource`` now; None when it is absent."""
@@ -106,11 +118,22 @@ class NodeRecord:
 
     @property
     def gpus(self) -> int | None:
-        """Physical GPUs: the GFD count label, else advertised capacity ÷ reported replicas."""
+        """Physical GPUs: the GFD count label, else advertised capacity ÷ reported replicas.
+
+        Under the single MIG strategy GFD counts MIG devices instead; the physical count is
+        that divided by the devices one GPU of the model holds in the one-profile layout
+        (NVIDIA's tables), which is the only layout gpushare applies under single.  Derived
+        from the node's labels alone, it reads the same after a restart of the operator.
+        """
         raw = self.labels.get(GPU_COUNT)
         if raw is not None:
             count = _int_or_none(raw)
-            return count if count is not None and count >= 0 else None
+            if count is None or count < 0:
+                return None
+            per_gpu = self._mig_devices_per_gpu()
+            if per_gpu is None:
+                return count
+            return count // per_gpu if per_gpu and count % per_gpu == 0 else None
         advertised = self.gpu_capacity or self.shared_capacity
         if advertised is None:
             return None
@@ -124,7 +147,30 @@ class NodeRecord:
 
     @property
     def memory_mib(self) -> int | None:
+        """The memory of one GPU; under the single MIG strategy GFD shows the slice's, so the
+        whole GPU's comes from NVIDIA's tables for the base product."""
+        if mig_profile_of(self.labels.get(GPU_PRODUCT)) is not None:
+            model = miggeometry.model(self.product)
+            return model.memory_mib if model is not None else None
         return _int_or_none(self.labels.get(GPU_MEMORY))
+
+    def _mig_devices_per_gpu(self) -> int | None:
+        """MIG devices per GPU when GFD shows single-strategy MIG devices (0: unknown model or
+        profile); None when it shows whole GPUs."""
+        profile = mig_profile_of(self.labels.get(GPU_PRODUCT))
+        if profile is None:
+            return None
+        model = miggeometry.model(self.product)
+        layout = miggeometry.uniform(model, profile) if model is not None else None
+        return sum(layout.values()) if layout else 0
+
+    @property
+    def mig_config_label(self) -> str | None:
+        return self.labels.get(MIG_CONFIG_LABEL)
+
+    @property
+    def mig_state(self) -> str | None:
+        return self.labels.get(MIG_STATE_LABEL)
 
     @property
     def sharing_strategy(self) -> str | None:
@@ -196,6 +242,28 @@ def _taints_unchanged(kept: tuple[Mapping[str, Any], ...], spec: object) -> bool
     )
 
 
+def _mig_config_owners(metadata: Mapping[str, Any]) -> tuple[str, ...]:
+    """Who besides us owns the MIG layout label; () when the label is absent (the common
+    case: nothing is read)."""
+    labels = metadata.get("labels")
+    if not isinstance(labels, Mapping) or MIG_CONFIG_LABEL not in labels:
+        return ()
+    owners = set()
+    for entry in metadata.get("managedFields") or ():
+        if not isinstance(entry, Mapping) or entry.get("manager") == FIELD_MANAGER:
+            continue
+        fields = ((entry.get("fieldsV1") or {}).get("f:metadata") or {}).get("f:labels") or {}
+        if isinstance(fields, Mapping) and f"f:{MIG_CONFIG_LABEL}" in fields:
+            owners.add(str(entry.get("manager")))
+    return tuple(sorted(owners))
+
+
+def carries_mig_config(obj: Mapping[str, Any]) -> bool:
+    """Whether a decoded Node carries the MIG layout label (its managedFields are then read)."""
+    labels = (obj.get("metadata") or {}).get("labels")
+    return isinstance(labels, Mapping) and MIG_CONFIG_LABEL in labels
+
+
 def slim_labels(raw: object) -> LabelSet:
     """Labels with interned values and a key layout shared across nodes (see ``labelsets``)."""
     return LabelSet(raw if isinstance(raw, Mapping) else None)
@@ -221,6 +289,7 @@ def project_node(obj: Mapping[str, Any]) -> NodeRecord:
         shared_capacity=_capacity(status, SHARED_RESOURCE),
         allocatable=_nvidia_allocatable(status),
         taints=_taints(obj.get("spec")),
+        mig_config_owners=_mig_config_owners(metadata),
     )
 
 
@@ -235,7 +304,16 @@ def content_unchanged(record: NodeRecord, obj: Mapping[str, Any]) -> bool:
         and _allocatable_unchanged(record.allocatable, status)
         and _taints_unchanged(record.taints, obj.get("spec"))
         and record.uid == metadata.get("uid")
+        and (MIG_CONFIG_LABEL not in record.labels or _owners_unchanged(record, metadata))
     )
+
+
+def _owners_unchanged(record: NodeRecord, metadata: Mapping[str, Any]) -> bool:
+    # managedFields are only delivered with a full object; a watch event without them
+    # (never, from the API server) keeps what is known.
+    if "managedFields" not in metadata:
+        return True
+    return record.mig_config_owners == _mig_config_owners(metadata)
 
 
 def older_than(obj: Mapping[str, Any], record: NodeRecord) -> bool:

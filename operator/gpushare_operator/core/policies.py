@@ -15,6 +15,7 @@ from typing import Any
 import pydantic
 
 from gpushare_operator.core import devconfigs, selectors
+from gpushare_operator.core.migpolicies import CompiledMig, compile_mig
 from gpushare_operator.core.models import GPUSharingPolicySpec, SharingStrategy
 
 
@@ -34,6 +35,8 @@ class CompiledPolicy:
     # While this generation is invalid, the earlier valid generation still in force (its
     # selector, priority and config are what the other fields hold); None otherwise.
     kept_generation: int | None = None
+    # Strategy MIG: the layout per GPU model, and the reasons for the models it cannot fit.
+    mig: CompiledMig | None = None
 
     @property
     def generation_in_force(self) -> int | None:
@@ -65,6 +68,16 @@ class CompiledPolicy:
     @property
     def strategy(self) -> SharingStrategy | None:
         return self.spec.strategy if self.spec is not None else None
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        """The extended resources whose slots pods of this policy's nodes request: one, or for
+        MIG mixed one per profile; () for a policy that never compiled."""
+        if self.sharing is None:
+            return ()
+        if self.mig is not None:
+            return tuple(dict.fromkeys(self.mig.resources[p] for p in self.mig.profiles))
+        return (devconfigs.advertised_resource(self.sharing),)
 
     @property
     def replicas(self) -> int | None:
@@ -133,6 +146,19 @@ def _invalid(*, name: str, uid: str, generation: int, message: str, reason: str)
 
 
 def sharing_config(spec: GPUSharingPolicySpec) -> devconfigs.SharingConfig:
+    if spec.mig is not None:
+        mig = spec.mig
+        return devconfigs.SharingConfig(
+            strategy=str(spec.strategy),
+            replicas=mig.slots_per_device,
+            fail_requests_greater_than_one=(
+                spec.fail_requests_greater_than_one and mig.slots_per_device > 1
+            ),
+            mig_strategy=str(mig.strategy),
+            mig_resources=devconfigs.mig_resource_names(
+                mig_strategy=str(mig.strategy), profiles=mig.profiles
+            ),
+        )
     exclusive = spec.strategy is SharingStrategy.EXCLUSIVE
     return devconfigs.SharingConfig(
         strategy=str(spec.strategy),
@@ -164,6 +190,7 @@ def compile_policy(
         sharing = sharing_config(parsed)
         text = devconfigs.render_config_text(sharing)
         key = devconfigs.config_key(policy_name=name, config=sharing)
+        mig = None if parsed.mig is None else compile_mig(policy_name=name, spec=parsed.mig)
     except pydantic.ValidationError as exc:
         message = _validation_message(exc)
         return _invalid(
@@ -184,4 +211,5 @@ def compile_policy(
         config_key=key,
         config_text=text,
         error=None,
+        mig=mig,
     )

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpushare_operator.core import migconfigs, migphases
 from gpushare_operator.core.decisions import Labels, NodeDecision, Published
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import (
     CONFIG_LABEL,
     GFD_TIMESTAMP,
     GPU_RESOURCE,
+    MIG_CONFIG_LABEL,
     POLICY_LABEL,
     NodeRecord,
 )
@@ -37,10 +39,14 @@ def release(
     # Only a node carrying our policy label is ours to clean; a config label set by someone else
     # without it is theirs, and SSA could not remove it anyway.
     message = "no GPUSharingPolicy selects this node"
+    if record.policy_label is not None and migphases.leaving_mig(record):
+        return _disable_mig_first(record)
     if record.policy_label is not None:
         # It names the policy it leaves, so that a wait for its turn is published for that
         # policy, and the release, once the labels are gone, is watched against its budget.
         labels: Labels = {CONFIG_LABEL: None, POLICY_LABEL: None}
+        if record.mig_config_label is not None and not record.mig_config_owners:
+            labels[MIG_CONFIG_LABEL] = None  # MIG is disabled: our all-disabled goes too
         return NodeDecision(
             None,
             NodePhase.UNMANAGED,
@@ -87,6 +93,29 @@ def release(
         None,
         recheck_at=recheck,
         released_from=losing,
+    )
+
+
+def _disable_mig_first(record: NodeRecord) -> NodeDecision:
+    """A released node with a MIG layout of ours: the MIG manager disables MIG first, under the
+    config the node runs; our labels go once it reports success."""
+    losing = record.policy_label
+    if record.mig_config_label == migconfigs.ALL_DISABLED:
+        message = (
+            f"released from GPUSharingPolicy {losing}: waiting for the MIG manager to disable"
+            f" MIG (nvidia.com/mig.config.state={record.mig_state})"
+        )
+        return NodeDecision(
+            None, NodePhase.PENDING, "DisablingMIG", message, None, released_from=losing
+        )
+    labels: Labels = {
+        CONFIG_LABEL: record.config_label,
+        POLICY_LABEL: losing,
+        MIG_CONFIG_LABEL: migconfigs.ALL_DISABLED,
+    }
+    message = f"released from GPUSharingPolicy {losing}: disabling MIG first"
+    return NodeDecision(
+        None, NodePhase.PENDING, "DisablingMIG", message, labels, released_from=losing
     )
 
 

@@ -16,6 +16,9 @@ from typing import Final
 
 GPU_PRODUCT: Final = "nvidia.com/gpu.product"
 SHARED_SUFFIX: Final = "-SHARED"
+# Under the single MIG strategy GFD names the MIG device: <product>-MIG-<profile>
+# (k8s-device-plugin internal/lm/mig-strategy.go), with -SHARED after it when time-sliced.
+MIG_INFIX: Final = "-MIG-"
 
 # key -> why a selector may not use it (said in admission errors and conditions).
 REWRITTEN_LABELS: Final = {
@@ -29,6 +32,11 @@ REWRITTEN_LABELS: Final = {
         "GPU Feature Discovery sets it while an MPS config that gpushare applies is in force"
     ),
     "nvidia.com/gfd.timestamp": "GPU Feature Discovery rewrites it on every labelling pass",
+    "nvidia.com/mig.strategy": (
+        "GPU Feature Discovery sets it to the MIG strategy of the config gpushare applies"
+    ),
+    "nvidia.com/mig.config": "gpushare writes it to apply a MIG policy's layout",
+    "nvidia.com/mig.config.state": "the MIG manager rewrites it on every layout change",
     "nvidia.com/device-plugin.config": "gpushare writes it to apply a policy's config",
     "gpushare.dev/policy": "gpushare writes it to record which policy governs the node",
 }
@@ -58,7 +66,20 @@ def shared_product_error(key: str, value: str) -> str | None:
 
 
 def base_product(product: str | None) -> str | None:
-    """The product name without GFD's sharing suffix."""
-    if product is not None and product.endswith(SHARED_SUFFIX):
-        return product[: -len(SHARED_SUFFIX)]
-    return product
+    """The product name without GFD's sharing suffix and MIG device name."""
+    if product is None:
+        return None
+    if product.endswith(SHARED_SUFFIX):
+        product = product[: -len(SHARED_SUFFIX)]
+    base, infix, _ = product.partition(MIG_INFIX)
+    return base if infix and base else product
+
+
+def mig_profile_of(product: str | None) -> str | None:
+    """The MIG profile GFD names in the product under the single strategy; None otherwise."""
+    if product is None:
+        return None
+    if product.endswith(SHARED_SUFFIX):
+        product = product[: -len(SHARED_SUFFIX)]
+    base, infix, profile = product.partition(MIG_INFIX)
+    return profile if infix and base and profile else None

@@ -11,8 +11,10 @@ every ``matchExpressions`` entry must hold; ``NotIn`` and ``DoesNotExist`` hold 
 absent. Two deliberate differences: a missing (``None``) selector selects every node, like ``{}``,
 because an omitted ``nodeSelector`` in a policy means "every GPU node"; and a value for
 ``nvidia.com/gpu.product`` also matches that value with GPU Feature Discovery's ``-SHARED``
-suffix, because GFD appends it once the policy's own sharing is in force (see ``rewrittenlabels``).
-The suffixed value is folded into the precomputed value set, so matching costs nothing more.
+suffix, because GFD appends it once the policy's own sharing is in force, and with each MIG
+device name (``-MIG-1g.10gb``) that GFD writes under the single MIG strategy (see
+``rewrittenlabels``). The rewritten values are folded into the precomputed value set, so
+matching costs nothing more.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gpushare_operator.core import rewrittenlabels
+from gpushare_operator.core import miggeometry, rewrittenlabels
 from gpushare_operator.core.labels import label_key_error, label_value_error
 
 EQUALS: Final = "Equals"  # a matchLabels pair; not accepted in matchExpressions
@@ -74,8 +76,19 @@ def _must_rank(r: Requirement) -> int:
 
 def _values(r: Requirement) -> frozenset[str | None]:
     if r.key == rewrittenlabels.GPU_PRODUCT:
-        return frozenset((*r.values, *(v + rewrittenlabels.SHARED_SUFFIX for v in r.values)))
+        return frozenset(value for v in r.values for value in _product_values(v))
     return frozenset(r.values)
+
+
+def _product_values(product: str) -> tuple[str, ...]:
+    """Every value GFD may show for ``product``: as is, ``-SHARED``, and under the single MIG
+    strategy each MIG device name NVIDIA's tables give the model (each ``-SHARED`` too)."""
+    shared = rewrittenlabels.SHARED_SUFFIX
+    model = miggeometry.model(product)
+    devices = [
+        f"{product}{rewrittenlabels.MIG_INFIX}{p}" for p in (model.profiles if model else ())
+    ]
+    return tuple(value for name in (product, *devices) for value in (name, name + shared))
 
 
 def _must_check(r: Requirement) -> _Check:

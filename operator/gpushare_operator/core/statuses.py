@@ -169,6 +169,19 @@ class EvictionStatus(ApiModel):
     """The same, in words."""
 
 
+class MigNodeStatus(ApiModel):
+    """What a MIG policy wants of the node, and what the MIG manager reports."""
+
+    config: str | None = None
+    """The mig-parted config (nvidia.com/mig.config) the node is labelled with, or is to be."""
+    layout: str | None = None
+    """That layout on every GPU, e.g. 1x 3g.40gb + 1x 2g.20gb."""
+    state: str | None = None
+    """The MIG manager's nvidia.com/mig.config.state: pending, rebooting, success or failed."""
+    slotsPerGPU: Annotated[dict[str, Count], Field(max_length=16)] | None = None
+    """Slots one GPU offers, per extended resource (MIG devices times replicas)."""
+
+
 class GPUNodeStateStatus(_HasSlots):
     """The sharing state of one GPU node."""
 
@@ -196,6 +209,8 @@ class GPUNodeStateStatus(_HasSlots):
     """Running or pending pods that hold slots on the node."""
     eviction: EvictionStatus | None = None
     """While podPolicy Evict drains the node (phase Evicting), or after it gave up."""
+    mig: MigNodeStatus | None = None
+    """Strategy MIG: the node's layout and the MIG manager's state."""
     conditions: Conditions = []
     """Conditions of the node's sharing state."""
     lastTransitionTime: Rfc3339 | None = None

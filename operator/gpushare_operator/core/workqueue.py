@@ -39,6 +39,8 @@ NODE: Final = "node"
 POLICY: Final = "policy"
 CONFIG: Final = "config"
 CONFIG_KEY: Final = (CONFIG, "")
+MIG_CONFIG: Final = "mig"  # the name of the mig-parted ConfigMap's key (kind CONFIG)
+MIG_CONFIG_KEY: Final = (CONFIG, MIG_CONFIG)
 
 DEFAULT_BASE: Final = 0.005
 

@@ -14,6 +14,7 @@ import aiohttp
 import structlog
 
 from gpushare_operator.cache.cluster import ClusterCache
+from gpushare_operator.core import defaults
 from gpushare_operator.kube import http
 from gpushare_operator.kube.sending import FIELD_MANAGER, NotSent, Sender, Tokens, policy_ref
 from gpushare_operator.reconcile.memory import WriteMemory
@@ -25,24 +26,33 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ConfigMapRef:
-    """Where the device-plugin ConfigMap is."""
+    """Where the device-plugin ConfigMap is (and the mig-parted one, beside it)."""
 
     namespace: str
     name: str
+    mig_name: str = defaults.MIG_PARTED_CONFIGMAP
 
 
 class ConfigMapWrites:
     def __init__(
-        self, *, sender: Sender, cache: ClusterCache, memory: WriteMemory, config: ConfigMapRef
+        self,
+        *,
+        sender: Sender,
+        cache: ClusterCache,
+        memory: WriteMemory,
+        config: ConfigMapRef,
+        what: str = "device-plugin",
     ) -> None:
         self._sender = sender
         self._cache = cache  # read only: which keys are new, which policies name them
         self._memory = memory  # read only: a problem is logged when it is new
         self._config = config
         self._announced_foreign: set[str] = set()
+        self._what = what  # which ConfigMap, in what is logged and said
 
     async def write(self, plan: ConfigPlan, *, tokens: Tokens) -> ConfigWritten | None:
-        await self._announce_foreign_keys(plan.foreign_keys)
+        if self._what == "device-plugin":  # a foreign mig-parted file: its policies say so
+            await self._announce_foreign_keys(plan.foreign_keys)
         if plan.data is None:
             return None
         target = self._config
@@ -79,7 +89,8 @@ class ConfigMapWrites:
                 error=str(exc),
             )
             return ConfigWritten(Retry(str(exc)))
-        await self._announce_keys(new_keys)
+        if self._what == "device-plugin":
+            await self._announce_keys(new_keys)
         answered = answer if isinstance(answer, dict) else None
         return ConfigWritten(Done(), data=plan.data, answer=answered)
 
@@ -102,7 +113,7 @@ class ConfigMapWrites:
             problem = f"cannot write ConfigMap {target.namespace}/{target.name}: {exc}"
         if problem != self._memory.config_error:
             log.warning(
-                "device-plugin ConfigMap not written",
+                f"{self._what} ConfigMap not written",
                 kind="ConfigMap",
                 name=target.name,
                 namespace=target.namespace,

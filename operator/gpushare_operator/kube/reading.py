@@ -82,6 +82,9 @@ class Collection:
     # Keep metadata.managedFields (dropped otherwise): the device-plugin ConfigMap's say which
     # field manager owns each key, so that keys like ours owned by others are left alone.
     keep_managed_fields: bool = False
+    # Keep them for the objects this says yes to (Nodes carrying nvidia.com/mig.config: who set
+    # that label decides whether gpushare may touch it); the record keeps only the owners.
+    keep_managed_fields_of: Callable[[dict[str, Any]], bool] | None = None
     # A test on a listed object's raw JSON: False means the sink would keep nothing of it, so it
     # is not even decoded (most pods ask for no GPU: their bytes never mention a GPU resource).
     # Streaming lists only: a page is one JSON document.
@@ -332,7 +335,9 @@ class Reader:
 
     def _deliver(self, kind: str, obj: dict[str, Any]) -> None:
         """Hand one object to the sink; a failure names the object."""
-        if not self._collection.keep_managed_fields:
+        collection = self._collection
+        keep = collection.keep_managed_fields_of
+        if not collection.keep_managed_fields and not (keep is not None and keep(obj)):
             obj = drop_managed_fields(obj)
         try:
             if kind == "LISTED":

@@ -23,7 +23,14 @@ from kubernetes_asyncio import client
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import defaults
-from gpushare_operator.core.workqueue import NODE, POLICY, Key
+from gpushare_operator.core.workqueue import (
+    CONFIG_KEY,
+    MIG_CONFIG,
+    MIG_CONFIG_KEY,
+    NODE,
+    POLICY,
+    Key,
+)
 from gpushare_operator.kube.configuring import ConfigMapRef, ConfigMapWrites
 from gpushare_operator.kube.events import EventRecorder
 from gpushare_operator.kube.inflight import InFlight
@@ -81,6 +88,13 @@ class WriteLoop:
         self._patches = Patches(sender=self._sender, cache=cache)
         self._configmap = ConfigMapWrites(
             sender=self._sender, cache=cache, memory=reconciler.memory, config=config
+        )
+        self._mig_configmap = ConfigMapWrites(
+            sender=self._sender,
+            cache=cache,
+            memory=reconciler.memory,
+            config=ConfigMapRef(namespace=config.namespace, name=config.mig_name),
+            what="mig-parted",
         )
         self._flight = InFlight(limit=concurrency, finished=self._queue.done)
         self._wake = asyncio.Event()
@@ -181,7 +195,7 @@ class WriteLoop:
         """Look at every object once (on gaining leadership)."""
         self._reconciler.restart()
         cache = self._cache
-        everything = {("config", "")} | {(NODE, n) for n in cache.nodes}
+        everything = {CONFIG_KEY, MIG_CONFIG_KEY} | {(NODE, n) for n in cache.nodes}
         self._act(None, Orders(mark=frozenset(everything | {(POLICY, p) for p in cache.policies})))
 
     def _tick(self) -> float | None:
@@ -268,7 +282,8 @@ class WriteLoop:
 
     async def _write(self, plan: Plan, tokens: Tokens) -> Written | None:
         if isinstance(plan, ConfigPlan):
-            return await self._configmap.write(plan, tokens=tokens)
+            writes = self._mig_configmap if plan.target == MIG_CONFIG else self._configmap
+            return await writes.write(plan, tokens=tokens)
         return await self._patches.write(plan, tokens=tokens)
 
     def _plan(self, key: Key, stage: Stage) -> Plan:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import devconfigs, nodephases, victims
+from gpushare_operator.core import devconfigs, migphases, nodephases, victims
 from gpushare_operator.core.models import NodePhase, PodPolicy
 from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
 from gpushare_operator.core.pods import PodRecord
@@ -75,11 +75,15 @@ class Drains:
         done = self._done(record.name)
         place = judged.placement
         spec, _ = self.book.spec_of(place.charged)
-        if planned.labels is None or spec.podPolicy is not PodPolicy.EVICT:
-            return Drain(judged, done=done)
         policy = None if nodephases.releases(planned) else planned.policy
-        if self.book.misfit(record, policy) is None:
+        mig = planned.labels is not None and migphases.changes_mig(record, policy)
+        if planned.labels is None or (spec.podPolicy is not PodPolicy.EVICT and not mig):
+            return Drain(judged, done=done)
+        misfit = self.book.misfit(record, policy)
+        if misfit is None:
             return Drain(judged, done=done)  # the pods fit: the change goes ahead
+        if spec.podPolicy is not PodPolicy.EVICT:
+            return Drain(_idle_wait(planned, judged, misfit), done=done)
         target = "" if policy is None else str(policy.config_key)
         generation = self._generation(place.charged)
         prior = self._prior(record.name, place.charged, generation, target)
@@ -213,9 +217,29 @@ class Drains:
         )
 
 
-def _fit(record: NodeRecord, policy: Any) -> tuple[str, int]:
-    """The resource the target config advertises and how many of it."""
+def _idle_wait(planned: nodephases.NodeDecision, judged: Judgement, misfit: str) -> Judgement:
+    """A MIG change admitted while GPU pods run (podPolicy WaitForPods): the node is tainted
+    and keeps its layout until they are gone, counting against the budget meanwhile."""
+    if judged.placement.step is not Step.ADMITTED:
+        return judged  # waiting its turn, untainted
+    message = f"tainted; {misfit}: the layout changes once they are gone (podPolicy WaitForPods)"
+    waiting = nodephases.NodeDecision(
+        planned.policy,
+        NodePhase.PENDING,
+        "WaitingForPods",
+        message,
+        None,
+        released_from=planned.released_from,
+    )
+    return replace(judged, decision=waiting)
+
+
+def _fit(record: NodeRecord, policy: Any) -> tuple[str | None, int]:
+    """The resource the target config advertises and how many of it; (None, 0) for a MIG
+    change, which needs every GPU pod gone."""
     gpus = record.gpus or 0
+    if migphases.changes_mig(record, policy):
+        return None, 0
     if policy is None or policy.sharing is None:
         return GPU_RESOURCE, gpus
     return devconfigs.advertised_resource(policy.sharing), gpus * (policy.replicas or 1)

@@ -36,6 +36,11 @@ class WriteMemory:
     foreign_keys: dict[str, str] = field(default_factory=dict)
     # Our ConfigMap keys that no node names, and since when (their grace period runs).
     unused_since: dict[str, float] = field(default_factory=dict)
+    # The mig-parted ConfigMap's: our layout names no node names, and since when; and who
+    # else owns (or broke) config.yaml, which is then left alone.
+    mig_unused_since: dict[str, float] = field(default_factory=dict)
+    mig_foreign: dict[str, str] = field(default_factory=dict)
+    mig_config_error: str | None = None  # why it cannot be written; on every MIG policy
     # node -> the other field managers that own our labels on it too: our release apply gave
     # up our ownership and the labels stayed.  Reported on the node; it holds no finalizer and
     # counts against no budget.  A new leader learns it again from its first release apply.

@@ -18,8 +18,8 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import (
-    devconfigs,
     listpatches,
+    migphases,
     nodephases,
     policystatus,
     rollouts,
@@ -31,11 +31,13 @@ from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.core.rollouts import FINALIZER
 from gpushare_operator.core.stamps import epoch_of, rfc3339
+from gpushare_operator.core.workqueue import MIG_CONFIG
 from gpushare_operator.reconcile import tallies
 from gpushare_operator.reconcile.appliedclocks import AppliedClocks
 from gpushare_operator.reconcile.configplan import ConfigPlanner
 from gpushare_operator.reconcile.drains import Drains
 from gpushare_operator.reconcile.memory import WriteMemory
+from gpushare_operator.reconcile.migconfigplan import MigConfigPlanner
 from gpushare_operator.reconcile.plans import ConfigPlan, NodeFacts, NodePlan, PolicyPlan, Stage
 from gpushare_operator.reconcile.rollouts import Placement, RolloutBook, Step
 
@@ -79,6 +81,9 @@ class Planner:
         self.clocks = clocks
         self.memory = memory
         self.configs = ConfigPlanner(cache, grace_period=timings.key_grace_period, memory=memory)
+        self.mig_configs = MigConfigPlanner(
+            cache, grace_period=timings.key_grace_period, memory=memory
+        )
         self.drains = Drains(cache=cache, book=book, memory=memory, epoch=epoch)
         self._wallclock = wallclock
 
@@ -96,11 +101,28 @@ class Planner:
             present=True, ready_at=seen + delay, ready_at_wall=ready_wall
         )
 
+    def mig_readiness(self, name: str | None) -> nodephases.KeyReadiness:
+        """The same for a layout name of the mig-parted ConfigMap."""
+        state = self.cache.mig_config
+        if name is None or name not in (state.layouts or {}):
+            return nodephases.KeyReadiness(present=False)
+        delay = self.timings.propagation_delay
+        seen = state.seen_at.get(name, float("-inf"))
+        wall = state.seen_wall.get(name, float("-inf"))
+        ready_wall = None if wall == float("-inf") else rfc3339(wall + delay)
+        return nodephases.KeyReadiness(
+            present=True, ready_at=seen + delay, ready_at_wall=ready_wall
+        )
+
     def decide(self, record: NodeRecord) -> nodephases.NodeDecision:
         policy = self.cache.governing(record.name)
+        mig_key = nodephases.MIG_NOT_NEEDED
+        if policy is not None and policy.mig is not None:
+            mig_key = self.mig_readiness(migphases.layout_name(record, policy))
         decision = nodephases.decide(
             record=record,
             policy=policy,
+            mig_key=mig_key,
             key=self.key_readiness(policy.config_key if policy else None),
             applied_since=self.clocks.of(record.name, policy),
             now=self.cache.clock(),
@@ -191,7 +213,10 @@ class Planner:
         --mismatch-timeout in Degraded (time for a device plugin to restart).  Also returns
         when the taint is due to go, to look again then."""
         tainted = any(rollouts.is_ours(taint) for taint in record.taints)
-        wanted = self.book.wants_taint(placement, tainted=tainted, draining=draining)
+        target = None if nodephases.releases(decision) else decision.policy
+        mig = migphases.changes_mig(record, target) and decision.labels is not None
+        mig = mig or (placement.down is not None and migphases.carries_ours(record))
+        wanted = self.book.wants_taint(placement, tainted=tainted, draining=draining, mig=mig)
         due = None
         if wanted and decision.phase is NodePhase.MISMATCH:
             wanted = False
@@ -248,8 +273,9 @@ class Planner:
         allocated, pods = 0, 0
         supported = decision.phase is not NodePhase.UNSUPPORTED
         if supported and decision.policy is not None and decision.policy.sharing is not None:
-            resource = devconfigs.advertised_resource(decision.policy.sharing)
-            allocated, pods = cache.usage.node_usage(record.name, resource)
+            for resource in decision.policy.resources:
+                held, holders = cache.usage.node_usage(record.name, resource)
+                allocated, pods = allocated + held, pods + holders
         status = nodephases.render_status(
             record=record,
             decision=decision,
@@ -284,7 +310,7 @@ class Planner:
             tally=self.tally(policy),
             previous=previous,
             now=self._wallclock(),
-            config_problem=self.memory.config_error,
+            config_problem=self.config_problem(policy),
             schema_problem=self.schema_problem(),
             rollout=self._rollout_view(name),
         )
@@ -357,8 +383,26 @@ class Planner:
 
     # -- the device-plugin ConfigMap -------------------------------------------------------------
 
-    def plan_config(self) -> ConfigPlan:
+    def plan_config(self, target: str = "") -> ConfigPlan:
+        if target == MIG_CONFIG:
+            return self.mig_configs.plan()
         return self.configs.plan()
+
+    def config_problem(self, policy: CompiledPolicy) -> str | None:
+        """Why the policy's configs cannot be written: the device-plugin ConfigMap's problem,
+        and for a MIG policy the mig-parted ConfigMap's too."""
+        memory = self.memory
+        if memory.config_error is not None or policy.mig is None:
+            return memory.config_error
+        if memory.mig_config_error is not None:
+            return memory.mig_config_error
+        for key, why in memory.mig_foreign.items():
+            return (
+                f"ConfigMap {self.cache.mig_config_name} key {key} is {why}: gpushare leaves it"
+                " alone and writes no MIG layout (delete it, or the other manager's fields, to"
+                " hand it over)"
+            )
+        return None
 
     def desired_config(self) -> dict[str, str]:
         return self.configs.desired().data

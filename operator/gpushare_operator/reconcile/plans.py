@@ -96,10 +96,11 @@ class ConfigPlan:
     unused_since: Mapping[str, float] = field(default_factory=dict)  # our unused keys' clocks
     recheck_at: float | None = None  # an unused key's grace period ends then
     stage: Stage = Stage.FIRST
+    target: str = ""  # CONFIG_KEY's name: "" the device-plugin ConfigMap, MIG_CONFIG mig-parted's
 
     @property
     def key(self) -> Key:
-        return CONFIG_KEY
+        return (CONFIG_KEY[0], self.target)
 
     @property
     def writes(self) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import data_owners
 from gpushare_operator.core import statusdiff
-from gpushare_operator.core.workqueue import CONFIG, NODE, POLICY, Key
+from gpushare_operator.core.workqueue import CONFIG, MIG_CONFIG, NODE, POLICY, Key
 from gpushare_operator.reconcile import admissions
 from gpushare_operator.reconcile.appliedclocks import AppliedClocks
 from gpushare_operator.reconcile.memory import WriteMemory
@@ -87,7 +87,7 @@ class Reconciler:
         if kind == POLICY:
             return self.planner.plan_policy(name, stage=stage)
         if kind == CONFIG:
-            return self.planner.plan_config()
+            return self.planner.plan_config(name)
         raise ValueError(f"no planner for {kind!r}")
 
     def policy_unsettled(self, name: str, *, busy: set[str]) -> bool:
@@ -206,8 +206,38 @@ class Reconciler:
             return Orders(written.outcome, frozenset(mark | {(POLICY, name)}))
         return Orders(written.outcome, frozenset(mark), again=Stage.STATUS if proceed else None)
 
+    def _learn_mig_config(self, plan: ConfigPlan, written: ConfigWritten | None) -> Orders:
+        memory, cache = self.memory, self.cache
+        mig_policies = frozenset((POLICY, p.name) for p in cache.policies.values() if p.mig)
+        mark: frozenset[Key] = frozenset()
+        if dict(plan.foreign_keys) != memory.mig_foreign:
+            mark = mig_policies  # they report it (or that it is over)
+        memory.mig_foreign = dict(plan.foreign_keys)
+        memory.mig_unused_since = dict(plan.unused_since)
+        at = () if plan.recheck_at is None else ((plan.key, plan.recheck_at),)
+        if written is None:
+            return Orders(mark=mark, at=at)
+        if written.problem is not None and written.problem != memory.mig_config_error:
+            memory.mig_config_error = written.problem
+            mark = mig_policies
+        if isinstance(written.outcome, Done) and written.data is not None:
+            answer = written.answer
+            if answer is not None and isinstance(answer.get("data"), dict):
+                version = (answer.get("metadata") or {}).get("resourceVersion")
+                cache.set_mig_config(
+                    answer["data"], initial=False, version=version, owners=data_owners(answer)
+                )
+            else:
+                cache.sent("configmap", MIG_CONFIG, written.data)
+            if memory.mig_config_error is not None:
+                memory.mig_config_error = None
+                mark = mig_policies
+        return Orders(written.outcome, mark, at=at)
+
     def _learn_config(self, plan: ConfigPlan, written: ConfigWritten | None) -> Orders:
         memory, cache = self.memory, self.cache
+        if plan.target == MIG_CONFIG:
+            return self._learn_mig_config(plan, written)
         memory.foreign_keys = dict(plan.foreign_keys)
         memory.unused_since = dict(plan.unused_since)
         at = () if plan.recheck_at is None else ((plan.key, plan.recheck_at),)

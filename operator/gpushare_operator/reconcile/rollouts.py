@@ -24,7 +24,7 @@ from collections.abc import Collection
 from dataclasses import replace
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import devconfigs, nodephases, rollouts
+from gpushare_operator.core import devconfigs, migphases, models, nodephases, rollouts
 from gpushare_operator.core.models import NodePhase, PodPolicy, RolloutSpec
 from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
@@ -156,8 +156,11 @@ class RolloutBook:
         charged = place.charged
         spec, paused = self._spec(charged)
         misfit = None
-        if spec.podPolicy is PodPolicy.WAIT_FOR_PODS:
-            misfit = self.misfit(record, None if target == RELEASE else decision.policy)
+        policy = None if target == RELEASE else decision.policy
+        # A MIG change waits for its pods once admitted and tainted (``reconcile.drains``):
+        # held back untainted, pods would keep landing on the GPUs that must go idle.
+        if spec.podPolicy is PodPolicy.WAIT_FOR_PODS and not migphases.changes_mig(record, policy):
+            misfit = self.misfit(record, policy)
         now = self.cache.clock()
         since = self._held_since.get(record.name, now)
         place = replace(
@@ -264,6 +267,9 @@ class RolloutBook:
         held = self.cache.usage.node_slots(record.name)
         if not held:
             return None
+        if migphases.changes_mig(record, policy):
+            pods = len(self.cache.usage.node_pods(record.name))
+            return f"{pods} GPU pod(s) on the node: {models.MIG_IDLE}"
         gpus = record.gpus or 0
         if policy is None or policy.sharing is None:
             return rollouts.misfit(held, resource=GPU_RESOURCE, capacity=gpus)
@@ -382,7 +388,9 @@ class RolloutBook:
     def cluster_budget(self) -> int:
         return rollouts.max_unavailable(self.max_unavailable, total=len(self.cache.nodes))
 
-    def wants_taint(self, placement: Placement, *, tainted: bool, draining: bool) -> bool:
+    def wants_taint(
+        self, placement: Placement, *, tainted: bool, draining: bool, mig: bool = False
+    ) -> bool:
         """Whether the node is in a change of a policy that cordons during changes: admitted,
         or unavailable since and carrying the taint (ours, by a leader before us or by us).
         A node drained for podPolicy Evict carries it whatever cordonDuringChange says, from
@@ -392,4 +400,5 @@ class RolloutBook:
         if not placement.down or (placement.grant is None and not tainted):
             return False
         spec, _ = self._spec(placement.down)
-        return spec.cordonDuringChange or (spec.podPolicy is PodPolicy.EVICT and tainted)
+        # A MIG change: always, so that no pod lands on the GPUs while they go idle.
+        return mig or spec.cordonDuringChange or (spec.podPolicy is PodPolicy.EVICT and tainted)

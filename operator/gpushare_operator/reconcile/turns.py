@@ -19,7 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpushare_operator.core.workqueue import CONFIG_KEY, NODE, POLICY, Key, WorkQueue
+from gpushare_operator.core.workqueue import (
+    CONFIG_KEY,
+    MIG_CONFIG_KEY,
+    NODE,
+    POLICY,
+    Key,
+    WorkQueue,
+)
 
 POLICY_EVERY = 10  # turns per policy turn while nodes and policies are both queued
 POLICY_POLL = 0.5  # how often a held-back policy status looks again at its nodes
@@ -40,8 +47,9 @@ def next_turn(
     queue: WorkQueue, *, turn: int, settling: Settling, now: float, max_wait: float
 ) -> Turn:
     """The key to take at the ``turn``-th turn, and the policies to hold back meanwhile."""
-    if queue.is_queued(CONFIG_KEY):
-        return Turn(CONFIG_KEY, alone=True)
+    for config in (CONFIG_KEY, MIG_CONFIG_KEY):  # the mig-parted ConfigMap likewise
+        if queue.is_queued(config):
+            return Turn(config, alone=True)
     if queue.policies and turn % POLICY_EVERY == 0:
         policy = _policy_turn(queue, settling=settling, now=now, max_wait=max_wait)
         if policy.key is not None:

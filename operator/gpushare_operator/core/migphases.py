@@ -1,0 +1,159 @@
+"""What a MIG policy needs of a node, and what the node must show before it counts as Verified.
+
+A MIG layout is applied by the GPU Operator's MIG manager (NVIDIA/mig-parted
+``cmd/nvidia-mig-manager``), which reads the mig-parted config that the node's
+``nvidia.com/mig.config`` label names and reports in ``nvidia.com/mig.config.state``: ``pending``
+while it works (it pauses the device plugin and GPU Feature Discovery meanwhile, setting their
+``nvidia.com/gpu.deploy.*`` labels to ``paused-for-mig-change``), ``rebooting`` when the GPUs
+need a reset by reboot, then ``success`` or ``failed``.  Only after ``success`` do GFD and the
+device plugin (restarted on the new layout) say what is there: under ``single``
+``nvidia.com/mig.strategy=single`` and every MIG device as ``nvidia.com/gpu``; under ``mixed``
+a ``nvidia.com/mig-<profile>.count`` label and a ``nvidia.com/mig-<profile>`` resource per
+profile (k8s-device-plugin ``internal/lm/mig-strategy.go``, ``internal/rm``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from gpushare_operator.core import migconfigs
+from gpushare_operator.core.nodes import (
+    GPU_PRODUCT,
+    MIG_CAPABLE,
+    MIG_STRATEGY,
+    NodeRecord,
+)
+from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.rewrittenlabels import mig_profile_of
+
+SUCCESS: Final = "success"
+FAILED: Final = "failed"
+PENDING: Final = "pending"
+REBOOTING: Final = "rebooting"
+PAUSED: Final = "paused-for-mig-change"
+DEPLOY_PREFIX: Final = "nvidia.com/gpu.deploy."
+
+
+def unsupported(record: NodeRecord, policy: CompiledPolicy) -> tuple[str, str] | None:
+    """(reason, message) when the MIG policy cannot work on this node; None when it can."""
+    mig = policy.mig
+    if mig is None:
+        return None
+    if record.mig_config_owners:
+        owners = ", ".join(record.mig_config_owners)
+        return (
+            "MIGConfigOwnedByOther",
+            f"nvidia.com/mig.config is set by field manager {owners}: gpushare never takes over"
+            " a MIG layout it did not write (remove the label with that manager to hand it over)",
+        )
+    if record.labels.get(MIG_CAPABLE) == "false":
+        return "MIGNotCapable", "GPU Feature Discovery reports nvidia.com/mig.capable=false"
+    product = record.product
+    if product is None:
+        return "MIGModelUnknown", f"the node has no {GPU_PRODUCT} label to look its GPU up by"
+    refusal = mig.refusals.get(product)
+    if refusal is not None:
+        return "MIGLayoutDoesNotFit", refusal
+    if product not in mig.layouts:
+        return (
+            "MIGModelUnknown",
+            f"GPU model {product} is not in NVIDIA's MIG tables (MIG-capable models: "
+            f"{', '.join(sorted({*mig.layouts, *mig.refusals}))})",
+        )
+    return None
+
+
+def layout_name(record: NodeRecord, policy: CompiledPolicy) -> str | None:
+    """The mig-parted config the node's label must name under ``policy``; None for a policy
+    that is not MIG (or a model it cannot fit)."""
+    if policy.mig is None:
+        return None
+    return policy.mig.names.get(record.product or "")
+
+
+def changes_mig(record: NodeRecord, policy: CompiledPolicy | None) -> bool:
+    """Whether moving the node to ``policy`` (None: releasing it) changes its MIG layout:
+    enabling, re-laying out or disabling MIG, which the MIG manager can do only on idle GPUs."""
+    current = record.mig_config_label
+    if record.mig_config_owners:
+        current = None  # not ours: we never change it
+    wanted = layout_name(record, policy) if policy is not None else None
+    if current == migconfigs.ALL_DISABLED:
+        current = None
+    return wanted != current
+
+
+def carries_ours(record: NodeRecord) -> bool:
+    """Whether the node's MIG layout label is ours (any value, all-disabled too)."""
+    return record.mig_config_label is not None and not record.mig_config_owners
+
+
+def mig_enabled_by_us(record: NodeRecord) -> bool:
+    """Whether the node's label names a MIG layout of ours other than ``all-disabled``: a
+    policy that takes the node without MIG must first have MIG disabled."""
+    label = record.mig_config_label
+    return label is not None and label != migconfigs.ALL_DISABLED and not record.mig_config_owners
+
+
+def leaving_mig(record: NodeRecord) -> bool:
+    """Whether a policy without MIG must wait for MIG to be disabled first: a layout of ours
+    is enabled, or ``all-disabled`` (ours) is not applied yet."""
+    if record.mig_config_owners or record.mig_config_label is None:
+        return False
+    return mig_enabled_by_us(record) or not disabled(record)
+
+
+def disabled(record: NodeRecord) -> bool:
+    """Whether the MIG manager has applied ``all-disabled``."""
+    return record.mig_config_label == migconfigs.ALL_DISABLED and record.mig_state == SUCCESS
+
+
+def in_progress(record: NodeRecord) -> bool:
+    """The MIG manager is at work (or the node reboots for it): neither a failure nor drift."""
+    if record.mig_state in (PENDING, REBOOTING):
+        return True
+    return any(
+        value == PAUSED for key, value in record.labels.items() if key.startswith(DEPLOY_PREFIX)
+    )
+
+
+def failed(record: NodeRecord) -> bool:
+    return record.mig_state == FAILED
+
+
+def disagreements(
+    record: NodeRecord, *, policy: CompiledPolicy | None = None, layout_slots: Mapping[str, int]
+) -> list[str]:
+    """What the node shows that the MIG layout in force would not.
+
+    ``layout_slots``: resource -> slots per GPU of the layout (``CompiledMig.slots_per_gpu``).
+    """
+    mig = policy.mig if policy is not None else None
+    problems = []
+    if record.mig_state != SUCCESS:
+        problems.append(f"nvidia.com/mig.config.state is {record.mig_state}, expected success")
+    if mig is None:
+        return problems or ["not a MIG policy"]
+    strategy = str(mig.strategy)
+    if record.mig_strategy != strategy:
+        problems.append(f"{MIG_STRATEGY} is {record.mig_strategy}, expected {strategy}")
+    gpus = record.gpus or 0
+    if strategy == "single" and mig_profile_of(record.labels.get(GPU_PRODUCT)) != mig.profiles[0]:
+        problems.append(
+            f"{GPU_PRODUCT} is {record.labels.get(GPU_PRODUCT)}, expected a"
+            f" {mig.profiles[0]} MIG device"
+        )
+    for resource, per_gpu in sorted(layout_slots.items()):
+        allocatable = record.allocatable_of(resource)
+        if allocatable != per_gpu * gpus or not gpus:
+            problems.append(f"allocatable {resource} is {allocatable}, expected {per_gpu * gpus}")
+    if strategy == "mixed":
+        for profile in mig.profiles:
+            resource = mig.resources[profile]
+            label = f"{resource}.count"
+            devices = layout_slots.get(resource, 0) // max(mig.replicas, 1)
+            shown = record.labels.get(label)
+            if shown != str(devices * gpus):
+                problems.append(f"{label} is {shown}, expected {devices * gpus}")
+    return problems

@@ -39,6 +39,13 @@ venv: $(VENV)/.installed ## Create .venv with the package and its test extra.
 controlplane: ## Build etcd, kube-apiserver, kubectl, kube-controller-manager, kube-scheduler and helm from Go modules (cached).
 	@bash tests/controlplane/build.sh $(CONTROLPLANE_DIR) $(KUBERNETES_VERSION) $(ETCD_VERSION) $(HELM_VERSION)
 
+MIG_TABLES_DIR := .cache/miggeometry
+
+.PHONY: mig-tables
+mig-tables: ## Print go-nvml's MIG tables as JSON (the Go exporter in tests/miggeometry, built once and cached; core/migtables.json is this plus NVIDIA's corrections).
+	@bash tests/miggeometry/build.sh $(MIG_TABLES_DIR)
+	@$(MIG_TABLES_DIR)/miggeometry
+
 .PHONY: lint
 lint: venv ## ruff, mypy --strict and the import-linter layer contracts.
 	$(VENV)/bin/ruff check operator testing tests benchmarks

@@ -67,17 +67,22 @@ class _Machine:
 
 
 # The MIG-capable models are those of NVIDIA's MIG tables (``migtables``): A100 40GB / 80GB,
-# A30, H100, H200, B200; GFD labels them nvidia.com/mig.capable=true.
+# A30, H100, H200, B200, under the names GFD gives them; GFD labels them mig.capable=true.
+# Their memory is NVML's (the tables'); the older entries keep 81559 (an H100's GFD label).
 _MACHINES: Mapping[str, _Machine] = {
     "NVIDIA-H100-80GB-HBM3": _Machine("hopper", (9, 0), "p5.48xlarge", 192, 2_063_912_392, True),
     "NVIDIA-A100-SXM4-80GB": _Machine("ampere", (8, 0), "p4de.24xlarge", 96, 1_176_721_092, True),
     "NVIDIA-A100-SXM4-40GB": _Machine(
         "ampere", (8, 0), "p4d.24xlarge", 96, 1_176_721_092, True, 40960
     ),
-    "NVIDIA-A30": _Machine("ampere", (8, 0), "a30.8x.large", 64, 527_948_000, True, 24576),
-    "NVIDIA-H200": _Machine("hopper", (9, 0), "p5e.48xlarge", 192, 2_063_912_392, True, 143771),
-    "NVIDIA-B200": _Machine(
-        "blackwell", (10, 0), "p6-b200.48xlarge", 192, 2_063_912_392, True, 183359
+    "NVIDIA-A30-PCIE-24GB": _Machine(
+        "ampere", (8, 0), "a30.8x.large", 64, 527_948_000, True, 24576
+    ),
+    "NVIDIA-H200-141GB-HBM3e": _Machine(
+        "hopper", (9, 0), "p5e.48xlarge", 192, 2_063_912_392, True, 144384
+    ),
+    "NVIDIA-B200-180GB-HBM3e": _Machine(
+        "blackwell", (10, 0), "p6-b200.48xlarge", 192, 2_063_912_392, True, 184320
     ),
     "NVIDIA-L4": _Machine("ada-lovelace", (8, 9), "g6.48xlarge", 192, 784_283_452, False),
     "Tesla-T4": _Machine("turing", (7, 5), "g4dn.12xlarge", 48, 195_875_584, False),

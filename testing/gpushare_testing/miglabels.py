@@ -214,6 +214,12 @@ def mig_gfd_labels(labels: Mapping[str, str], *, sharing: Sharing, node: MigNode
         result[MIG_STRATEGY_LABEL] = strategy
     else:
         result.pop(MIG_STRATEGY_LABEL, None)
+    if "-MIG-" in labels.get(PRODUCT_LABEL, "") and node.memory_mib:
+        # Back from single: the full-GPU labeler writes the physical count and memory again.
+        # (It always writes them; the simulator leaves them alone otherwise, so that a test's
+        # hand-made count label stays.)
+        result[COUNT_LABEL] = str(len(node.layout))
+        result[MEMORY_LABEL] = str(node.memory_mib)
     if not node.mig_enabled:
         return result
     result[MPS_LABEL] = "false"

@@ -212,8 +212,11 @@ def mig_gfd_labels(labels: Mapping[str, str], *, sharing: Sharing, node: MigNode
     result = gfd_labels(base, sharing if full_gpus_shared else _unshared(sharing))
     if strategy != "none":
         result[MIG_STRATEGY_LABEL] = strategy
-    else:
-        result.pop(MIG_STRATEGY_LABEL, None)
+    elif MIG_STRATEGY_LABEL in labels:
+        # Real GFD writes no strategy label under `none` (and NFD would drop it); the simulated
+        # nodes are registered with the GPU Operator's default (`single`), so the label is left
+        # as it was rather than dropped on every node whose key says `none`.
+        result[MIG_STRATEGY_LABEL] = labels[MIG_STRATEGY_LABEL]
     if "-MIG-" in labels.get(PRODUCT_LABEL, "") and node.memory_mib:
         # Back from single: the full-GPU labeler writes the physical count and memory again.
         # (It always writes them; the simulator leaves them alone otherwise, so that a test's
@@ -268,6 +271,6 @@ def stale_gfd_labels(labels: Mapping[str, str], wanted: Mapping[str, str]) -> li
         gpu_attribute = key.startswith("nvidia.com/gpu.") and key.removeprefix(
             "nvidia.com/gpu."
         ).startswith(_ATTRIBUTE_SUFFIXES)
-        if mig_resource or gpu_attribute or key == MIG_STRATEGY_LABEL:
+        if mig_resource or gpu_attribute:
             stale.append(key)
     return stale

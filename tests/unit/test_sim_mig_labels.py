@@ -125,12 +125,12 @@ def test_stale_mig_labels_go_when_the_layout_or_strategy_changes() -> None:
     stale = stale_gfd_labels(mixed, single)
     assert "nvidia.com/mig-3g.40gb.count" in stale
     back = mig_gfd_labels(single, sharing=_sharing("none"), node=_node(GpuMig(), GpuMig()))
-    assert "nvidia.com/mig.strategy" not in back  # GFD writes none of it under `none`
+    assert back["nvidia.com/mig.strategy"] == "single"  # left as it was (docs/simulator.md)
     assert back["nvidia.com/gpu.product"] == H100 and back["nvidia.com/gpu.count"] == "2"
     assert "nvidia.com/gpu.slices.gi" not in back
-    assert set(stale_gfd_labels(single, back)) >= {
+    assert set(stale_gfd_labels(single, back)) == {
         "nvidia.com/gpu.slices.gi",
-        "nvidia.com/mig.strategy",
+        "nvidia.com/gpu.slices.ci",
     }
 
 

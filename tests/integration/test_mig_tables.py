@@ -43,7 +43,7 @@ def committed() -> dict[str, Any]:
 
 
 def _undo_corrections(committed: dict[str, Any]) -> dict[str, Any]:
-    """The committed models in the exporter's shape, every correction put back to go-nvml's value."""
+    """The committed models in the exporter's shape, each correction back to go-nvml's value."""
     models: dict[str, Any] = {}
     for product, raw in copy.deepcopy(committed["models"]).items():
         profiles = {name: {"name": name, **body} for name, body in raw.pop("profiles").items()}
@@ -57,7 +57,9 @@ def _undo_corrections(committed: dict[str, Any]) -> dict[str, Any]:
             assert correction["profile"] is None and used == correction["model"], correction
             renames[used] = original
             continue
-        target = model if correction["profile"] is None else model["profiles"][correction["profile"]]
+        target = (
+            model if correction["profile"] is None else model["profiles"][correction["profile"]]
+        )
         assert target[field] == used, f"correction not applied: {correction}"
         target[field] = original
     undone = {}
@@ -90,7 +92,17 @@ def test_every_correction_cites_nvidia(committed: dict[str, Any]) -> None:
 
 def test_the_wheel_ships_the_tables(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--quiet",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
         check=True,
     )
     [wheel] = tmp_path.glob("gpushare_operator-*.whl")

@@ -98,7 +98,9 @@ def layout_error(model: GpuModel, devices: Mapping[str, int]) -> str | None:
     return _layout_error(model, _layout_key(devices))
 
 
-def arrangement(model: GpuModel, devices: Mapping[str, int]) -> tuple[tuple[str, Placement], ...] | None:
+def arrangement(
+    model: GpuModel, devices: Mapping[str, int]
+) -> tuple[tuple[str, Placement], ...] | None:
     """One concrete placement of every GPU instance of the layout, or None when there is none.
 
     Sorted by start; what a simulated MIG manager creates, and the proof behind
@@ -254,9 +256,7 @@ def _parse_model(product: str, raw: Mapping[str, Any]) -> GpuModel:
     )
 
 
-def _parse_profile(
-    product: str, name: str, memory_slices: int, body: Mapping[str, Any]
-) -> Profile:
+def _parse_profile(product: str, name: str, memory_slices: int, body: Mapping[str, Any]) -> Profile:
     profile = Profile(
         name=name,
         compute_slices=int(body["computeSlices"]),

@@ -97,6 +97,13 @@ class MigAgent:
         self.runs: dict[str, list[tuple[str, str]]] = {}  # node -> (config, final state)
         self.failures: dict[str, str] = {}  # node -> why its last run failed
         self.reboots: dict[str, int] = {}
+        self._injected: dict[str, str] = {}  # node -> the error its next change meets
+
+    def fail_next(self, name: str, reason: str = "injected NVML error") -> None:
+        """The node's next MIG change fails when it applies (after ``pending`` and the pause),
+        as an NVML or driver error would: a test's way to a ``failed`` the operator cannot
+        foresee."""
+        self._injected[name] = reason
 
     @property
     def idle(self) -> bool:
@@ -166,6 +173,8 @@ class MigAgent:
         if clients := await self._clients(name):
             reason = f"the GPUs are in use by {len(clients)} pod(s): {', '.join(clients[:3])}"
             return await self._finish(name, labels, agents, "failed", reason)
+        if injected := self._injected.pop(name, None):
+            return await self._finish(name, labels, agents, "failed", injected)
         if (
             self._reboot_seconds > 0
             and not rebooted

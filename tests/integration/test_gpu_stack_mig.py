@@ -251,3 +251,19 @@ async def test_a_mode_change_with_reboot_goes_not_ready_and_back(
     assert ready == ["Unknown", "True"], ready
     assert sim.mig.reboots[name] == 1
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == "14"
+
+
+async def test_an_injected_error_fails_the_next_change_only(
+    sim: GpuClusterSimulator, control_plane: ControlPlane, namespace: str
+) -> None:
+    name = await _node(sim, namespace)
+    sim.mig.fail_next(name, "Insufficient Resources")
+    since = datetime.now(UTC)
+    await _label(sim, name, {PLUGIN_CONFIG: "mig-single", MIG_CONFIG: "all-1g.10gb"})
+    await _settled(sim, name)
+    await _label(sim, name, {MIG_CONFIG: "mixed-3-2-1", PLUGIN_CONFIG: "mig-mixed-ts2"})
+    node = await _settled(sim, name)
+    writes = _manager_writes(control_plane, name, since)
+    assert _states(writes) == ["pending", "failed", "pending", "success"]
+    assert sim.mig.runs[name] == [("all-1g.10gb", "failed"), ("mixed-3-2-1", "success")]
+    assert node["status"]["allocatable"]["nvidia.com/mig-3g.40gb"] == "2"

@@ -112,7 +112,10 @@ def test_mixed_keeps_mig_disabled_gpus_as_gpus_and_refuses_empty_ones() -> None:
 
 
 def test_mps_on_mig_devices_is_refused() -> None:
-    mps = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/mig-1g.10gb\n      replicas: 2\n"
+    mps = (
+        "version: v1\nsharing:\n  mps:\n    resources:\n"
+        "    - name: nvidia.com/mig-1g.10gb\n      replicas: 2\n"
+    )
     assert parse_device_plugin_config(mps) is None
     gpu_mps = replace(_sharing("single"), strategy="mps", replicas=2)
     assert plugin_refusal(gpu_mps, _node(ALL_1G))

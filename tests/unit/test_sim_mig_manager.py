@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import pathlib
+
 import pytest
 
 from gpushare_testing.migmanager import (
@@ -139,3 +143,21 @@ def test_deploy_labels_are_paused_and_restored_except_those_set_false() -> None:
     restored = restored_labels(paused)
     assert restored[DEPLOY_LABELS[0]] == "true" and restored[DEPLOY_LABELS[2]] == "false"
     assert set(restored) == set(DEPLOY_LABELS)
+
+
+@pytest.mark.parametrize("module", ["migparted", "migtables", "migmanager", "miglabels"])
+def test_the_mig_rules_are_pure(module: str) -> None:
+    """Like the other agents' rules (the import-linter contract): no asyncio, no I/O client."""
+    source = importlib.import_module(f"gpushare_testing.{module}").__file__
+    assert source is not None
+    tree = ast.parse(pathlib.Path(source).read_text(encoding="utf-8"))
+    imported = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    } | {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    forbidden = {"asyncio", "aiohttp", "kopf", "kubernetes_asyncio", "gpushare_testing.rawclient"}
+    assert not imported & forbidden, imported & forbidden
+    # and nothing of the operator's code: only its data file (``importlib.resources``)
+    assert not [name for name in imported if name.startswith("gpushare_operator")]

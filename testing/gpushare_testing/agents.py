@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import yaml
@@ -56,6 +56,7 @@ DEFAULT_CONFIG_KEY: Final = "default"
 SHARED_SUFFIX: Final = "-SHARED"
 
 _RESOURCE_PREFIX = "nvidia.com"
+_MIG_PREFIX = "nvidia.com/mig-"
 _MAX_RESOURCE_NAME = 63  # api/config/v1/consts.go: MaxResourceNameLength
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
@@ -72,6 +73,13 @@ class Sharing:
     strategy: str  # "none" | "time-slicing" | "mps", as in nvidia.com/gpu.sharing-strategy
     replicas: int
     rename_by_default: bool = False
+    # What only MIG GPUs make a difference to (``miglabels``).  Left out of equality, which
+    # stays the sharing of ``nvidia.com/gpu`` that full GPUs show:
+    # flags.migStrategy as the file says it ("": not set, the DaemonSet's default applies);
+    mig_strategy: str = field(default="", compare=False)
+    # every replicated resource of the sharing section (MIG devices too), and its strategy.
+    replicated: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+    replication: str = field(default="none", compare=False)
 
     @property
     def shared(self) -> bool:
@@ -113,7 +121,7 @@ def _parse(text: str) -> Sharing:
         raise _Refused(f"unknown version: {version!r}")
     sharing = config.get("sharing")
     if sharing is None:
-        return NO_SHARING
+        return _unshared(_mig_strategy(config.get("flags")))
     if not isinstance(sharing, dict):
         raise _Refused("sharing is not a mapping")
     time_slicing = _replicated(sharing["timeSlicing"]) if "timeSlicing" in sharing else None
@@ -125,17 +133,36 @@ def _parse(text: str) -> Sharing:
         raise _Refused("time-slicing and MPS together")
     if mps is not None:
         _check_mig_strategy_for_mps(config.get("flags"))
+    mig_strategy = _mig_strategy(config.get("flags"))
     # sharing.go ReplicatedResources(): MPS's resources if MPS is set, else time-slicing's.
     strategy, section = ("mps", mps) if mps is not None else ("time-slicing", time_slicing)
     if section is None:
-        return NO_SHARING
+        return _unshared(mig_strategy)
     rename_by_default, resources = section
+    if strategy == "mps" and any(n.startswith(_MIG_PREFIX) for n, _ in resources):
+        # README: "Sharing with MPS is currently not supported on devices with MIG enabled".
+        raise _Refused("MPS of MIG devices")
+    replicated = tuple(resources)
     replicas = [count for name, count in resources if name == GPU_RESOURCE]
-    if not replicas:  # only other resources (MIG devices, not simulated) are shared
-        return NO_SHARING
+    if not replicas:  # only other resources (MIG devices) are shared
+        return Sharing("none", 1, rename_by_default, mig_strategy, replicated, replication=strategy)
     # config.go DisableResourceNamingInConfig: an explicit `rename` is dropped; only
     # renameByDefault renames, to <name>.shared.
-    return Sharing(strategy, replicas[0], rename_by_default)
+    return Sharing(strategy, replicas[0], rename_by_default, mig_strategy, replicated, strategy)
+
+
+def _unshared(mig_strategy: str) -> Sharing:
+    return Sharing("none", 1, mig_strategy=mig_strategy) if mig_strategy else NO_SHARING
+
+
+def _mig_strategy(flags: object) -> str:
+    """flags.migStrategy (config.go; validateFlags refuses any other value than these)."""
+    if not isinstance(flags, dict) or flags.get("migStrategy") is None:
+        return ""
+    value = flags["migStrategy"]
+    if value not in ("none", "single", "mixed"):
+        raise _Refused(f"unknown MIG strategy: {value!r}")
+    return str(value)
 
 
 def _replicated(section: object) -> tuple[bool, list[tuple[str, int]]]:

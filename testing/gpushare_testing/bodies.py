@@ -63,11 +63,27 @@ class _Machine:
     cpus: int
     memory_kib: int
     mig_capable: bool
+    memory_mib: int = 81559  # GFD's nvidia.com/gpu.memory (NVML's total memory, MiB)
 
 
+# The MIG-capable models are those of NVIDIA's MIG tables (``migtables``): A100 40GB / 80GB,
+# A30, H100, H200, B200, under the names GFD gives them; GFD labels them mig.capable=true.
+# Their memory is NVML's (the tables'); the older entries keep 81559 (an H100's GFD label).
 _MACHINES: Mapping[str, _Machine] = {
     "NVIDIA-H100-80GB-HBM3": _Machine("hopper", (9, 0), "p5.48xlarge", 192, 2_063_912_392, True),
     "NVIDIA-A100-SXM4-80GB": _Machine("ampere", (8, 0), "p4de.24xlarge", 96, 1_176_721_092, True),
+    "NVIDIA-A100-SXM4-40GB": _Machine(
+        "ampere", (8, 0), "p4d.24xlarge", 96, 1_176_721_092, True, 40960
+    ),
+    "NVIDIA-A30-PCIE-24GB": _Machine(
+        "ampere", (8, 0), "a30.8x.large", 64, 527_948_000, True, 24576
+    ),
+    "NVIDIA-H200-141GB-HBM3e": _Machine(
+        "hopper", (9, 0), "p5e.48xlarge", 192, 2_063_912_392, True, 144384
+    ),
+    "NVIDIA-B200-180GB-HBM3e": _Machine(
+        "blackwell", (10, 0), "p6-b200.48xlarge", 192, 2_063_912_392, True, 184320
+    ),
     "NVIDIA-L4": _Machine("ada-lovelace", (8, 9), "g6.48xlarge", 192, 784_283_452, False),
     "Tesla-T4": _Machine("turing", (7, 5), "g4dn.12xlarge", 48, 195_875_584, False),
 }
@@ -152,7 +168,7 @@ def gpu_node(
     pool: str,
     product: str = "NVIDIA-H100-80GB-HBM3",
     gpus: int = 8,
-    memory_mib: int = 81559,
+    memory_mib: int | None = None,
     mig_strategy: str = "single",
     images: int = 40,
     managed_fields: bool = True,
@@ -162,8 +178,12 @@ def gpu_node(
 
     It has no ``resourceVersion``, so that it can be POSTed as it is; ``watch_event_line`` sets
     one.  GFD reports no sharing yet (``gpu.replicas=1``, ``gpu.sharing-strategy=none``).
+    ``memory_mib`` defaults to the model's (81559 for models not listed).  The MIG-capable
+    models (H100, H200, B200, A100 40GB / 80GB, A30) start with MIG disabled on every GPU,
+    ``nvidia.com/mig.config=all-disabled`` and ``nvidia.com/mig.config.state=success``.
     """
     machine = _MACHINES.get(product, _GENERIC)
+    memory_mib = machine.memory_mib if memory_mib is None else memory_mib
     digest = name_digest(name)
     created = creation_time(name)
     zone = f"{_REGION}{'abc'[octet(digest, 8) % 3]}"

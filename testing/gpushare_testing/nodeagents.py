@@ -26,7 +26,7 @@ I/O and the waiting.  The rules and their sources are in ``docs/simulator.md``; 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from gpushare_testing.agents import (
@@ -35,10 +35,17 @@ from gpushare_testing.agents import (
     Sharing,
     backoff_delay,
     parse_device_plugin_config,
-    plugin_resources,
     resolve_config_key,
 )
 from gpushare_testing.bodyparts import GPU_RESOURCE, SHARED_GPU_RESOURCE
+from gpushare_testing.miglabels import (
+    MigNode,
+    mig_gfd_labels,
+    mig_plugin_resources,
+    stale_gfd_labels,
+    strategy_of,
+)
+from gpushare_testing.migmanager import Layout, disabled
 
 __all__ = ["NodeAgents", "Timing"]
 
@@ -76,6 +83,12 @@ class NodeAgents:
     restarts: int = 0  # plugin starts that came up with a config after a signal
     lost: int = 0  # GPUs the plugin reports unhealthy (failed health check), until restored
     outage: bool = False  # the device-plugin pod is gone, its config manager with it
+    mig: MigNode = field(default_factory=lambda: MigNode(product="", memory_mib=0, layout=()))
+    gfd_mig: MigNode | None = None  # the GPUs as GFD last saw them (None: as ``mig``)
+
+    def __post_init__(self) -> None:
+        if len(self.mig.layout) != self.gpus:  # every GPU starts with MIG disabled
+            self.mig = replace(self.mig, layout=disabled(self.gpus))
 
     @classmethod
     def start(
@@ -87,6 +100,7 @@ class NodeAgents:
         view: Mapping[str, str],
         timing: Timing,
         now: float,
+        mig: MigNode | None = None,
     ) -> NodeAgents:
         """The agents of a node just registered, unshared, as ``bodies.gpu_node`` makes it.
 
@@ -94,14 +108,17 @@ class NodeAgents:
         that key's config is unshared, the plugin already runs it.  Otherwise (or when the key
         is missing) the first label read goes through the ordinary path, restart included.
         """
-        agents = cls(gpus=gpus, timing=timing)
+        agents = cls(gpus=gpus, timing=timing, mig=mig or MigNode("", 0, ()))
         agents.capacity = {
-            r: capacity[r] for r in (GPU_RESOURCE, SHARED_GPU_RESOURCE) if r in capacity
+            r: capacity[r]
+            for r in capacity
+            if r in (GPU_RESOURCE, SHARED_GPU_RESOURCE) or r.startswith("nvidia.com/mig-")
         }
         agents.registered = set(agents.capacity)
         key = resolve_config_key(label, view)
         text = "" if key is None or key is MISSING else view[str(key)]
-        if key is not MISSING and parse_device_plugin_config(text) == NO_SHARING:
+        sharing = None if key is MISSING else parse_device_plugin_config(text)
+        if sharing is not None and _unshared(sharing):
             agents.label, agents.linked = label, key
         else:
             agents.see_label(label, now=now, view=view)
@@ -133,6 +150,17 @@ class NodeAgents:
     def lose_gpus(self, count: int) -> None:
         """``count`` more GPUs fail their health check (an XID error, a GPU fallen off the bus)."""
         self.lost = min(self.gpus, self.lost + count)
+
+    def set_mig_layout(self, layout: Layout) -> None:
+        """The MIG manager changed the GPUs: the plugin and GFD see it when they next start."""
+        self.mig = replace(self.mig, layout=layout)
+
+    def gfd_labels(self, labels: Mapping[str, str]) -> dict[str, str | None]:
+        """The label patch of one GFD pass: what changed, and the stale labels removed."""
+        wanted = mig_gfd_labels(labels, sharing=self.gfd_sharing, node=self.gfd_mig or self.mig)
+        patch: dict[str, str | None] = {k: v for k, v in wanted.items() if labels.get(k) != v}
+        patch |= dict.fromkeys(stale_gfd_labels(labels, wanted))
+        return patch
 
     def restore_gpus(self) -> None:
         """The failed GPUs are healthy again (replaced, or the node rebooted)."""
@@ -170,7 +198,7 @@ class NodeAgents:
         ever (as the real one does), but only a new label or ConfigMap can make it succeed.
         """
         if self.plugin_start_at is not None and (
-            self.plugin_failures == 0 or self._linked_config(view) is not None
+            self.plugin_failures == 0 or self._start_resources(view) is not None
         ):
             return False
         if self.cm_restart_at is not None:
@@ -192,6 +220,11 @@ class NodeAgents:
         """Allocatable with the plugin up: kubelet's device manager counts healthy devices only,
         and each device of a failed GPU (one per replica) is unhealthy."""
         allocatable = dict(self.capacity)
+        if self.lost and self.mig.mig_enabled and strategy_of(self.sharing, self.mig) != "none":
+            served = mig_plugin_resources(
+                sharing=self.sharing, node=self.mig, registered=self.registered, lost=self.lost
+            )
+            return {k: (served or {}).get(k, v) for k, v in allocatable.items()}
         resource = self.sharing.advertised
         count = allocatable.get(resource)
         if self.lost and count is not None:
@@ -230,9 +263,21 @@ class NodeAgents:
             return None  # a dangling link: the plugin cannot read its config file
         return parse_device_plugin_config(view[self.linked])
 
-    def _plugin_start(self, *, now: float, view: Mapping[str, str]) -> None:
+    def _start_resources(self, view: Mapping[str, str]) -> dict[str, str | None] | None:
+        """What the plugin would serve if it started now; ``None``: it would exit."""
         sharing = self._linked_config(view)
         if sharing is None:
+            return None
+        return mig_plugin_resources(sharing=sharing, node=self.mig, registered=self.registered)
+
+    def _plugin_start(self, *, now: float, view: Mapping[str, str]) -> None:
+        sharing = self._linked_config(view)
+        resources = self._start_resources(view)
+        if sharing is not None and resources is None and not self.plugin_failures:
+            # The plugin refuses these MIG devices; GFD, a pod of its own, labels them anyway.
+            self.gfd_sharing, self.gfd_mig = sharing, self.mig
+            self.gfd_passes += 1
+        if resources is None or sharing is None:
             self.plugin_failures += 1
             delay = backoff_delay(
                 self.plugin_failures,
@@ -245,11 +290,15 @@ class NodeAgents:
         self.plugin_failures = 0
         self.plugin_up = True
         self.sharing = sharing
-        self.capacity = plugin_resources(
-            gpus=self.gpus, sharing=sharing, registered=self.registered
-        )
+        self.capacity = resources
         self.registered |= {k for k, v in self.capacity.items() if v is not None}
         self.restarts += 1
         # GFD's own config manager follows the same label; it relabels once it is back.
-        self.gfd_sharing = sharing
+        self.gfd_sharing, self.gfd_mig = sharing, self.mig
         self.gfd_passes += 1
+
+
+def _unshared(sharing: Sharing) -> bool:
+    """A config the plugin runs exactly as it runs none: no sharing, and no MIG strategy that
+    could change what it serves."""
+    return sharing == NO_SHARING and not sharing.replicated

@@ -33,12 +33,18 @@ from gpushare_testing import bodies
 from gpushare_testing.agents import (
     CONFIG_LABEL,
     NO_SHARING,
+    PRODUCT_LABEL,
+    SHARED_SUFFIX,
     TIMESTAMP_LABEL,
     Sharing,
-    gfd_labels,
     parse_device_plugin_config,
 )
 from gpushare_testing.configview import ConfigView
+from gpushare_testing.migagent import MigAgent
+from gpushare_testing.miglabels import MigNode
+from gpushare_testing.migmanager import CONFIG_LABEL as MIG_CONFIG_LABEL
+from gpushare_testing.migmanager import disabled
+from gpushare_testing.migtables import GpuModel, load_tables
 from gpushare_testing.nodeagents import NodeAgents, Timing
 from gpushare_testing.nodelifecycle import no_schedule_taints
 from gpushare_testing.nodewatch import NodeWatcher, rv
@@ -116,6 +122,11 @@ class GpuClusterSimulator(NodeWatcher):
         poll_interval: float = 0.2,
         cleanup: bool = True,
         run_pods: bool = True,
+        mig_configmap: str = "gpushare-mig-parted-config",
+        mig_apply_seconds: float = 1.0,
+        mig_reboot_seconds: float = 0.0,
+        mig_strategy_default: str = "single",
+        mig_tables: Mapping[str, GpuModel] | None = None,
     ) -> None:
         super().__init__(RawClient(kubeconfig=kubeconfig))
         view = lambda name: kubelet_view(self._agents.get(name), self._nodes.get(name))  # noqa: E731
@@ -144,12 +155,24 @@ class GpuClusterSimulator(NodeWatcher):
         self._wake: dict[str, asyncio.Event] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._writes = asyncio.Semaphore(16)
+        self._mig_configs = ConfigView(
+            self.client,
+            path=f"/api/v1/namespaces/{namespace}/configmaps/{mig_configmap}",
+            sync_delay=config_sync_delay,
+            poll_interval=poll_interval,
+        )
+        self._mig_tables = mig_tables
+        self._mig_default = mig_strategy_default
+        self.mig = MigAgent(
+            self, apply_seconds=mig_apply_seconds, reboot_seconds=mig_reboot_seconds
+        )
 
     async def __aenter__(self) -> GpuClusterSimulator:
         await self.client.__aenter__()
         self._background = [
             asyncio.create_task(self._watch_nodes(), name="gpu-simulator-watch"),
             asyncio.create_task(self._configs.run(), name="gpu-simulator-configs"),
+            asyncio.create_task(self._mig_configs.run(), name="gpu-simulator-mig-configs"),
         ]
         self._background += self.pods.start() if self.pods is not None else []
         try:
@@ -165,7 +188,7 @@ class GpuClusterSimulator(NodeWatcher):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        tasks = [*self._background, *self._workers.values()]
+        tasks = [*self._background, *self._workers.values(), *self.mig.tasks()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -261,7 +284,8 @@ class GpuClusterSimulator(NodeWatcher):
         name = metadata["name"]
         capacity = body.get("status", {}).get("capacity", {})
         gpus = int(capacity.get(bodies.GPU_RESOURCE, "0"))
-        label = (metadata.get("labels") or {}).get(CONFIG_LABEL)
+        labels = metadata.get("labels") or {}
+        label = labels.get(CONFIG_LABEL)
         self._agents[name] = NodeAgents.start(
             gpus=gpus,
             capacity=capacity,
@@ -269,7 +293,9 @@ class GpuClusterSimulator(NodeWatcher):
             view=self._configs.view or {},
             timing=self._timing,
             now=time.monotonic(),
+            mig=self._mig_node(labels, gpus),
         )
+        self.mig.add(name, labels.get(MIG_CONFIG_LABEL))
         self._labels[name] = label
         self._gpus[name] = gpus
         self._bodies[name] = body
@@ -329,6 +355,56 @@ class GpuClusterSimulator(NodeWatcher):
         """
         await self._until(self._is_idle, timeout=timeout, what="the simulator to go idle")
 
+    # -- the MIG manager's host (migagent.MigHost) -------------------------------------------
+
+    def mig_node(self, name: str) -> tuple[JsonObject, NodeAgents] | None:
+        node, agents = self._nodes.get(name), self._agents.get(name)
+        return None if node is None or agents is None else (node, agents)
+
+    def mig_config_text(self) -> str | None:
+        """config.yaml of the MIG ConfigMap as the manager's mounted volume shows it."""
+        return (self._mig_configs.view or {}).get("config.yaml")
+
+    def mig_model(self, product: str) -> GpuModel | None:
+        if self._mig_tables is not None:
+            return self._mig_tables.get(product)
+        try:
+            return load_tables().get(product)
+        except (FileNotFoundError, ModuleNotFoundError):
+            return None
+
+    def plugin_view(self) -> Mapping[str, str]:
+        return self._configs.view or {}
+
+    def mark(self, name: str) -> None:
+        self._mark(name)
+
+    async def patch_node(
+        self,
+        name: str,
+        body: JsonObject,
+        *,
+        as_: str,
+        status: bool = False,
+        content_type: str = MERGE_PATCH,
+    ) -> JsonObject:
+        async with self._writes:
+            node = await self._patch(name, body, as_=as_, status=status, content_type=content_type)
+        self._observe(node)
+        return node
+
+    def _mig_node(self, labels: Mapping[str, str], gpus: int) -> MigNode:
+        """What NVML would report of the node's GPUs: the model GFD named when it registered."""
+        product = str(labels.get(PRODUCT_LABEL, "")).removesuffix(SHARED_SUFFIX)
+        memory = str(labels.get("nvidia.com/gpu.memory", "0"))
+        return MigNode(
+            product=product,
+            memory_mib=int(memory) if memory.isdigit() else 0,
+            layout=disabled(gpus),
+            model=self.mig_model(product),
+            default_strategy=self._mig_default,
+        )
+
     # -- the agents' inputs ----------------------------------------------------------------
 
     def _observe(self, node: JsonObject) -> None:
@@ -337,6 +413,7 @@ class GpuClusterSimulator(NodeWatcher):
             return  # a late event of a node deleted since (its name may be registered again)
         if name in self._gpus and rv(node) > rv(self._nodes.get(name)):
             self._nodes[name] = node
+            self.mig.see(name, node.get("metadata", {}).get("labels") or {})
             label = _config_label(node)
             if label != self._labels.get(name):
                 self._labels[name] = label
@@ -355,6 +432,7 @@ class GpuClusterSimulator(NodeWatcher):
         for table in (self._gpus, self._nodes, self._agents, self._labels, self._label_queue):
             table.pop(name, None)
         self._gfd_written.pop(name, None)
+        self.mig.drop(name)
         self._unhealthy.discard(name)
 
     # -- reacting ----------------------------------------------------------------------------
@@ -420,10 +498,7 @@ class GpuClusterSimulator(NodeWatcher):
                 self._observe(node)
             if self._gfd_pending(name, agents):
                 labels = node["metadata"].get("labels") or {}
-                wanted = gfd_labels(labels, agents.gfd_sharing)
-                patch: dict[str, str | None] = {
-                    k: v for k, v in wanted.items() if labels.get(k) != v
-                }
+                patch = agents.gfd_labels(labels)
                 patch[TIMESTAMP_LABEL] = str(int(time.time()))  # every pass stamps the node
                 body = {"metadata": {"labels": patch}}
                 self._observe(await self._patch(name, body, as_="gpu-feature-discovery"))
@@ -431,10 +506,19 @@ class GpuClusterSimulator(NodeWatcher):
                 logger.info("simulated GPU agents reconfigured %s: %s", name, agents.gfd_sharing)
 
     async def _patch(
-        self, name: str, body: JsonObject, *, as_: str, status: bool = False
+        self,
+        name: str,
+        body: JsonObject,
+        *,
+        as_: str,
+        status: bool = False,
+        content_type: str = MERGE_PATCH,
     ) -> JsonObject:
         path = f"/api/v1/nodes/{name}" + ("/status" if status else "")
-        code, patched = await self.client.patch(path, body, params={"fieldManager": as_})
+        params = {"fieldManager": as_}
+        code, patched = await self.client.patch(
+            path, body, params=params, content_type=content_type
+        )
         if code != 200:
             raise ApiError(method="PATCH", path=path, status=code, body=patched)
         return dict(patched)
@@ -443,6 +527,7 @@ class GpuClusterSimulator(NodeWatcher):
 
     async def _is_idle(self) -> bool:
         configs = await self._configs.read()
+        mig_configs = await self._mig_configs.read()
         status, listed = await self.client.get("/api/v1/nodes")
         if status != 200:
             raise ApiError(method="LIST", path="/api/v1/nodes", status=status, body=listed)
@@ -456,6 +541,10 @@ class GpuClusterSimulator(NodeWatcher):
         if server != {name: rv(node) for name, node in self._nodes.items()}:
             return False
         if self._configs.pending or configs != self._configs.seen:
+            return False
+        if self._mig_configs.pending or mig_configs != self._mig_configs.seen:
+            return False
+        if not self.mig.idle:
             return False
         if self.pods is not None and not self.pods.idle:
             return False
@@ -472,4 +561,5 @@ class GpuClusterSimulator(NodeWatcher):
 
     async def _started(self) -> bool:
         pods = self.pods is None or self.pods.listed.is_set()
-        return pods and self._listed.is_set() and self._configs.view is not None
+        configs = self._configs.view is not None and self._mig_configs.view is not None
+        return pods and self._listed.is_set() and configs

@@ -117,6 +117,7 @@ _GFD_STATIC = _pairs(
     """,
     prefix="nvidia.com/",
 )
+_MIG_PRESET = ("nvidia.com/mig.config", "nvidia.com/mig.config.state")
 _GFD_MIG = _pairs(
     "gpu.deploy.mig-manager=true mig.config=all-disabled mig.config.state=success",
     prefix="nvidia.com/",
@@ -170,6 +171,7 @@ def gpu_node(
     gpus: int = 8,
     memory_mib: int | None = None,
     mig_strategy: str = "single",
+    mig_preset: bool = True,
     images: int = 40,
     managed_fields: bool = True,
     extra_labels: Mapping[str, str] | None = None,
@@ -180,7 +182,8 @@ def gpu_node(
     one.  GFD reports no sharing yet (``gpu.replicas=1``, ``gpu.sharing-strategy=none``).
     ``memory_mib`` defaults to the model's (81559 for models not listed).  The MIG-capable
     models (H100, H200, B200, A100 40GB / 80GB, A30) start with MIG disabled on every GPU,
-    ``nvidia.com/mig.config=all-disabled`` and ``nvidia.com/mig.config.state=success``.
+    ``nvidia.com/mig.config=all-disabled`` and ``nvidia.com/mig.config.state=success``, as the
+    GPU Operator presets them (``migManager.config.default``); ``mig_preset=False``: without.
     """
     machine = _MACHINES.get(product, _GENERIC)
     memory_mib = machine.memory_mib if memory_mib is None else memory_mib
@@ -198,6 +201,10 @@ def gpu_node(
         prefix="",
     )
     gfd = _gfd_labels(product=product, gpus=gpus, memory_mib=memory_mib, machine=machine)
+    if not mig_preset:
+        # The GPU Operator told to preset no layout (migManager.config.default=""): the MIG
+        # manager waits for a label, and there is no state before its first run.
+        gfd = {k: v for k, v in gfd.items() if k not in _MIG_PRESET}
     gfd |= {
         "nvidia.com/gfd.timestamp": str(int(created.timestamp()) + 3_600),
         "nvidia.com/mig.strategy": mig_strategy,

@@ -169,6 +169,8 @@ class ClusterCache:
         if old is None and not core_nodes.is_gpu_node_body(obj):
             return  # non-GPU nodes are never kept
         new = core_nodes.project_node(obj)
+        if old is not None and old.mig_config_owners and not core_nodes.has_managed_fields(obj):
+            new = core_nodes.keep_mig_owners(new, old)  # a write's answer, slimmed: same owners
         self.in_flight.pop(("node", name), None)
         self._count_config_label(old, -1)
         self._count_config_label(new, +1)

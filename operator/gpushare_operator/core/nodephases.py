@@ -250,8 +250,8 @@ def decide(
     if layout is not None:
         labels[MIG_CONFIG_LABEL] = layout
         message += f" and MIG layout {layout}"
-    elif record.mig_config_label is not None and not record.mig_config_owners:
-        labels[MIG_CONFIG_LABEL] = None  # MIG is disabled: our all-disabled label goes too
+    # Otherwise a MIG layout label of ours (all-disabled by now) goes with this apply, which
+    # leaves it out; one that another manager owns stays, as SSA has it.
     return NodeDecision(policy, NodePhase.PENDING, "LabelPending", message, labels)
 
 

@@ -11,6 +11,7 @@ and of ``NVIDIA-H100-80GB-HBM3``.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -262,6 +263,18 @@ def carries_mig_config(obj: Mapping[str, Any]) -> bool:
     """Whether a decoded Node carries the MIG layout label (its managedFields are then read)."""
     labels = (obj.get("metadata") or {}).get("labels")
     return isinstance(labels, Mapping) and MIG_CONFIG_LABEL in labels
+
+
+def has_managed_fields(obj: Mapping[str, Any]) -> bool:
+    return "managedFields" in (obj.get("metadata") or {})
+
+
+def keep_mig_owners(new: NodeRecord, old: NodeRecord) -> NodeRecord:
+    """``new`` with ``old``'s MIG label owners while the label is the same: an object without
+    managedFields (our write's slimmed answer) says nothing about them."""
+    if new.mig_config_label != old.mig_config_label:
+        return new
+    return dataclasses.replace(new, mig_config_owners=old.mig_config_owners)
 
 
 def slim_labels(raw: object) -> LabelSet:

@@ -44,9 +44,8 @@ def release(
     if record.policy_label is not None:
         # It names the policy it leaves, so that a wait for its turn is published for that
         # policy, and the release, once the labels are gone, is watched against its budget.
+        # Our all-disabled MIG label, if any, goes with them (the apply leaves it out).
         labels: Labels = {CONFIG_LABEL: None, POLICY_LABEL: None}
-        if record.mig_config_label is not None and not record.mig_config_owners:
-            labels[MIG_CONFIG_LABEL] = None  # MIG is disabled: our all-disabled goes too
         return NodeDecision(
             None,
             NodePhase.UNMANAGED,

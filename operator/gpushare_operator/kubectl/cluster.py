@@ -23,6 +23,7 @@ from typing import Any
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
 from gpushare_operator.core import models
+from gpushare_operator.core.nodes import carries_mig_config
 from gpushare_operator.kube import connection, objectpaths, reading
 from gpushare_operator.kube.objectpaths import Resource
 from gpushare_operator.kubectl.permissions import Permission, needing
@@ -44,7 +45,12 @@ _RESOURCES = {r.kind: r for r in (POLICIES, NODE_STATES, NODES, PODS, EVENTS, CO
 # As the operator's pod informer: finished pods hold no slots and are never read.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 POLICY_LIST = reading.Collection(path=objectpaths.path(POLICIES), kind=POLICIES.kind, page_size=250)
-NODE_LIST = reading.Collection(path=objectpaths.path(NODES), kind=NODES.kind, page_size=100)
+NODE_LIST = reading.Collection(
+    path=objectpaths.path(NODES),
+    kind=NODES.kind,
+    page_size=100,
+    keep_managed_fields_of=carries_mig_config,  # who set a MIG layout: ours to change or not
+)
 NODE_STATE_LIST = reading.Collection(
     path=objectpaths.path(NODE_STATES), kind=NODE_STATES.kind, page_size=250
 )

@@ -83,7 +83,8 @@ class Drains:
         if misfit is None:
             return Drain(judged, done=done)  # the pods fit: the change goes ahead
         if spec.podPolicy is not PodPolicy.EVICT:
-            return Drain(_idle_wait(planned, judged, misfit), done=done)
+            admitted = place.step is Step.ADMITTED  # tainted while it waits its pods out
+            return Drain(_idle_wait(planned, judged, misfit), done=done, draining=admitted)
         target = "" if policy is None else str(policy.config_key)
         generation = self._generation(place.charged)
         prior = self._prior(record.name, place.charged, generation, target)

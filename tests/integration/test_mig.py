@@ -1,0 +1,296 @@
+"""Strategy MIG on the real control plane: the simulated MIG manager, GPU Feature Discovery and
+device plugin (docs/simulator.md) confirm what gpushare asks for, and every claim about what
+gpushare wrote, and in what order, is read from the API server's audit log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import pytest
+
+from gpushare_testing import apiobjects as h
+from gpushare_testing import migparted
+from gpushare_testing import rolloutaudit as audit
+from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.gpupods import create, delete_pod, small_pod
+from gpushare_testing.operators import OperatorFactory
+from gpushare_testing.rolloutstate import all_verified
+from gpushare_testing.simulator import GpuClusterSimulator
+from gpushare_testing.waiting import eventually
+
+pytestmark = pytest.mark.usefixtures("crds_installed", "node_guard")
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+A100 = "NVIDIA-A100-SXM4-40GB"
+H200 = "NVIDIA-H200-141GB-HBM3e"
+MIG_LABEL = "nvidia.com/mig.config"
+TAINT = "gpushare.dev/reconfiguring"
+MIG_CONFIGMAP = "gpushare-mig-parted-config"
+
+
+def mig_policy(
+    name: str, *, pool: str, mig: Mapping[str, Any], product: str | None = None, **rollout: Any
+) -> dict[str, Any]:
+    labels = {"pool": pool} | ({"nvidia.com/gpu.product": product} if product else {})
+    return {
+        "apiVersion": "gpushare.dev/v1alpha1",
+        "kind": "GPUSharingPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"matchLabels": labels},
+            "strategy": "MIG",
+            "mig": dict(mig),
+            "rollout": {"maxUnavailable": "100%", "canary": 0, **rollout},
+        },
+    }
+
+
+def label_applies(
+    plane: ControlPlane, nodes: Collection[str], *, since: float
+) -> list[tuple[float, str, dict[str, str]]]:
+    """(when, node, labels applied) of each label apply gpushare made, in order."""
+    found = []
+    for event in plane.audit_events():
+        ref = event["objectRef"]
+        body = event.get("requestObject")
+        if event["user"]["username"] != h.OPERATOR_USER or ref.get("resource") != "nodes":
+            continue
+        if (
+            ref.get("name") not in nodes
+            or not isinstance(body, dict)
+            or audit.moment(event) < since
+        ):
+            continue
+        if body.get("kind") == "Node" and 200 <= int(event["responseStatus"]["code"]) < 300:
+            labels = (body.get("metadata") or {}).get("labels") or {}
+            found.append((audit.moment(event), str(ref["name"]), dict(labels)))
+    return sorted(found, key=lambda item: item[0])
+
+
+def taint_added_at(plane: ControlPlane, node: str, *, since: float) -> list[float]:
+    return [
+        when
+        for when, _, patch in audit.taint_writes(plane, [node], since=since)
+        if any(op.get("op") == "add" and TAINT in str(op.get("value")) for op in patch)
+    ]
+
+
+async def status_of(sim: GpuClusterSimulator, node: str) -> dict[str, Any]:
+    return dict(((await h.node_state(sim.client, node)) or {}).get("status") or {})
+
+
+async def phase_reached(
+    sim: GpuClusterSimulator, node: str, phase: str, *, reason: str | None = None
+) -> dict[str, Any]:
+    def reached(status: dict[str, Any]) -> bool:
+        ready = h.condition(status, "Ready") if status else {}
+        return status.get("phase") == phase and (reason is None or ready.get("reason") == reason)
+
+    return await eventually(
+        lambda: status_of(sim, node),
+        until=reached,
+        timeout=120,
+        what=f"{node} {phase} {reason or ''}",
+    )
+
+
+async def mig_configs(sim: GpuClusterSimulator, namespace: str) -> dict[str, list[Any]]:
+    """The mig-parted ConfigMap's configs, read back by the simulator's own mig-parted parser."""
+    body = await h.ok(
+        sim.client, "GET", f"/api/v1/namespaces/{namespace}/configmaps/{MIG_CONFIGMAP}"
+    )
+    spec = migparted.parse_mig_parted_config(body["data"]["config.yaml"])
+    return {
+        name: [
+            {"devices": e.devices, "mig-enabled": e.mig_enabled, "mig-devices": dict(e.mig_devices)}
+            for e in entries
+        ]
+        for name, entries in spec.configs.items()
+    }
+
+
+async def test_layouts_converge_on_each_model_with_one_label_write_each(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("mig")
+    [h100] = await sim.create_gpu_nodes(
+        pool=pool, count=1, prefix=f"{pool}-h", product=H100, gpus=2, mig_preset=False
+    )
+    [a100] = await sim.create_gpu_nodes(
+        pool=f"{pool}-a", count=1, product=A100, gpus=2, mig_preset=False
+    )
+    [h200] = await sim.create_gpu_nodes(
+        pool=f"{pool}-a", count=1, prefix=f"{pool}-x", product=H200, gpus=2, mig_preset=False
+    )
+    since = time.time()
+    uniform, explicit = h.unique("uniform"), h.unique("explicit")
+    # Selected by product: GFD's single-strategy rewrite of it must not move the node.
+    await h.add_policy(
+        sim, policies, mig_policy(uniform, pool=pool, product=H100, mig={"profile": "1g.10gb"})
+    )
+    layout = {"devices": {"3g.20gb": 1, "2g.10gb": 1, "1g.5gb": 1}, "replicas": 2}
+    await h.add_policy(sim, policies, mig_policy(explicit, pool=f"{pool}-a", mig=layout))
+    await start_operator("--device-plugin-namespace", namespace)
+
+    await all_verified(sim, [h100], uniform)
+    await all_verified(sim, [a100], explicit)
+    refused = await phase_reached(sim, h200, "Unsupported", reason="MIGLayoutDoesNotFit")
+    assert "has no MIG profile 3g.20gb" in h.condition(refused, "Ready")["message"]
+
+    single = await status_of(sim, h100)
+    assert single["gpus"] == 2 and single["product"] == H100  # not GFD's MIG device name
+    assert single["mig"]["slotsPerGPU"] == {"nvidia.com/gpu": 7}
+    assert single["mig"]["state"] == "success"
+    assert single["slots"]["capacity"] == 14
+    mixed = await status_of(sim, a100)
+    assert mixed["mig"]["slotsPerGPU"] == {
+        "nvidia.com/mig-3g.20gb": 2,
+        "nvidia.com/mig-2g.10gb": 2,
+        "nvidia.com/mig-1g.5gb": 2,
+    }
+    node = await h.node(sim.client, h100)
+    assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == f"{H100}-MIG-1g.10gb"
+
+    # Each node: one apply of our three labels, naming a layout that mig-parted reads back.
+    configs = await mig_configs(sim, namespace)
+    writes = label_applies(control_plane, [h100, a100, h200], since=since)
+    assert sorted(n for _, n, _ in writes) == sorted([h100, a100])
+    for _, _, labels in writes:
+        assert set(labels) == {h.CONFIG_LABEL, h.POLICY_LABEL, MIG_LABEL}
+        assert labels[MIG_LABEL] in configs
+    by_node = {name: labels for _, name, labels in writes}
+    assert configs[by_node[h100][MIG_LABEL]] == [
+        {"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb": 7}}
+    ]
+    assert configs[by_node[a100][MIG_LABEL]] == [
+        {
+            "devices": "all",
+            "mig-enabled": True,
+            "mig-devices": {"3g.20gb": 1, "2g.10gb": 1, "1g.5gb": 1},
+        }
+    ]
+    assert "all-disabled" in configs
+    assert status_writes_to_node(control_plane, h200, since=since) == []
+
+
+def status_writes_to_node(plane: ControlPlane, node: str, *, since: float) -> list[Any]:
+    """Every write gpushare made to the Node itself (labels, taints): none for a refused one."""
+    return [
+        e
+        for e in plane.audit_events()
+        if e["user"]["username"] == h.OPERATOR_USER
+        and e["objectRef"].get("resource") == "nodes"
+        and e["objectRef"].get("name") == node
+        and e["verb"] in ("patch", "update")
+        and audit.moment(e) >= since
+    ]
+
+
+async def test_a_gpu_pod_holds_the_change_and_the_taint_comes_first(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    pods_ns: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("migpod")
+    [node] = await sim.create_gpu_nodes(pool=pool, count=1, product=H100, gpus=1, mig_preset=False)
+    pod = h.unique("holder")
+    await create(sim, pods_ns, small_pod(pod, gpus=1, node=node))
+    await eventually(
+        lambda: h.ok(sim.client, "GET", f"/api/v1/namespaces/{pods_ns}/pods/{pod}"),
+        until=lambda p: p["status"].get("phase") == "Running",
+        what=f"{pod} running",
+    )
+    since = time.time()
+    name = h.unique("migpod")
+    await h.add_policy(sim, policies, mig_policy(name, pool=pool, mig={"profile": "3g.40gb"}))
+    await start_operator("--device-plugin-namespace", namespace)
+    held = await phase_reached(sim, node, "Pending", reason="WaitingForPods")
+    assert "GPU pod" in h.condition(held, "Ready")["message"]
+    await eventually(
+        lambda: h.node(sim.client, node),
+        until=lambda n: any(t["key"] == TAINT for t in n["spec"].get("taints") or ()),
+        what=f"{node} tainted",
+    )
+    assert label_applies(control_plane, [node], since=since) == []  # nothing while it runs
+
+    await delete_pod(sim, pods_ns, pod)
+    await all_verified(sim, [node], name)
+    [(labelled, _, labels)] = label_applies(control_plane, [node], since=since)
+    assert MIG_LABEL in labels
+    [tainted, *_] = taint_added_at(control_plane, node, since=since)
+    assert tainted < labelled  # the taint before the layout changed
+    await eventually(
+        lambda: h.node(sim.client, node),
+        until=lambda n: not any(t["key"] == TAINT for t in n["spec"].get("taints") or ()),
+        what=f"{node} untainted once Verified",
+    )
+    assert sim.mig.failures.get(node) is None  # the MIG manager never met a busy GPU
+
+
+async def test_failed_is_a_mismatch_and_leaving_mig_disables_it_first(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("migfail")
+    broken, leaving = await sim.create_gpu_nodes(
+        pool=pool, count=2, product=H100, gpus=1, mig_preset=False
+    )
+    sim.mig.fail_next(broken, "injected NVML error")
+    name = h.unique("migfail")
+    await h.add_policy(
+        sim,
+        policies,
+        mig_policy(name, pool=pool, mig={"profile": "7g.80gb"}, failureThreshold=5),
+    )
+    await start_operator("--device-plugin-namespace", namespace)
+    failed = await phase_reached(sim, broken, "Mismatch", reason="MIGConfigFailed")
+    assert "nvidia.com/mig.config.state=failed" in h.condition(failed, "Ready")["message"]
+    await all_verified(sim, [leaving], name)
+
+    since = time.time()
+    await h.delete_policy(sim.client, name)
+    await phase_reached(sim, leaving, "Unmanaged")
+    writes = label_applies(control_plane, [leaving], since=since)
+    disabling, released = writes[0], writes[-1]
+    assert disabling[2][MIG_LABEL] == "all-disabled"
+    assert disabling[2][h.POLICY_LABEL] == name  # the config it runs stays while MIG goes
+    assert released[2] == {}  # then every label of ours goes, all-disabled too
+    runs = [config for config, state in sim.mig.runs[leaving] if state == "success"]
+    assert runs[-1] == "all-disabled"
+    node = await h.node(sim.client, leaving)
+    assert MIG_LABEL not in node["metadata"]["labels"]
+    assert h.CONFIG_LABEL not in node["metadata"]["labels"]
+
+
+async def test_a_mig_layout_someone_else_set_is_left_alone(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("migforeign")
+    # The GPU Operator's preset all-disabled label (here written when the node registered).
+    [node] = await sim.create_gpu_nodes(pool=pool, count=1, product=H100, gpus=1)
+    since = time.time()
+    name = h.unique("migforeign")
+    await h.add_policy(sim, policies, mig_policy(name, pool=pool, mig={"profile": "1g.10gb"}))
+    await start_operator("--device-plugin-namespace", namespace)
+    refused = await phase_reached(sim, node, "Unsupported", reason="MIGConfigOwnedByOther")
+    assert "field manager kubelet" in h.condition(refused, "Ready")["message"]
+    assert status_writes_to_node(control_plane, node, since=since) == []
+    labels = (await h.node(sim.client, node))["metadata"]["labels"]
+    assert labels[MIG_LABEL] == "all-disabled"

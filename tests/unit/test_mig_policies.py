@@ -1,0 +1,287 @@
+"""Strategy MIG in the pure core and the planner: layouts per GPU model, what a node must show,
+what is written, and when a change waits (no API: the cache is fed as the informers feed it)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from gpushare_operator.cache.cluster import ClusterCache
+from gpushare_operator.cache.sinks import ConfigMapSink
+from gpushare_operator.core import migconfigs, migphases, nodephases, selectors
+from gpushare_operator.core.models import NodePhase
+from gpushare_operator.core.nodes import CONFIG_LABEL, MIG_CONFIG_LABEL, POLICY_LABEL, project_node
+from gpushare_operator.core.policies import CompiledPolicy, compile_policy
+from gpushare_operator.reconcile.planner import Timings
+from gpushare_operator.reconcile.reconciler import Reconciler
+from gpushare_testing.builders import Clock, config_texts, node, pod, policy, sync_config
+from gpushare_testing.writepath import PlanningLoop
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+H200 = "NVIDIA-H200-141GB-HBM3e"
+A100 = "NVIDIA-A100-SXM4-40GB"
+UNIFORM = {"strategy": "MIG", "mig": {"profile": "1g.10gb"}}
+
+
+def compiled(name: str = "m", **spec: Any) -> CompiledPolicy:
+    body = {"nodeSelector": {"matchLabels": {"pool": "a"}}, **UNIFORM, **spec}
+    compiled = compile_policy(name=name, uid=f"uid-{name}", generation=1, spec=body)
+    assert compiled.error is None, compiled.error
+    return compiled
+
+
+def h100(name: str = "n1", **labels: str) -> dict[str, Any]:
+    return node(name, count="2", **{"nvidia.com/gpu.product": H100, **labels})
+
+
+def test_a_uniform_profile_is_as_many_as_fit_on_each_model_that_has_it() -> None:
+    mig = compiled().mig
+    assert mig is not None
+    assert mig.layouts[H100].as_dict() == {"1g.10gb": 7}
+    assert mig.layouts[A100].as_dict() == {"1g.10gb": 4}  # two memory slices each, of 8
+    assert mig.slots_per_gpu(H100) == {"nvidia.com/gpu": 7}
+    assert "has no MIG profile 1g.10gb" in mig.refusals[H200]
+    # One name per distinct layout, content-hashed; the ConfigMap holds each once.
+    assert set(mig.entries) == set(mig.names.values())
+
+
+def test_an_explicit_layout_is_refused_where_it_does_not_fit() -> None:
+    mig = compiled(mig={"devices": {"1g.20gb": 4, "1g.10gb": 1}}).mig
+    assert mig is not None
+    assert H100 not in mig.layouts  # NVIDIA's guide: 9 memory slices of 8
+    assert "memory slices" in mig.refusals[H100]
+
+
+def test_single_strategy_labels_read_back_the_physical_gpus() -> None:
+    """GFD under single counts MIG devices and names the device; the record does not."""
+    record = project_node(
+        h100(
+            **{
+                "nvidia.com/gpu.count": "14",
+                "nvidia.com/gpu.product": f"{H100}-MIG-1g.10gb",
+                "nvidia.com/gpu.memory": "9856",
+                "nvidia.com/mig.strategy": "single",
+            }
+        )
+    )
+    assert record.gpus == 2
+    assert record.product == H100
+    assert record.memory_mib == 81920  # the whole GPU's, from NVIDIA's tables
+    rewritten = {"nvidia.com/gpu.count": "13", "nvidia.com/gpu.product": f"{H100}-MIG-1g.10gb"}
+    broken = project_node(h100(**rewritten))
+    assert broken.gpus is None  # not a whole number of GPUs: unknown, never guessed
+
+
+def test_a_product_selector_keeps_matching_the_rewritten_product() -> None:
+    selector = selectors.compile_selector({"matchLabels": {"nvidia.com/gpu.product": H100}})
+    for shown in (H100, f"{H100}-SHARED", f"{H100}-MIG-1g.10gb", f"{H100}-MIG-3g.40gb-SHARED"):
+        assert selector.matches({"nvidia.com/gpu.product": shown}), shown
+    assert not selector.matches({"nvidia.com/gpu.product": f"{H200}-MIG-1g.18gb"})
+
+
+def test_a_node_gets_its_models_layout_name_with_our_labels() -> None:
+    policy = compiled()
+    record = project_node(h100())
+    decision = nodephases.decide(
+        record=record,
+        policy=policy,
+        key=nodephases.KeyReadiness(present=True),
+        mig_key=nodephases.KeyReadiness(present=True),
+        applied_since=None,
+        now=0.0,
+        mismatch_timeout=60,
+    )
+    assert decision.labels == {
+        CONFIG_LABEL: policy.config_key,
+        POLICY_LABEL: "m",
+        MIG_CONFIG_LABEL: policy.mig.names[H100] if policy.mig else None,
+    }
+    missing = nodephases.decide(
+        record=record,
+        policy=policy,
+        key=nodephases.KeyReadiness(present=True),
+        mig_key=nodephases.KeyReadiness(present=False),
+        applied_since=None,
+        now=0.0,
+        mismatch_timeout=60,
+    )
+    assert missing.labels is None and missing.reason == "ConfigNotWritten"
+
+
+def unsupported_reason(labels: dict[str, str], owners: tuple[str, ...] = ()) -> str | None:
+    record = project_node(node("n1", **labels))
+    if owners:
+        record = dataclasses.replace(record, mig_config_owners=owners)
+    problem = migphases.unsupported(record, compiled())
+    return None if problem is None else problem[0]
+
+
+def test_what_makes_a_node_unsupported_for_a_mig_policy() -> None:
+    assert unsupported_reason({"nvidia.com/gpu.product": H100}) is None
+    assert unsupported_reason({"nvidia.com/gpu.product": H200}) == "MIGLayoutDoesNotFit"
+    assert unsupported_reason({"nvidia.com/gpu.product": "Tesla-T4"}) == "MIGModelUnknown"
+    assert unsupported_reason({}) == "MIGModelUnknown"
+    capable = {"nvidia.com/gpu.product": H100, "nvidia.com/mig.capable": "false"}
+    assert unsupported_reason(capable) == "MIGNotCapable"
+    preset = {"nvidia.com/gpu.product": H100, MIG_CONFIG_LABEL: "all-disabled"}
+    assert unsupported_reason(preset, owners=("gpu-operator",)) == "MIGConfigOwnedByOther"
+
+
+def on_mig(policy: CompiledPolicy, **labels: str) -> dict[str, Any]:
+    assert policy.mig is not None
+    return h100(
+        **{
+            CONFIG_LABEL: str(policy.config_key),
+            POLICY_LABEL: policy.name,
+            MIG_CONFIG_LABEL: policy.mig.names[H100],
+            **labels,
+        }
+    )
+
+
+def applied(policy: CompiledPolicy, body: dict[str, Any], *, now: float = 0.0) -> Any:
+    return nodephases.decide(
+        record=project_node(body),
+        policy=policy,
+        key=nodephases.KeyReadiness(present=True),
+        mig_key=nodephases.KeyReadiness(present=True),
+        applied_since=0.0,
+        now=now,
+        mismatch_timeout=60,
+    )
+
+
+def test_the_mig_managers_states_decide_the_phase() -> None:
+    policy = compiled()
+    failed = applied(policy, on_mig(policy, **{"nvidia.com/mig.config.state": "failed"}))
+    assert (failed.phase, failed.reason) == (NodePhase.MISMATCH, "MIGConfigFailed")
+    working = on_mig(policy, **{"nvidia.com/mig.config.state": "pending"})
+    pending = applied(policy, working, now=1e6)
+    assert pending.phase is NodePhase.APPLIED  # long past the timeout: still no Mismatch
+    paused = on_mig(
+        policy,
+        **{
+            "nvidia.com/mig.config.state": "success",
+            "nvidia.com/gpu.deploy.device-plugin": "paused-for-mig-change",
+        },
+    )
+    assert applied(policy, paused, now=1e6).phase is NodePhase.APPLIED
+    done = on_mig(
+        policy,
+        allocatable="14",
+        **{
+            "nvidia.com/mig.config.state": "success",
+            "nvidia.com/mig.strategy": "single",
+            "nvidia.com/gpu.count": "14",
+            "nvidia.com/gpu.product": f"{H100}-MIG-1g.10gb",
+        },
+    )
+    assert applied(policy, done).phase is NodePhase.VERIFIED
+    short = dict(done, status={"allocatable": {"nvidia.com/gpu": "7"}})
+    assert applied(policy, short).phase is NodePhase.APPLIED  # the plugin not back yet
+
+
+def test_a_node_leaving_mig_is_disabled_first_then_released() -> None:
+    policy = compiled()
+    body = on_mig(policy, **{"nvidia.com/mig.config.state": "success"})
+    first = nodephases.decide(
+        record=project_node(body),
+        policy=None,
+        key=nodephases.KeyReadiness(present=False),
+        applied_since=None,
+        now=0.0,
+        mismatch_timeout=60,
+    )
+    assert first.labels == {
+        CONFIG_LABEL: policy.config_key,
+        POLICY_LABEL: "m",
+        MIG_CONFIG_LABEL: migconfigs.ALL_DISABLED,
+    }
+    assert first.released_from == "m"
+    body["metadata"]["labels"][MIG_CONFIG_LABEL] = migconfigs.ALL_DISABLED
+    body["metadata"]["labels"]["nvidia.com/mig.config.state"] = "pending"
+    waiting = nodephases.decide(
+        record=project_node(body),
+        policy=None,
+        key=nodephases.KeyReadiness(present=False),
+        applied_since=None,
+        now=0.0,
+        mismatch_timeout=60,
+    )
+    assert (waiting.labels, waiting.reason) == (None, "DisablingMIG")
+    body["metadata"]["labels"]["nvidia.com/mig.config.state"] = "success"
+    last = nodephases.decide(
+        record=project_node(body),
+        policy=None,
+        key=nodephases.KeyReadiness(present=False),
+        applied_since=None,
+        now=0.0,
+        mismatch_timeout=60,
+    )
+    assert last.labels == {CONFIG_LABEL: None, POLICY_LABEL: None}  # all-disabled goes with them
+
+
+def loop(clock: Clock) -> PlanningLoop:
+    cache = ClusterCache(clock=clock)
+    timings = Timings(propagation_delay=0.0, key_grace_period=60.0, mismatch_timeout=60.0)
+    return PlanningLoop(Reconciler(cache, timings=timings, max_unavailable="100%"))
+
+
+def mig_policy(name: str, **spec: Any) -> dict[str, Any]:
+    body = policy(name, **{**UNIFORM, **spec})
+    del body["spec"]["replicas"]
+    return body
+
+
+def sync_mig(cache: ClusterCache, data: dict[str, str] | None) -> None:
+    sink = ConfigMapSink(cache, mig=True)
+    sink.begin_relist()
+    if data is not None:
+        sink.relist_item({"data": data})
+    sink.end_relist()
+
+
+def test_the_mig_configmap_is_written_only_for_mig_policies_and_keeps_names_in_use() -> None:
+    clock = Clock()
+    planner = loop(clock)
+    cache = planner.cache
+    sync_mig(cache, None)
+    cache.upsert_policy(policy("ts"))
+    assert planner.reconciler.plan(("config", "mig")).data is None  # no MIG: no ConfigMap
+    cache.upsert_policy(mig_policy("m"))
+    plan = planner.reconciler.plan(("config", "mig"))
+    assert plan.data is not None
+    written = migconfigs.parse_text(plan.data[migconfigs.CONFIGMAP_KEY])
+    mig = cache.policies["m"].mig
+    assert written is not None and mig is not None
+    assert set(written) == {migconfigs.ALL_DISABLED, *mig.entries}
+
+
+def test_a_foreign_mig_file_is_never_overwritten() -> None:
+    planner = loop(Clock())
+    cache = planner.cache
+    sync_mig(cache, {migconfigs.CONFIGMAP_KEY: "version: v1\nmig-configs:\n  custom: []\n"})
+    cache.upsert_policy(mig_policy("m"))
+    plan = planner.reconciler.plan(("config", "mig"))
+    assert plan.data is None
+    assert "not a mig-parted config gpushare renders" in plan.foreign_keys["config.yaml"]
+
+
+def test_a_gpu_pod_holds_a_mig_change_under_our_taint() -> None:
+    clock = Clock()
+    planner = loop(clock)
+    cache = planner.cache
+    cache.upsert_policy(mig_policy("m", rollout={"canary": 0}))
+    sync_config(cache, config_texts(cache), initial=True)
+    mig = cache.policies["m"].mig
+    assert mig is not None
+    sync_mig(cache, {migconfigs.CONFIGMAP_KEY: migconfigs.render_text(mig.entries)})
+    cache.upsert_node(h100())
+    cache.upsert_pod(pod("p1", "n1", 1))
+    held = planner.plan_admitted("n1")
+    assert held.labels is None
+    assert held.taint is not None  # tainted first, while it waits
+    assert held.facts.decision is not None and held.facts.decision.reason == "WaitingForPods"
+    cache.delete_pod("p1")
+    go = planner.plan_admitted("n1")
+    assert go.labels is not None and go.labels[MIG_CONFIG_LABEL] == mig.names[H100]

@@ -1,4 +1,4 @@
-"""``make run``'s simulated cluster: GPU nodes in three pools, and the NVIDIA agents on them.
+"""``make run``'s simulated cluster: GPU nodes in four pools (one for MIG), and the NVIDIA agents on them.
 
 Runs until SIGINT/SIGTERM.  Nodes are left in place on exit, so that ``kubectl get gsp,gns``
 still has something to show after the operator stopped; ``make dev-cluster-down`` wipes all.
@@ -23,7 +23,11 @@ POOLS = (
     ("inference", 4, "NVIDIA-H100-80GB-HBM3", 8, 81559),
     ("batch", 3, "NVIDIA-A100-SXM4-40GB", 4, 40960),
     ("training", 3, "NVIDIA-H100-80GB-HBM3", 8, 81559),
+    ("mig", 2, "NVIDIA-H100-80GB-HBM3", 8, 81559),
 )
+# The MIG pool's GPU Operator presets no layout (migManager.config.default=""): gpushare never
+# takes over a nvidia.com/mig.config label someone else set.
+NO_MIG_PRESET = frozenset({"mig"})
 
 
 async def _ensure_namespace(sim: GpuClusterSimulator, name: str) -> None:
@@ -41,7 +45,12 @@ async def _create_pools(sim: GpuClusterSimulator) -> None:
             if status == 200:
                 continue  # a second `make run` on the same dev cluster
             body = bodies.gpu_node(
-                name=name, pool=pool, product=product, gpus=gpus, memory_mib=memory
+                name=name,
+                pool=pool,
+                product=product,
+                gpus=gpus,
+                memory_mib=memory,
+                mig_preset=pool not in NO_MIG_PRESET,
             )
             await sim.create_node(body)
     logger.info("simulated GPU nodes ready: %s", ", ".join(f"{p[1]} in {p[0]}" for p in POOLS))

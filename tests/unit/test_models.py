@@ -513,7 +513,7 @@ def test_enums_carry_the_api_spellings() -> None:
 def test_example_policies_are_valid_and_overlap_as_described() -> None:
     documents = list(yaml.safe_load_all((ROOT / "examples" / "policies.yaml").read_text()))
     policies = {doc["metadata"]["name"]: doc for doc in documents}
-    assert set(policies) == {"inference", "batch", "training-shared"}
+    assert set(policies) == {"inference", "batch", "training-shared", "mig-slices"}
     for name, doc in policies.items():
         assert doc["apiVersion"] == models.API_VERSION
         assert doc["kind"] == models.POLICY_KIND
@@ -530,3 +530,5 @@ def test_example_policies_are_valid_and_overlap_as_described() -> None:
     assert "batch" in (requirement.values or [])
     assert specs["batch"].nodeSelector.matchLabels == {"pool": "batch"}
     assert specs["batch"].priority > specs["training-shared"].priority
+    mig = specs["mig-slices"].mig
+    assert mig is not None and (mig.profile, mig.strategy) == ("1g.10gb", "single")

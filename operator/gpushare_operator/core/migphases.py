@@ -15,13 +15,18 @@ profile (k8s-device-plugin ``internal/lm/mig-strategy.go``, ``internal/rm``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
-from gpushare_operator.core import migconfigs
+from gpushare_operator.core import devconfigs, migconfigs, miggeometry
+from gpushare_operator.core.decisions import Labels, NodeDecision, Published
+from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import (
+    CONFIG_LABEL,
     GPU_PRODUCT,
     MIG_CAPABLE,
+    MIG_CONFIG_LABEL,
     MIG_STRATEGY,
+    POLICY_LABEL,
     NodeRecord,
 )
 from gpushare_operator.core.policies import CompiledPolicy
@@ -157,3 +162,69 @@ def disagreements(
             if shown != str(devices * gpus):
                 problems.append(f"{label} is {shown}, expected {devices * gpus}")
     return problems
+
+
+def waiting(
+    record: NodeRecord, policy: CompiledPolicy, *, published: Published
+) -> NodeDecision | None:
+    """The MIG manager's own states: ``failed`` fails the change at once; while it works (or
+    the node reboots for it) the node is Applied with no deadline, and says nothing new."""
+    name = layout_name(record, policy)
+    if failed(record) and not published.verified(policy):
+        message = (
+            f"the MIG manager could not apply {name} (nvidia.com/mig.config.state=failed):"
+            " see its log on the node; the layout stays as it was"
+        )
+        return NodeDecision(policy, NodePhase.MISMATCH, "MIGConfigFailed", message, None)
+    if in_progress(record):
+        message = f"the MIG manager is applying {name}"
+        return NodeDecision(policy, NodePhase.APPLIED, "MIGChanging", message, None)
+    return None
+
+
+def key_disagreements(record: NodeRecord, sharing: devconfigs.SharingConfig) -> list[str]:
+    """A MIG key judged by itself (the node's layout is the MIG manager's to confirm): the
+    manager's success, GFD's MIG strategy, and every resource the key advertises there."""
+    problems = []
+    if record.mig_state != SUCCESS:
+        problems.append(f"nvidia.com/mig.config.state is {record.mig_state}, expected success")
+    if record.mig_strategy != sharing.mig_strategy:
+        problems.append(f"nvidia.com/mig.strategy is {record.mig_strategy}")
+    for resource in sharing.mig_resources:
+        if not record.allocatable_of(resource):
+            problems.append(f"allocatable {resource} is {record.allocatable_of(resource)}")
+    return problems
+
+
+def disable_first(record: NodeRecord, policy: CompiledPolicy) -> NodeDecision:
+    """A node leaving a MIG layout of ours for a policy without MIG: the MIG manager disables
+    MIG first (``all-disabled``), under the config the node runs; the new config follows once
+    it reports success."""
+    if record.mig_config_label == migconfigs.ALL_DISABLED:
+        state = record.mig_state
+        message = (
+            "waiting for the MIG manager to disable MIG before the new config"
+            f" (nvidia.com/mig.config.state={state})"
+        )
+        return NodeDecision(policy, NodePhase.PENDING, "DisablingMIG", message, None)
+    labels: Labels = {
+        CONFIG_LABEL: record.config_label,
+        POLICY_LABEL: record.policy_label,
+        MIG_CONFIG_LABEL: migconfigs.ALL_DISABLED,
+    }
+    message = f"disabling MIG ({migconfigs.ALL_DISABLED}) before config key {policy.config_key}"
+    return NodeDecision(policy, NodePhase.PENDING, "DisablingMIG", message, labels)
+
+
+def status(record: NodeRecord, policy: CompiledPolicy) -> dict[str, Any] | None:
+    mig = policy.mig
+    layout = mig.layouts.get(record.product or "") if mig is not None else None
+    if mig is None or layout is None:
+        return None
+    status = {
+        "config": layout_name(record, policy),
+        "layout": miggeometry.describe(layout.as_dict()),
+        "state": record.mig_state,
+        "slotsPerGPU": mig.slots_per_gpu(record.product),
+    }
+    return {k: v for k, v in status.items() if v is not None}

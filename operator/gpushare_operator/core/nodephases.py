@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gpushare_operator.core import conditions, devconfigs, migconfigs, miggeometry, migphases
+from gpushare_operator.core import conditions, devconfigs, migphases
 from gpushare_operator.core.decisions import NOTHING_PUBLISHED as NOTHING_PUBLISHED
 from gpushare_operator.core.decisions import KeyReadiness as KeyReadiness
 from gpushare_operator.core.decisions import Labels as Labels
@@ -76,7 +76,7 @@ def _applied(
 ) -> NodeDecision:
     assert policy.sharing is not None
     if policy.mig is not None:
-        waiting = _mig_waiting(record, policy, published=published)
+        waiting = migphases.waiting(record, policy, published=published)
         if waiting is not None:
             return waiting
         slots = policy.mig.slots_per_gpu(record.product)
@@ -117,24 +117,6 @@ def _applied(
     return NodeDecision(policy, NodePhase.APPLIED, "Applied", message, None, recheck_at=deadline)
 
 
-def _mig_waiting(
-    record: NodeRecord, policy: CompiledPolicy, *, published: Published
-) -> NodeDecision | None:
-    """The MIG manager's own states: ``failed`` fails the change at once; while it works (or
-    the node reboots for it) the node is Applied with no deadline, and says nothing new."""
-    name = migphases.layout_name(record, policy)
-    if migphases.failed(record) and not published.verified(policy):
-        message = (
-            f"the MIG manager could not apply {name} (nvidia.com/mig.config.state=failed):"
-            " see its log on the node; the layout stays as it was"
-        )
-        return NodeDecision(policy, NodePhase.MISMATCH, "MIGConfigFailed", message, None)
-    if migphases.in_progress(record):
-        message = f"the MIG manager is applying {name}"
-        return NodeDecision(policy, NodePhase.APPLIED, "MIGChanging", message, None)
-    return None
-
-
 def disagreements(record: NodeRecord, sharing: devconfigs.SharingConfig) -> list[str]:
     """What the node shows that ``sharing`` in force would not: GFD's replicas and
     sharing-strategy labels, and kubelet's allocatable of the advertised resource.
@@ -144,7 +126,7 @@ def disagreements(record: NodeRecord, sharing: devconfigs.SharingConfig) -> list
     allocatable check still proves the GPUs are there, one slot each.
     """
     if sharing.strategy == devconfigs.MIG:
-        return _mig_key_disagreements(record, sharing)
+        return migphases.key_disagreements(record, sharing)
     replicas = sharing.replicas if sharing.shared else 1
     strategy = devconfigs.sharing_strategy_label(sharing)
     shared = sharing.shared
@@ -162,20 +144,6 @@ def disagreements(record: NodeRecord, sharing: devconfigs.SharingConfig) -> list
     expected = (record.gpus or 0) * replicas
     if allocatable != expected:
         problems.append(f"allocatable {resource} is {allocatable}, expected {expected}")
-    return problems
-
-
-def _mig_key_disagreements(record: NodeRecord, sharing: devconfigs.SharingConfig) -> list[str]:
-    """A MIG key judged by itself (the node's layout is the MIG manager's to confirm): the
-    manager's success, GFD's MIG strategy, and every resource the key advertises there."""
-    problems = []
-    if record.mig_state != migphases.SUCCESS:
-        problems.append(f"nvidia.com/mig.config.state is {record.mig_state}, expected success")
-    if record.mig_strategy != sharing.mig_strategy:
-        problems.append(f"nvidia.com/mig.strategy is {record.mig_strategy}")
-    for resource in sharing.mig_resources:
-        if not record.allocatable_of(resource):
-            problems.append(f"allocatable {resource} is {record.allocatable_of(resource)}")
     return problems
 
 
@@ -209,7 +177,7 @@ def decide(
     if problem is not None:
         return NodeDecision(policy, NodePhase.UNSUPPORTED, problem[0], problem[1], None)
     if policy.mig is None and migphases.leaving_mig(record) and not policy.paused:
-        return _disable_mig_first(record, policy)
+        return migphases.disable_first(record, policy)
     if shows_target(record, policy):
         return _applied(
             record,
@@ -253,26 +221,6 @@ def decide(
     # Otherwise a MIG layout label of ours (all-disabled by now) goes with this apply, which
     # leaves it out; one that another manager owns stays, as SSA has it.
     return NodeDecision(policy, NodePhase.PENDING, "LabelPending", message, labels)
-
-
-def _disable_mig_first(record: NodeRecord, policy: CompiledPolicy) -> NodeDecision:
-    """A node leaving a MIG layout of ours for a policy without MIG: the MIG manager disables
-    MIG first (``all-disabled``), under the config the node runs; the new config follows once
-    it reports success."""
-    if record.mig_config_label == migconfigs.ALL_DISABLED:
-        state = record.mig_state
-        message = (
-            "waiting for the MIG manager to disable MIG before the new config"
-            f" (nvidia.com/mig.config.state={state})"
-        )
-        return NodeDecision(policy, NodePhase.PENDING, "DisablingMIG", message, None)
-    labels: Labels = {
-        CONFIG_LABEL: record.config_label,
-        POLICY_LABEL: record.policy_label,
-        MIG_CONFIG_LABEL: migconfigs.ALL_DISABLED,
-    }
-    message = f"disabling MIG ({migconfigs.ALL_DISABLED}) before config key {policy.config_key}"
-    return NodeDecision(policy, NodePhase.PENDING, "DisablingMIG", message, labels)
 
 
 def orphan_released(
@@ -349,20 +297,6 @@ def _write_failed(problem: str | None) -> list[conditions.Cond]:
     return [conditions.Cond("WriteFailed", "True", "LabelWriteRefused", problem)]
 
 
-def _mig_status(record: NodeRecord, policy: CompiledPolicy) -> dict[str, Any] | None:
-    mig = policy.mig
-    layout = mig.layouts.get(record.product or "") if mig is not None else None
-    if mig is None or layout is None:
-        return None
-    status = {
-        "config": migphases.layout_name(record, policy),
-        "layout": miggeometry.describe(layout.as_dict()),
-        "state": record.mig_state,
-        "slotsPerGPU": mig.slots_per_gpu(record.product),
-    }
-    return {k: v for k, v in status.items() if v is not None}
-
-
 def render_status(
     *,
     record: NodeRecord,
@@ -401,7 +335,7 @@ def render_status(
         "pods": pods,
         "configReadyAt": decision.config_ready_at,
         "eviction": dict(decision.eviction) if decision.eviction else None,
-        "mig": _mig_status(record, policy) if governed and policy is not None else None,
+        "mig": migphases.status(record, policy) if governed and policy is not None else None,
         "conditions": conditions.render_conditions(
             [
                 conditions.Cond("Ready", ready, decision.reason, decision.message),

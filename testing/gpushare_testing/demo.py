@@ -1,4 +1,5 @@
-"""``make run``'s simulated cluster: GPU nodes in four pools (one for MIG), and the NVIDIA agents on them.
+"""``make run``'s simulated cluster: GPU nodes in four pools (one for MIG), and the NVIDIA
+agents on them.
 
 Runs until SIGINT/SIGTERM.  Nodes are left in place on exit, so that ``kubectl get gsp,gns``
 still has something to show after the operator stopped; ``make dev-cluster-down`` wipes all.

@@ -436,17 +436,21 @@ def test_the_node_guard_is_rendered_for_the_chart_service_account_and_can_be_tur
     assert rule["apiVersions"] == ["v1"]  # a wildcard would turn off the type check
     assert rule["resources"] == ["nodes", "nodes/status"]
     owned = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["ownedKeys"]
-    assert yaml.safe_load(owned) == ["nvidia.com/device-plugin.config"]
+    assert yaml.safe_load(owned) == ["nvidia.com/device-plugin.config", "nvidia.com/mig.config"]
 
     # Extra label keys and other identities are values; the keys are checked as label keys.
     policy, _ = guard_of(
         helm.template(
             "--set",
-            "nodeGuard.extraLabelKeys={nvidia.com/mig.config},nodeGuard.users={alice,bob}",
+            "nodeGuard.extraLabelKeys={nvidia.com/gpu.workload.config},nodeGuard.users={alice,bob}",
         )
     )
     owned = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["ownedKeys"]
-    assert yaml.safe_load(owned) == ["nvidia.com/device-plugin.config", "nvidia.com/mig.config"]
+    assert yaml.safe_load(owned) == [
+        "nvidia.com/device-plugin.config",
+        "nvidia.com/mig.config",
+        "nvidia.com/gpu.workload.config",
+    ]
     [condition] = policy["spec"]["matchConditions"]
     assert condition["expression"] == 'request.userInfo.username in ["alice","bob"]'
     bad = helm.render("--set", "nodeGuard.extraLabelKeys={not a key}", check=False)

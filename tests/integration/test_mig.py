@@ -157,6 +157,8 @@ async def test_layouts_converge_on_each_model_with_one_label_write_each(
     }
     node = await h.node(sim.client, h100)
     assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == f"{H100}-MIG-1g.10gb"
+    status = (await h.get_policy(sim.client, uniform))["status"]
+    assert status["slots"]["capacity"] == 14  # 7 MIG devices on each of 2 GPUs
 
     # Each node: one apply of our three labels, naming a layout that mig-parted reads back.
     configs = await mig_configs(sim, namespace)
@@ -294,3 +296,27 @@ async def test_a_mig_layout_someone_else_set_is_left_alone(
     assert status_writes_to_node(control_plane, node, since=since) == []
     labels = (await h.node(sim.client, node))["metadata"]["labels"]
     assert labels[MIG_LABEL] == "all-disabled"
+
+
+@pytest.mark.simulator(mig_reboot_seconds=3.0)
+async def test_a_reboot_for_the_layout_is_no_mismatch(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("migboot")
+    [node] = await sim.create_gpu_nodes(pool=pool, count=1, product=H100, gpus=1, mig_preset=False)
+    since = time.time()
+    name = h.unique("migboot")
+    await h.add_policy(sim, policies, mig_policy(name, pool=pool, mig={"profile": "2g.20gb"}))
+    await start_operator("--device-plugin-namespace", namespace, "--mismatch-timeout", "4")
+    await all_verified(sim, [node], name)
+    assert sim.mig.reboots.get(node, 0) >= 1
+    phases = [s.get("phase") for _, _, s in audit.status_writes(control_plane, [node], since=since)]
+    assert "Mismatch" not in phases and phases[-1] == "Verified", phases
+    reasons = [
+        e["reason"] for e in await h.events_about(sim.client, node) if e["type"] == "Warning"
+    ]
+    assert reasons == [], reasons

@@ -180,7 +180,10 @@ def label(key: str, value: str | None) -> dict[str, Any]:
 
 def refusals(node: dict[str, Any]) -> list[Refusal]:
     ours = rollouts.TAINT_KEY
-    labels = f"{LABELS} (nvidia.com/device-plugin.config, gpushare.dev/*); refused: label"
+    labels = (
+        f"{LABELS} (nvidia.com/device-plugin.config, nvidia.com/mig.config, gpushare.dev/*);"
+        " refused: label"
+    )
     taints = f"{TAINTS}; refused: other taints [{DEDICATED}] changed to"
     effect = [{"op": "replace", "path": "/spec/taints/0/effect", "value": "PreferNoSchedule"}]
     swap = [{"op": "replace", "path": "/spec/taints", "value": [rollouts.TAINT]}]
@@ -340,10 +343,14 @@ async def test_more_label_keys_are_one_value(
     admin, account = clients
     node = await create_node(admin, nodes, taints=[])
     path = f"/api/v1/nodes/{node['metadata']['name']}"
-    mig = label_apply(node, {"nvidia.com/mig.config": "all-1g.10gb"})
     query = {**params_for(APPLY), "dryRun": "All"}
+    # The MIG layout label is the operator's own: allowed without any value.
+    mig = label_apply(node, {"nvidia.com/mig.config": "all-disabled"})
     status, answer = await account.patch(path, mig, content_type=APPLY, params=query)
-    assert status == 403 and "refused: label nvidia.com/mig.config" in answer["message"], answer
+    assert status == 200, answer
+    extra = label_apply(node, {"nvidia.com/gpu.workload.config": "container"})
+    status, answer = await account.patch(path, extra, content_type=APPLY, params=query)
+    assert status == 403 and "refused: label nvidia.com/gpu.workload.config" in answer["message"]
 
     helm.run(
         "upgrade",
@@ -353,14 +360,14 @@ async def test_more_label_keys_are_one_value(
         namespace,
         "--reuse-values",
         "--set",
-        "nodeGuard.extraLabelKeys={nvidia.com/mig.config}",
+        "nodeGuard.extraLabelKeys={nvidia.com/gpu.workload.config}",
     )
     notes = helm.run("get", "notes", release, "-n", namespace).stdout
-    assert "gpushare.dev/*, nvidia.com/mig.config) and its" in notes, notes
+    assert "gpushare.dev/*, nvidia.com/gpu.workload.config) and its" in notes, notes
     await eventually(
-        lambda: account.patch(path, mig, content_type=APPLY, params=query),
+        lambda: account.patch(path, extra, content_type=APPLY, params=query),
         until=lambda answer: answer[0] == 200,
-        what="the upgraded guard to allow the MIG label",
+        what="the upgraded guard to allow the extra label",
     )
     status, answer = await account.patch(
         path,

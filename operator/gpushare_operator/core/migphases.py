@@ -32,6 +32,7 @@ from gpushare_operator.core.nodes import (
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.core.rewrittenlabels import mig_profile_of
 
+MIG_CHANGING: Final = "MIGChanging"  # the reason of a node whose MIG manager is at work
 SUCCESS: Final = "success"
 FAILED: Final = "failed"
 PENDING: Final = "pending"
@@ -178,7 +179,7 @@ def waiting(
         return NodeDecision(policy, NodePhase.MISMATCH, "MIGConfigFailed", message, None)
     if in_progress(record):
         message = f"the MIG manager is applying {name}"
-        return NodeDecision(policy, NodePhase.APPLIED, "MIGChanging", message, None)
+        return NodeDecision(policy, NodePhase.APPLIED, MIG_CHANGING, message, None)
     return None
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpushare_operator.core import nodephases
+from gpushare_operator.core.migphases import MIG_CHANGING
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.policies import CompiledPolicy
 
@@ -77,6 +78,10 @@ class AppliedClocks:
                 # one we saw unlabelled and labelled again starts afresh.
                 since = self._resumed(name, policy) if first else None
                 self.since[name] = (key, self._clock() if since is None else since)
+        if decision.reason == MIG_CHANGING and policy is not None:
+            # The MIG manager at work (a reboot, maybe): the device plugin and GFD come back
+            # only after it, so the timeout runs from its end, not from our label.
+            self.since[name] = (policy.config_key or "", self._clock())
         if decision.phase is NodePhase.VERIFIED and policy is not None:
             # A later disagreement (the device plugin restarting, say) is timed from when it
             # starts: a restart window of a confirmed node is no Mismatch.

@@ -60,7 +60,10 @@ def _count(
         return
     gpus = record.gpus or 0
     counted.gpus += gpus
-    counted.capacity += gpus * (policy.replicas or 0)
+    if policy.mig is not None:  # MIG devices per GPU depend on the model
+        counted.capacity += gpus * sum(policy.mig.slots_per_gpu(record.product).values())
+    else:
+        counted.capacity += gpus * (policy.replicas or 0)
     if phase in (NodePhase.APPLIED, NodePhase.VERIFIED, NodePhase.MISMATCH):
         counted.applied += 1
     if phase is NodePhase.VERIFIED:

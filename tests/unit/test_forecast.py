@@ -306,3 +306,21 @@ def test_every_node_to_change_is_in_exactly_one_batch_or_held(
     for name, target in forecast.after.items():
         governing = fresh.governing(name)
         assert target.policy == (governing.name if governing else None)
+
+
+def test_a_mig_layout_that_does_not_fit_a_pools_gpus_blocks_the_plan() -> None:
+    """The H200s have no 1g.10gb profile: the plan says so per node (exit 2), the H100 goes."""
+    forecaster = Forecaster(max_unavailable="100%", pace=PACE)
+    forecaster.cache.upsert_node(
+        node("h100", **{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
+    )
+    forecaster.cache.upsert_node(
+        node("h200", **{"nvidia.com/gpu.product": "NVIDIA-H200-141GB-HBM3e"})
+    )
+    body = policy("m", strategy="MIG", mig={"profile": "1g.10gb"})
+    del body["spec"]["replicas"]
+    forecast = forecaster.run([body])
+    assert [(c.name, c.after.standing) for c in forecast.unsupported] == [("h200", UNSUPPORTED)]
+    why = forecast.unsupported[0].after.why
+    assert why is not None and "has no MIG profile 1g.10gb" in why
+    assert forecast.blocking

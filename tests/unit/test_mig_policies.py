@@ -285,3 +285,19 @@ def test_a_gpu_pod_holds_a_mig_change_under_our_taint() -> None:
     cache.delete_pod("p1")
     go = planner.plan_admitted("n1")
     assert go.labels is not None and go.labels[MIG_CONFIG_LABEL] == mig.names[H100]
+
+
+def test_evict_takes_every_gpu_pod_before_a_mig_change() -> None:
+    planner = loop(Clock())
+    cache = planner.cache
+    cache.upsert_policy(mig_policy("m", rollout={"canary": 0, "podPolicy": "Evict"}))
+    sync_config(cache, config_texts(cache), initial=True)
+    mig = cache.policies["m"].mig
+    assert mig is not None
+    sync_mig(cache, {migconfigs.CONFIGMAP_KEY: migconfigs.render_text(mig.entries)})
+    cache.upsert_node(h100())
+    cache.upsert_pod(pod("p1", "n1", 1))  # one slot of fourteen: it would fit, but MIG needs idle
+    cache.upsert_pod(pod("p2", "n1", 1))
+    plan = planner.plan_admitted("n1")
+    assert plan.labels is None and plan.taint is not None
+    assert sorted(e.uid for e in plan.evictions) == ["p1", "p2"]

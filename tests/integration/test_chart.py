@@ -64,6 +64,7 @@ FLAG_VALUES: dict[str, tuple[str, str]] = {
     "identity": ("operator.identity", "replica-seven"),
     "device-plugin-namespace": ("devicePlugin.namespace", "nvidia-ops"),
     "device-plugin-configmap": ("devicePlugin.configMap", "sharing-configs"),
+    "mig-parted-configmap": ("devicePlugin.migConfigMap", "mig-layouts"),
     "http-port": ("operator.httpPort", "9123"),
     "metrics-port": ("operator.metricsPort", "9444"),
     "metrics-insecure": ("operator.metricsInsecure", "true"),
@@ -114,6 +115,7 @@ def test_every_operator_flag_is_a_value_that_reaches_the_container(helm: Helm) -
         namespace="ops-leases",
         device_plugin_namespace="nvidia-ops",
         device_plugin_configmap="sharing-configs",
+        mig_parted_configmap="mig-layouts",
         http_port=9123,
         metrics_port=9444,
         metrics_insecure=True,
@@ -144,7 +146,7 @@ def test_every_operator_flag_is_a_value_that_reaches_the_container(helm: Helm) -
     assert leases["metadata"]["namespace"] == "ops-leases"
     config = only(manifests, "Role", "-device-plugin-config")
     assert config["metadata"]["namespace"] == "nvidia-ops"
-    assert config["rules"][0]["resourceNames"] == ["sharing-configs"]
+    assert config["rules"][0]["resourceNames"] == ["sharing-configs", "mig-layouts"]
 
 
 def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
@@ -269,7 +271,7 @@ def test_rbac_is_least_privilege(helm: Helm) -> None:
         {
             "apiGroups": [""],
             "resources": ["configmaps"],
-            "resourceNames": ["gpushare-device-plugin-configs"],
+            "resourceNames": ["gpushare-device-plugin-configs", "gpushare-mig-parted-config"],
             "verbs": ["get", "list", "watch", "create", "patch"],
         }
     ]

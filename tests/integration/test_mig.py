@@ -5,6 +5,7 @@ gpushare wrote, and in what order, is read from the API server's audit log.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -17,7 +18,7 @@ from gpushare_testing import rolloutaudit as audit
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.gpupods import create, delete_pod, small_pod
 from gpushare_testing.operators import OperatorFactory
-from gpushare_testing.rolloutstate import all_verified
+from gpushare_testing.rolloutstate import all_verified, rollout_state
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
 
@@ -129,6 +130,9 @@ async def test_layouts_converge_on_each_model_with_one_label_write_each(
     [h200] = await sim.create_gpu_nodes(
         pool=f"{pool}-a", count=1, prefix=f"{pool}-x", product=H200, gpus=2, mig_preset=False
     )
+    [hopper] = await sim.create_gpu_nodes(
+        pool=f"{pool}-h200", count=1, product=H200, gpus=1, mig_preset=False
+    )
     since = time.time()
     uniform, explicit = h.unique("uniform"), h.unique("explicit")
     # Selected by product: GFD's single-strategy rewrite of it must not move the node.
@@ -137,10 +141,19 @@ async def test_layouts_converge_on_each_model_with_one_label_write_each(
     )
     layout = {"devices": {"3g.20gb": 1, "2g.10gb": 1, "1g.5gb": 1}, "replicas": 2}
     await h.add_policy(sim, policies, mig_policy(explicit, pool=f"{pool}-a", mig=layout))
+    h200_layout = {"devices": {"3g.71gb": 1, "2g.35gb": 1, "1g.18gb": 1}}
+    big = h.unique("h200")
+    await h.add_policy(sim, policies, mig_policy(big, pool=f"{pool}-h200", mig=h200_layout))
     await start_operator("--device-plugin-namespace", namespace)
 
     await all_verified(sim, [h100], uniform)
     await all_verified(sim, [a100], explicit)
+    await all_verified(sim, [hopper], big)
+    assert (await status_of(sim, hopper))["mig"]["slotsPerGPU"] == {
+        "nvidia.com/mig-3g.71gb": 1,
+        "nvidia.com/mig-2g.35gb": 1,
+        "nvidia.com/mig-1g.18gb": 1,
+    }
     refused = await phase_reached(sim, h200, "Unsupported", reason="MIGLayoutDoesNotFit")
     assert "has no MIG profile 3g.20gb" in h.condition(refused, "Ready")["message"]
 
@@ -162,8 +175,8 @@ async def test_layouts_converge_on_each_model_with_one_label_write_each(
 
     # Each node: one apply of our three labels, naming a layout that mig-parted reads back.
     configs = await mig_configs(sim, namespace)
-    writes = label_applies(control_plane, [h100, a100, h200], since=since)
-    assert sorted(n for _, n, _ in writes) == sorted([h100, a100])
+    writes = label_applies(control_plane, [h100, a100, h200, hopper], since=since)
+    assert sorted(n for _, n, _ in writes) == sorted([h100, a100, hopper])
     for _, _, labels in writes:
         assert set(labels) == {h.CONFIG_LABEL, h.POLICY_LABEL, MIG_LABEL}
         assert labels[MIG_LABEL] in configs
@@ -239,7 +252,7 @@ async def test_a_gpu_pod_holds_the_change_and_the_taint_comes_first(
     assert sim.mig.failures.get(node) is None  # the MIG manager never met a busy GPU
 
 
-async def test_failed_is_a_mismatch_and_leaving_mig_disables_it_first(
+async def test_failed_is_a_mismatch_and_halts_the_rollout(
     control_plane: ControlPlane,
     sim: GpuClusterSimulator,
     namespace: str,
@@ -247,19 +260,39 @@ async def test_failed_is_a_mismatch_and_leaving_mig_disables_it_first(
     start_operator: OperatorFactory,
 ) -> None:
     pool = h.unique("migfail")
-    broken, leaving = await sim.create_gpu_nodes(
-        pool=pool, count=2, product=H100, gpus=1, mig_preset=False
+    broken, waiting = sorted(
+        await sim.create_gpu_nodes(pool=pool, count=2, product=H100, gpus=1, mig_preset=False)
     )
     sim.mig.fail_next(broken, "injected NVML error")
+    since = time.time()
     name = h.unique("migfail")
+    rollout = {"maxUnavailable": 1, "failureThreshold": 1}
     await h.add_policy(
-        sim,
-        policies,
-        mig_policy(name, pool=pool, mig={"profile": "7g.80gb"}, failureThreshold=5),
+        sim, policies, mig_policy(name, pool=pool, mig={"profile": "7g.80gb"}, **rollout)
     )
     await start_operator("--device-plugin-namespace", namespace)
     failed = await phase_reached(sim, broken, "Mismatch", reason="MIGConfigFailed")
     assert "nvidia.com/mig.config.state=failed" in h.condition(failed, "Ready")["message"]
+    await rollout_state(sim, name, "Halted")
+    held = await phase_reached(sim, waiting, "Pending", reason="RolloutHalted")
+    assert held["policy"] == name
+    assert label_applies(control_plane, [waiting], since=since) == []  # the halt held it
+
+
+async def test_leaving_mig_disables_it_first(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    pool = h.unique("migleave")
+    [leaving] = await sim.create_gpu_nodes(
+        pool=pool, count=1, product=H100, gpus=1, mig_preset=False
+    )
+    name = h.unique("migleave")
+    await h.add_policy(sim, policies, mig_policy(name, pool=pool, mig={"profile": "7g.80gb"}))
+    await start_operator("--device-plugin-namespace", namespace)
     await all_verified(sim, [leaving], name)
 
     since = time.time()
@@ -272,6 +305,17 @@ async def test_failed_is_a_mismatch_and_leaving_mig_disables_it_first(
     assert released[2] == {}  # then every label of ours goes, all-disabled too
     runs = [config for config, state in sim.mig.runs[leaving] if state == "success"]
     assert runs[-1] == "all-disabled"
+    disabled_at = min(
+        audit.moment(e)
+        for e in control_plane.audit_events()
+        if e["objectRef"].get("resource") == "nodes"
+        and e["objectRef"].get("name") == leaving
+        and e["user"]["username"] != h.OPERATOR_USER
+        and '"nvidia.com/mig.config.state":"success"'
+        in json.dumps(e.get("requestObject"), separators=(",", ":"))
+        and audit.moment(e) > disabling[0]
+    )
+    assert disabling[0] < disabled_at < released[0]  # released only once MIG was off
     node = await h.node(sim.client, leaving)
     assert MIG_LABEL not in node["metadata"]["labels"]
     assert h.CONFIG_LABEL not in node["metadata"]["labels"]

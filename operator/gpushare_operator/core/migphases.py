@@ -39,6 +39,7 @@ PENDING: Final = "pending"
 REBOOTING: Final = "rebooting"
 PAUSED: Final = "paused-for-mig-change"
 DEPLOY_PREFIX: Final = "nvidia.com/gpu.deploy."
+MIG_DEVICE_PREFIX: Final = "nvidia.com/mig-"
 
 
 def unsupported(record: NodeRecord, policy: CompiledPolicy) -> tuple[str, str] | None:
@@ -111,8 +112,23 @@ def leaving_mig(record: NodeRecord) -> bool:
 
 
 def disabled(record: NodeRecord) -> bool:
-    """Whether the MIG manager has applied ``all-disabled``."""
-    return record.mig_config_label == migconfigs.ALL_DISABLED and record.mig_state == SUCCESS
+    """Whether the MIG manager has applied ``all-disabled``: it says ``success`` and GPU Feature
+    Discovery shows no MIG device any more.  The state alone may be the last layout's
+    ``success``, read before the manager even saw our label."""
+    if record.mig_config_label != migconfigs.ALL_DISABLED or record.mig_state != SUCCESS:
+        return False
+    return not shows_mig_devices(record)
+
+
+def shows_mig_devices(record: NodeRecord) -> bool:
+    """Whether GFD reports MIG devices: a single-strategy device product, or a mixed-strategy
+    ``nvidia.com/mig-<profile>.count`` above 0."""
+    if mig_profile_of(record.labels.get(GPU_PRODUCT)) is not None:
+        return True
+    return any(
+        key.startswith(MIG_DEVICE_PREFIX) and key.endswith(".count") and value not in ("", "0")
+        for key, value in record.labels.items()
+    )
 
 
 def in_progress(record: NodeRecord) -> bool:

@@ -301,3 +301,34 @@ def test_evict_takes_every_gpu_pod_before_a_mig_change() -> None:
     plan = planner.plan_admitted("n1")
     assert plan.labels is None and plan.taint is not None
     assert sorted(e.uid for e in plan.evictions) == ["p1", "p2"]
+
+
+def test_the_last_layouts_success_is_not_taken_for_mig_disabled() -> None:
+    """Our all-disabled label read back with the state the MIG manager left for the layout
+    before: GFD still shows the MIG devices, so the release waits."""
+    stale = project_node(
+        h100(
+            **{
+                MIG_CONFIG_LABEL: migconfigs.ALL_DISABLED,
+                "nvidia.com/mig.config.state": "success",
+                "nvidia.com/gpu.product": f"{H100}-MIG-1g.10gb",
+            }
+        )
+    )
+    assert not migphases.disabled(stale)
+    mixed = project_node(
+        h100(
+            **{
+                MIG_CONFIG_LABEL: migconfigs.ALL_DISABLED,
+                "nvidia.com/mig.config.state": "success",
+                "nvidia.com/mig-1g.10gb.count": "14",
+            }
+        )
+    )
+    assert not migphases.disabled(mixed)
+    done = project_node(
+        h100(
+            **{MIG_CONFIG_LABEL: migconfigs.ALL_DISABLED, "nvidia.com/mig.config.state": "success"}
+        )
+    )
+    assert migphases.disabled(done)

@@ -217,7 +217,9 @@ class Rejected:
 
 REJECTED = [
     # strategy
-    Rejected("strategy-unknown", spec(strategy="MIG"), "spec.strategy", 'Unsupported value: "MIG"'),
+    Rejected(
+        "strategy-unknown", spec(strategy="Slices"), "spec.strategy", 'Unsupported value: "Slices"'
+    ),
     Rejected("strategy-lowercase", spec(strategy="mps"), "spec.strategy", 'supported values: "'),
     Rejected("strategy-missing", spec(strategy=...), "spec.strategy", "Required value"),
     # rollout
@@ -668,7 +670,7 @@ def test_bad_policy_is_rejected_naming_the_problem(objects: Objects, case: Rejec
 def test_schema_problems_of_one_policy_are_reported_together(objects: Objects) -> None:
     body = policy(
         spec(
-            strategy="MIG",
+            strategy="Slices",
             replicas=65,
             resourceName="gpu",
             nodeSelector={"matchExpressions": [{"key": "-bad", "operator": "Gt"}]},
@@ -718,7 +720,7 @@ def test_bounds_and_cel_problems_are_reported_together(objects: Objects) -> None
     ("fault", "field_path", "fragment"),
     [
         pytest.param({"strategy": ...}, "spec.strategy", "Required value", id="required"),
-        pytest.param({"strategy": "MIG"}, "spec.strategy", "Unsupported value", id="enum"),
+        pytest.param({"strategy": "Slices"}, "spec.strategy", "Unsupported value", id="enum"),
         pytest.param({"replicas": "4"}, "spec.replicas", "must be of type integer", id="type"),
     ],
 )
@@ -1082,9 +1084,9 @@ def test_policy_status_is_written_only_through_the_status_subresource(objects: O
         ),
         pytest.param({"gpus": 1}, "status.phase", "Required value", id="phase-missing"),
         pytest.param(
-            {**NODE_STATUS, "strategy": "MIG"},
+            {**NODE_STATUS, "strategy": "Slices"},
             "status.strategy",
-            'Unsupported value: "MIG"',
+            'Unsupported value: "Slices"',
             id="strategy",
         ),
         pytest.param(

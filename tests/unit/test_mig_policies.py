@@ -153,7 +153,10 @@ def applied(policy: CompiledPolicy, body: dict[str, Any], *, now: float = 0.0) -
 
 def test_the_mig_managers_states_decide_the_phase() -> None:
     policy = compiled()
-    failed = applied(policy, on_mig(policy, **{"nvidia.com/mig.config.state": "failed"}))
+    broken = on_mig(policy, **{"nvidia.com/mig.config.state": "failed"})
+    # Right after our label, failed may still be the last layout's: not yet a failure.
+    assert applied(policy, broken, now=1.0).phase is NodePhase.APPLIED
+    failed = applied(policy, broken, now=migphases.STALE_STATE)
     assert (failed.phase, failed.reason) == (NodePhase.MISMATCH, "MIGConfigFailed")
     working = on_mig(policy, **{"nvidia.com/mig.config.state": "pending"})
     pending = applied(policy, working, now=1e6)
@@ -332,3 +335,33 @@ def test_the_last_layouts_success_is_not_taken_for_mig_disabled() -> None:
         )
     )
     assert migphases.disabled(done)
+
+
+def test_a_replicas_edit_of_a_mixed_layout_judges_each_resource_without_crashing() -> None:
+    planner = loop(Clock())
+    cache = planner.cache
+    mixed = {"devices": {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 1}, "replicas": 2}
+    cache.upsert_policy(mig_policy("m", mig=mixed, rollout={"canary": 0}))
+    sync_config(cache, config_texts(cache), initial=True)
+    mig = cache.policies["m"].mig
+    assert mig is not None
+    sync_mig(cache, {migconfigs.CONFIGMAP_KEY: migconfigs.render_text(mig.entries)})
+    old = cache.policies["m"]
+    cache.upsert_node(on_mig(old, **{"nvidia.com/mig.config.state": "success"}))
+    for uid in ("p1", "p2", "p3"):  # 3 of the 4 slots of 2g.20gb (2 GPUs x 1 x 2 replicas)
+        cache.upsert_pod(pod(uid, "n1", 1, resource="nvidia.com/mig-2g.20gb"))
+    fewer = mig_policy("m", mig={"devices": mixed["devices"]}, rollout={"canary": 0}, generation=2)
+    cache.upsert_policy(fewer)
+    sync_config(cache, config_texts(cache), initial=False)
+    plan = planner.plan_admitted("n1")  # the same layout: no MIG change, per-resource check
+    assert plan.labels is None
+    decision = plan.facts.decision
+    assert decision is not None and "3 nvidia.com/mig-2g.20gb" in decision.message
+
+
+def test_pods_on_a_mig_resource_are_kept_whatever_the_policies_advertise() -> None:
+    cache = ClusterCache()
+    cache.upsert_policy(policy("ts"))
+    cache.upsert_pod(pod("p1", "n1", 1, resource="nvidia.com/mig-2g.20gb"))
+    cache.delete_policy("ts")  # what is tracked is rebuilt from the policies left
+    assert cache.usage.node_slots("n1") == {"nvidia.com/mig-2g.20gb": 1}

@@ -42,7 +42,9 @@ from gpushare_testing.builders import drain
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
-MIG = "nvidia.com/mig-1g.10gb"  # a valid device-plugin resource name no policy starts with
+# A valid device-plugin resource name no policy starts with (not a MIG device resource: those
+# are always kept, whatever the policies advertise).
+MIG = "nvidia.com/slice-1g"
 FPGA = "example.com/fpga"  # never tracked: no policy can advertise it
 
 Spec = dict[str, Any]

@@ -29,6 +29,7 @@ from gpushare_operator.core.policies import (
 from gpushare_operator.core.workqueue import MIG_CONFIG, MIG_CONFIG_KEY, WorkQueue
 
 ALWAYS_TRACKED = frozenset({core_nodes.GPU_RESOURCE, core_nodes.SHARED_RESOURCE})
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # devconfigs.MIG_RESOURCE_PREFIX: always kept
 # How long a deleted policy's uid is remembered: longer than any list of policies can take to
 # answer, so a list that began before the delete cannot bring it back.
 TOMBSTONE_SECONDS = 600.0
@@ -303,10 +304,20 @@ class ClusterCache:
             return
         self.tracked_resources = tracked
         for uid, record in list(self.usage.pods.items()):
-            kept = tuple((r, n) for r, n in record.requests if r in tracked)
+            kept = tuple(
+                (r, n)
+                for r, n in record.requests
+                if r in tracked or r.startswith(MIG_RESOURCE_PREFIX)
+            )
             if kept != record.requests:
                 slim = dataclasses.replace(record, requests=kept) if kept else None
                 self._pod_changed(uid, slim)
+
+    def _tracked(self, resource: str) -> bool:
+        """Whether pod requests of ``resource`` are kept: the resources policies advertise,
+        and every MIG device resource whatever the policies say now, so that a pod on a MIG
+        device holds a layout change however the policies changed since."""
+        return resource in self.tracked_resources or resource.startswith(MIG_RESOURCE_PREFIX)
 
     def _track_resource(self, policy: CompiledPolicy) -> None:
         new = set(policy.resources) - self.tracked_resources
@@ -317,7 +328,7 @@ class ClusterCache:
     # -- pods (informer sink) ------------------------------------------------------------------
 
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
-        record = core_pods.project_pod(obj, tracked=self.tracked_resources.__contains__)
+        record = core_pods.project_pod(obj, tracked=self._tracked)
         self._pod_changed(core_pods.uid_of(obj), record)
 
     def delete_pod(self, uid: str) -> None:

@@ -33,6 +33,9 @@ from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.core.rewrittenlabels import mig_profile_of
 
 MIG_CHANGING: Final = "MIGChanging"  # the reason of a node whose MIG manager is at work
+# How long after our label a `failed` may still be the last layout's: the MIG manager takes a
+# new label up (state pending) within a second of seeing it.
+STALE_STATE: Final = 5.0
 SUCCESS: Final = "success"
 FAILED: Final = "failed"
 PENDING: Final = "pending"
@@ -182,11 +185,24 @@ def disagreements(
 
 
 def waiting(
-    record: NodeRecord, policy: CompiledPolicy, *, published: Published
+    record: NodeRecord,
+    policy: CompiledPolicy,
+    *,
+    published: Published,
+    applied_since: float | None,
+    now: float,
 ) -> NodeDecision | None:
-    """The MIG manager's own states: ``failed`` fails the change at once; while it works (or
-    the node reboots for it) the node is Applied with no deadline, and says nothing new."""
+    """The MIG manager's own states: ``failed`` fails the change (once it can be this
+    layout's: the label may still show the last layout's ``failed`` for a moment after ours);
+    while it works (or the node reboots for it) the node is Applied with no deadline, and
+    says nothing new."""
     name = layout_name(record, policy)
+    since = now if applied_since is None else applied_since
+    if failed(record) and not published.verified(policy) and now < since + STALE_STATE:
+        message = f"labelled with {name}; waiting for the MIG manager to take it up"
+        return NodeDecision(
+            policy, NodePhase.APPLIED, "Applied", message, None, recheck_at=since + STALE_STATE
+        )
     if failed(record) and not published.verified(policy):
         message = (
             f"the MIG manager could not apply {name} (nvidia.com/mig.config.state=failed):"

@@ -76,7 +76,9 @@ def _applied(
 ) -> NodeDecision:
     assert policy.sharing is not None
     if policy.mig is not None:
-        waiting = migphases.waiting(record, policy, published=published)
+        waiting = migphases.waiting(
+            record, policy, published=published, applied_since=applied_since, now=now
+        )
         if waiting is not None:
             return waiting
         slots = policy.mig.slots_per_gpu(record.product)

@@ -191,7 +191,7 @@ async def load_budgets(api: reading.Api) -> list[dict[str, Any]]:
 def _asks_for(cache: ClusterCache) -> Callable[[bytes], bool]:
     """Whether a pod's JSON names a resource the state keeps pods for: one that does not
     cannot request it, and the pod sink would drop it after decoding it whole."""
-    names = tuple(name.encode() for name in sorted(cache.tracked_resources))
+    names = (*(name.encode() for name in sorted(cache.tracked_resources)), b"nvidia.com/mig-")
     return lambda raw: any(name in raw for name in names)
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import defaults, devconfigs, rollouts
+from gpushare_operator.core import defaults, rollouts
 from gpushare_operator.core.nodes import GPU_RESOURCE
 from gpushare_operator.core.pods import PodRecord
 from gpushare_operator.core.policies import compile_policy
@@ -186,9 +186,7 @@ class Forecaster:
             compiled = compile_policy(
                 name=str(metadata.get("name")), uid="", generation=0, spec=body.get("spec")
             )
-            if compiled.sharing is not None:
-                resource = devconfigs.advertised_resource(compiled.sharing)
-                self.cache.tracked_resources.add(resource)
+            self.cache.tracked_resources.update(compiled.resources)
 
     def may_evict(self, bodies: Iterable[Mapping[str, Any]]) -> bool:
         """Whether a policy as it is, or as planned, drains nodes (podPolicy Evict)."""

@@ -87,8 +87,8 @@ def standing_of(record: NodeRecord, decision: nodephases.NodeDecision) -> NodeSt
     policy = decision.policy
     unsupported = decision.phase is NodePhase.UNSUPPORTED
     resource = GPU_RESOURCE
-    if policy is not None and policy.sharing is not None and not unsupported:
-        resource = devconfigs.advertised_resource(policy.sharing)
+    if policy is not None and policy.resources and not unsupported:
+        resource = policy.resources[0]
     named = status.get("policy")
     if policy is None and decision.phase is not NodePhase.RELEASING:
         named = None  # its labels are to go: the policy it leaves governs it no more
@@ -137,7 +137,7 @@ def settled_body(record: NodeRecord, policy: CompiledPolicy | None) -> dict[str,
         labels[POLICY_LABEL] = policy.name
         replicas = policy.replicas or 1
         strategy = devconfigs.sharing_strategy_label(policy.sharing)
-        resource = devconfigs.advertised_resource(policy.sharing)
+        resource = policy.resources[0]
     labels[GPU_REPLICAS] = str(replicas)
     labels[GPU_SHARING] = strategy
     # GFD's stamp of a pass before the change would say the agents have not relabelled since

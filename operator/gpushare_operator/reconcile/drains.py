@@ -241,6 +241,12 @@ def _fit(record: NodeRecord, policy: Any) -> tuple[str | None, int]:
     gpus = record.gpus or 0
     if migphases.changes_mig(record, policy):
         return None, 0
+    if policy is not None and policy.mig is not None:
+        slots = policy.mig.slots_per_gpu(record.product)
+        if len(slots) != 1:
+            return None, 0  # several MIG resources: every GPU pod goes (never too few)
+        [(resource, per_gpu)] = slots.items()
+        return resource, gpus * per_gpu
     if policy is None or policy.sharing is None:
         return GPU_RESOURCE, gpus
     return devconfigs.advertised_resource(policy.sharing), gpus * (policy.replicas or 1)

@@ -273,6 +273,13 @@ class RolloutBook:
         gpus = record.gpus or 0
         if policy is None or policy.sharing is None:
             return rollouts.misfit(held, resource=GPU_RESOURCE, capacity=gpus)
+        if policy.mig is not None:  # the same layout, other replicas: per resource
+            slots = policy.mig.slots_per_gpu(record.product)
+            for resource in sorted(held):
+                capacity = gpus * slots.get(resource, 0)
+                if misfit := rollouts.misfit(held, resource=resource, capacity=capacity):
+                    return misfit
+            return None
         resource = devconfigs.advertised_resource(policy.sharing)
         return rollouts.misfit(held, resource=resource, capacity=gpus * (policy.replicas or 1))
 

@@ -365,3 +365,42 @@ def test_pods_on_a_mig_resource_are_kept_whatever_the_policies_advertise() -> No
     cache.upsert_pod(pod("p1", "n1", 1, resource="nvidia.com/mig-2g.20gb"))
     cache.delete_policy("ts")  # what is tracked is rebuilt from the policies left
     assert cache.usage.node_slots("n1") == {"nvidia.com/mig-2g.20gb": 1}
+
+
+def test_disabling_mig_for_another_policy_is_under_that_policys_budget() -> None:
+    """Four nodes on MIG policy m; a time-slicing policy t with maxUnavailable 1 wins them:
+    one node at a time goes through all-disabled, charged to t (read from the labels)."""
+    planner = loop(Clock())
+    cache = planner.cache
+    cache.upsert_policy(mig_policy("m"))
+    old = cache.policies["m"]
+    names = [f"n{i}" for i in range(4)]
+    verified = {
+        **on_mig(old)["metadata"]["labels"],
+        "nvidia.com/mig.config.state": "success",
+        "nvidia.com/mig.strategy": "single",
+        "nvidia.com/gpu.count": "14",
+        "nvidia.com/gpu.product": f"{H100}-MIG-1g.10gb",
+    }
+    for name in names:
+        cache.upsert_node(h100(name, allocatable="14", **verified))
+    cache.upsert_policy(policy("t", priority=10, rollout={"maxUnavailable": 1, "canary": 0}))
+    sync_config(cache, config_texts(cache), initial=True)
+    plans = planner.plan_queued_nodes()
+    planner.due()
+    plans = [planner.plan_node(name) for name in names]
+    disabling = [p.name for p in plans if p.labels and p.labels.get(MIG_CONFIG_LABEL)]
+    assert disabling == ["n0"], [
+        (p.name, p.facts.decision and p.facts.decision.reason) for p in plans
+    ]
+    # Written: n0 waits for the MIG manager, still down for t; the others still wait their turn.
+    labels = {
+        **verified,
+        MIG_CONFIG_LABEL: "all-disabled",
+        "nvidia.com/mig.config.state": "pending",
+    }
+    cache.upsert_node(h100("n0", allocatable="14", **labels))
+    planner.due()
+    again = [planner.plan_node(name) for name in names]
+    assert [p.name for p in again if p.labels] == []
+    assert planner.book.unavailable_for(cache.nodes["n0"], planner.decide(cache.nodes["n0"])) == "t"

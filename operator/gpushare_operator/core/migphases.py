@@ -33,6 +33,7 @@ from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.core.rewrittenlabels import mig_profile_of
 
 MIG_CHANGING: Final = "MIGChanging"  # the reason of a node whose MIG manager is at work
+DISABLING: Final = "DisablingMIG"  # the reason of a node whose MIG goes off first
 # How long after our label a `failed` may still be the last layout's: the MIG manager takes a
 # new label up (state pending) within a second of seeing it.
 STALE_STATE: Final = 5.0
@@ -239,14 +240,14 @@ def disable_first(record: NodeRecord, policy: CompiledPolicy) -> NodeDecision:
             "waiting for the MIG manager to disable MIG before the new config"
             f" (nvidia.com/mig.config.state={state})"
         )
-        return NodeDecision(policy, NodePhase.PENDING, "DisablingMIG", message, None)
+        return NodeDecision(policy, NodePhase.PENDING, DISABLING, message, None)
     labels: Labels = {
         CONFIG_LABEL: record.config_label,
         POLICY_LABEL: record.policy_label,
         MIG_CONFIG_LABEL: migconfigs.ALL_DISABLED,
     }
     message = f"disabling MIG ({migconfigs.ALL_DISABLED}) before config key {policy.config_key}"
-    return NodeDecision(policy, NodePhase.PENDING, "DisablingMIG", message, labels)
+    return NodeDecision(policy, NodePhase.PENDING, DISABLING, message, labels)
 
 
 def status(record: NodeRecord, policy: CompiledPolicy) -> dict[str, Any] | None:

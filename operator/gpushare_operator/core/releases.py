@@ -105,7 +105,7 @@ def _disable_mig_first(record: NodeRecord) -> NodeDecision:
             f" MIG (nvidia.com/mig.config.state={record.mig_state})"
         )
         return NodeDecision(
-            None, NodePhase.PENDING, "DisablingMIG", message, None, released_from=losing
+            None, NodePhase.PENDING, migphases.DISABLING, message, None, released_from=losing
         )
     labels: Labels = {
         CONFIG_LABEL: record.config_label,
@@ -114,7 +114,7 @@ def _disable_mig_first(record: NodeRecord) -> NodeDecision:
     }
     message = f"released from GPUSharingPolicy {losing}: disabling MIG first"
     return NodeDecision(
-        None, NodePhase.PENDING, "DisablingMIG", message, labels, released_from=losing
+        None, NodePhase.PENDING, migphases.DISABLING, message, labels, released_from=losing
     )
 
 

@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import devconfigs, migphases, models, nodephases, rollouts
+from gpushare_operator.core.migconfigs import ALL_DISABLED
 from gpushare_operator.core.models import NodePhase, PodPolicy, RolloutSpec
 from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
@@ -116,6 +117,11 @@ class RolloutBook:
             return None  # not ours to change: out of every rollout
         if phase is NodePhase.RELEASING:
             return self._existing(decision.released_from)
+        if decision.reason == migphases.DISABLING and record.mig_config_label == ALL_DISABLED:
+            # MIG going off before another policy's config (or a release): a change under the
+            # budget of the policy taking the node (or losing it), read from the labels alone.
+            taking = decision.policy.name if decision.policy is not None else None
+            return self._existing(taking or decision.released_from)
         evicting = self._evicting_for(record.name) if drained else None
         if evicting is not None:  # drained for a change (podPolicy Evict): not yet given up
             return self._existing(evicting)

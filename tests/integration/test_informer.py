@@ -44,6 +44,8 @@ RECORD_FIELDS = {
     "shared_capacity",
     "allocatable",  # the nvidia.com/* allocatable pairs: Verified checks them
     "taints",  # spec.taints, usually none: the cordon taint is patched against this list
+    # Who besides us set nvidia.com/mig.config (from managedFields, only while it is there).
+    "mig_config_owners",
 }
 MAX_RECORD_BYTES = 2048
 

@@ -82,11 +82,11 @@ def status_writes(
 
 
 def taint_writes(
-    plane: ControlPlane, nodes: Collection[str], *, since: float
+    plane: ControlPlane, nodes: Collection[str], *, since: float, users: Collection[str] = USERS
 ) -> list[tuple[float, str, list[dict[str, Any]]]]:
-    """(when, node, JSON patch) of each operator patch of a node's taints."""
+    """(when, node, JSON patch) of each operator patch of a node's taints, by ``users``."""
     found = []
-    for event in _ours(plane, since):
+    for event in _ours(plane, since, users):
         ref = event["objectRef"]
         body = event.get("requestObject")
         if ref.get("resource") == "nodes" and ref.get("name") in nodes and isinstance(body, list):

@@ -6,8 +6,9 @@ gpushare wrote, and in what order, is read from the API server's audit log.
 from __future__ import annotations
 
 import json
+import signal
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from gpushare_testing import rolloutaudit as audit
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.gpupods import create, delete_pod, small_pod
 from gpushare_testing.operators import OperatorFactory
+from gpushare_testing.replicas import USERS, Replicas
 from gpushare_testing.rolloutstate import all_verified, rollout_state
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
@@ -30,6 +32,7 @@ H200 = "NVIDIA-H200-141GB-HBM3e"
 MIG_LABEL = "nvidia.com/mig.config"
 TAINT = "gpushare.dev/reconfiguring"
 MIG_CONFIGMAP = "gpushare-mig-parted-config"
+REPLICAS = tuple(USERS.values())
 
 
 def mig_policy(
@@ -50,14 +53,18 @@ def mig_policy(
 
 
 def label_applies(
-    plane: ControlPlane, nodes: Collection[str], *, since: float
+    plane: ControlPlane,
+    nodes: Collection[str],
+    *,
+    since: float,
+    users: Collection[str] = audit.USERS,
 ) -> list[tuple[float, str, dict[str, str]]]:
     """(when, node, labels applied) of each label apply gpushare made, in order."""
     found = []
     for event in plane.audit_events():
         ref = event["objectRef"]
         body = event.get("requestObject")
-        if event["user"]["username"] != h.OPERATOR_USER or ref.get("resource") != "nodes":
+        if event["user"]["username"] not in users or ref.get("resource") != "nodes":
             continue
         if (
             ref.get("name") not in nodes
@@ -71,10 +78,12 @@ def label_applies(
     return sorted(found, key=lambda item: item[0])
 
 
-def taint_added_at(plane: ControlPlane, node: str, *, since: float) -> list[float]:
+def taint_added_at(
+    plane: ControlPlane, node: str, *, since: float, users: Collection[str] = audit.USERS
+) -> list[float]:
     return [
         when
-        for when, _, patch in audit.taint_writes(plane, [node], since=since)
+        for when, _, patch in audit.taint_writes(plane, [node], since=since, users=users)
         if any(op.get("op") == "add" and TAINT in str(op.get("value")) for op in patch)
     ]
 
@@ -250,6 +259,63 @@ async def test_a_gpu_pod_holds_the_change_and_the_taint_comes_first(
         what=f"{node} untainted once Verified",
     )
     assert sim.mig.failures.get(node) is None  # the MIG manager never met a busy GPU
+
+
+def taint_removed_at(plane: ControlPlane, node: str, *, since: float) -> list[float]:
+    return [
+        when
+        for when, _, patch in audit.taint_writes(plane, [node], since=since, users=REPLICAS)
+        if any(op.get("op") in ("remove", "replace") for op in patch)
+    ]
+
+
+async def test_a_new_leader_keeps_the_waiting_node_tainted_and_admitted(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    pods_ns: str,
+    policies: list[str],
+    start_replicas: Callable[..., Awaitable[Replicas]],
+) -> None:
+    """The wait's admission is in the GPUNodeState (idleWait): killed mid-wait, the leader's
+    successor neither lifts the taint nor starts the wait afresh (audit log)."""
+    pool = h.unique("migkill")
+    [node] = await sim.create_gpu_nodes(pool=pool, count=1, product=H100, gpus=1, mig_preset=False)
+    pod = h.unique("holder")
+    await create(sim, pods_ns, small_pod(pod, gpus=1, node=node))
+    await eventually(
+        lambda: h.ok(sim.client, "GET", f"/api/v1/namespaces/{pods_ns}/pods/{pod}"),
+        until=lambda p: p["status"].get("phase") == "Running",
+        what=f"{pod} running",
+    )
+    since = time.time()
+    name = h.unique("migkill")
+    await h.add_policy(sim, policies, mig_policy(name, pool=pool, mig={"profile": "3g.40gb"}))
+    replicas = await start_replicas()
+    leader, follower = await replicas.roles()
+    held = await phase_reached(sim, node, "Pending", reason="WaitingForPods")
+    wait = held["idleWait"]
+    assert wait["policy"] == name and wait["target"]
+    await eventually(
+        lambda: h.node(sim.client, node),
+        until=lambda n: any(t["key"] == TAINT for t in n["spec"].get("taints") or ()),
+        what=f"{node} tainted",
+    )
+    dying = replicas.running[leader]
+    dying.proc.send_signal(signal.SIGKILL)
+    assert await dying.exited() == -signal.SIGKILL
+    killed = time.time()
+    await replicas.wait_holder(follower, timeout=60)
+    await replicas.quiet(follower)  # the successor has looked at every node, and is done
+    still = await status_of(sim, node)
+    assert still["phase"] == "Pending" and still["idleWait"] == wait  # the same wait, kept
+    await delete_pod(sim, pods_ns, pod)
+    await all_verified(sim, [node], name)
+    [added] = taint_added_at(control_plane, node, since=since, users=REPLICAS)
+    removed = taint_removed_at(control_plane, node, since=since)
+    assert removed and all(when > killed for when in removed)
+    labelled = [when for when, _, _ in label_applies(control_plane, [node], since=since, users=REPLICAS)]
+    # One taint from before the kill until after the layout changed: never lifted meanwhile.
+    assert added < killed < min(labelled) < min(removed)
 
 
 async def test_failed_is_a_mismatch_and_halts_the_rollout(

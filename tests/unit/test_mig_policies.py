@@ -8,7 +8,7 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink
-from gpushare_operator.core import migconfigs, migphases, nodephases, selectors
+from gpushare_operator.core import migconfigs, migphases, nodephases, rollouts, selectors
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, MIG_CONFIG_LABEL, POLICY_LABEL, project_node
 from gpushare_operator.core.policies import CompiledPolicy, compile_policy
@@ -288,6 +288,44 @@ def test_a_gpu_pod_holds_a_mig_change_under_our_taint() -> None:
     cache.delete_pod("p1")
     go = planner.plan_admitted("n1")
     assert go.labels is not None and go.labels[MIG_CONFIG_LABEL] == mig.names[H100]
+
+
+def test_a_new_leader_keeps_a_waiting_mig_change_admitted_from_its_node_state() -> None:
+    """The wait's admission is in the GPUNodeState: a new leader (empty memory) keeps the node
+    tainted and charged, and admits no idle node in its place under maxUnavailable 1."""
+    body = mig_policy("m", rollout={"canary": 0, "maxUnavailable": 1})
+    first = loop(Clock())
+    first.cache.upsert_policy(body)
+    sync_config(first.cache, config_texts(first.cache), initial=True)
+    mig = first.cache.policies["m"].mig
+    assert mig is not None
+    text = {migconfigs.CONFIGMAP_KEY: migconfigs.render_text(mig.entries)}
+    sync_mig(first.cache, text)
+    first.cache.upsert_node(h100("n1"))
+    first.cache.upsert_pod(pod("p1", "n1", 1))
+    held = first.plan_admitted("n1")
+    assert held.taint is not None and held.status is not None
+    assert held.status["idleWait"]["policy"] == "m"
+    assert held.status["idleWait"]["target"] == first.cache.policies["m"].config_key
+
+    new = loop(Clock())  # the next leader: the cluster as the first one left it
+    cache = new.cache
+    cache.upsert_policy(body)
+    sync_config(cache, config_texts(cache), initial=True)
+    sync_mig(cache, text)
+    tainted = h100("n1")
+    tainted["spec"] = {"taints": [dict(rollouts.TAINT)]}
+    cache.upsert_node(tainted)
+    cache.upsert_node(h100("n2"))  # idle: it would go first, fewest slots in use
+    cache.upsert_pod(pod("p1", "n1", 1))
+    cache.upsert_node_state({"metadata": {"name": "n1"}, "status": held.status})
+    kept = new.plan_admitted("n1")
+    assert kept.taint is None  # neither lifted nor added again
+    assert kept.facts.decision is not None and kept.facts.decision.reason == "WaitingForPods"
+    other = new.plan_node("n2")
+    assert other.labels is None and other.taint is None
+    assert other.facts.decision is not None
+    assert other.facts.decision.reason == "RolloutWaiting"
 
 
 def test_evict_takes_every_gpu_pod_before_a_mig_change() -> None:

@@ -39,6 +39,9 @@ class NodeDecision:
     # podPolicy Evict: the GPUNodeState's ``eviction`` block (statuses.EvictionStatus) while
     # the node is drained, or after it was given up (EvictionBlocked); None: no eviction.
     eviction: Mapping[str, Any] | None = None
+    # A MIG change under podPolicy WaitForPods: the GPUNodeState's ``idleWait`` block
+    # (statuses.IdleWaitStatus) while the admitted, tainted node waits for its GPU pods.
+    idle_wait: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -337,6 +337,7 @@ def render_status(
         "pods": pods,
         "configReadyAt": decision.config_ready_at,
         "eviction": dict(decision.eviction) if decision.eviction else None,
+        "idleWait": dict(decision.idle_wait) if decision.idle_wait else None,
         "mig": migphases.status(record, policy) if governed and policy is not None else None,
         "conditions": conditions.render_conditions(
             [

@@ -169,6 +169,18 @@ class EvictionStatus(ApiModel):
     """The same, in words."""
 
 
+class IdleWaitStatus(ApiModel):
+    """A MIG change admitted under podPolicy WaitForPods: the node is tainted and waits for its
+    GPU pods to end.  The admission lives here, so a new leader keeps it (and the taint)."""
+
+    policy: str = ""
+    """The policy whose budget the node is charged to; empty: the cluster-wide budget only."""
+    target: str = ""
+    """The config key the node is to take; empty for a release to the default config."""
+    since: Rfc3339
+    """When the node was admitted and began to wait."""
+
+
 class MigNodeStatus(ApiModel):
     """What a MIG policy wants of the node, and what the MIG manager reports."""
 
@@ -209,6 +221,8 @@ class GPUNodeStateStatus(_HasSlots):
     """Running or pending pods that hold slots on the node."""
     eviction: EvictionStatus | None = None
     """While podPolicy Evict drains the node (phase Evicting), or after it gave up."""
+    idleWait: IdleWaitStatus | None = None
+    """While a MIG change waits, tainted, for the node's GPU pods to end (WaitForPods)."""
     mig: MigNodeStatus | None = None
     """Strategy MIG: the node's layout and the MIG manager's state."""
     conditions: Conditions = []

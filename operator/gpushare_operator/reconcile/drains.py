@@ -84,7 +84,7 @@ class Drains:
             return Drain(judged, done=done)  # the pods fit: the change goes ahead
         if spec.podPolicy is not PodPolicy.EVICT:
             admitted = place.step is Step.ADMITTED  # tainted while it waits its pods out
-            return Drain(_idle_wait(planned, judged, misfit), done=done, draining=admitted)
+            return Drain(self._idle_wait(planned, judged, misfit), done=done, draining=admitted)
         target = "" if policy is None else str(policy.config_key)
         generation = self._generation(place.charged)
         prior = self._prior(record.name, place.charged, generation, target)
@@ -139,6 +139,45 @@ class Drains:
 
     # -- pieces ----------------------------------------------------------------------------------
 
+    def _idle_wait(
+        self, planned: nodephases.NodeDecision, judged: Judgement, misfit: str
+    ) -> Judgement:
+        """A MIG change admitted while GPU pods run (podPolicy WaitForPods): the node is
+        tainted and keeps its layout until they are gone, counting against the budget.  The
+        admission is written in the GPUNodeState (``idleWait``): a new leader reads it back
+        (``RolloutBook.judge``) and keeps the node admitted and tainted."""
+        place = judged.placement
+        if place.step is not Step.ADMITTED or place.grant is None:
+            return judged  # waiting its turn, untainted
+        target, charged = place.grant
+        status = self._status(place.node)
+        prior = status.get("idleWait")
+        prior = prior if isinstance(prior, Mapping) else {}
+        same = (prior.get("policy"), prior.get("target")) == (charged, target)
+        block = {
+            "policy": charged,
+            "target": target,
+            "since": prior.get("since") if same else rfc3339(self._epoch()),
+        }
+        message = (
+            f"tainted; {misfit}: the layout changes once they are gone (podPolicy WaitForPods)"
+        )
+        waiting = nodephases.NodeDecision(
+            planned.policy,
+            NodePhase.PENDING,
+            "WaitingForPods",
+            message,
+            None,
+            released_from=planned.released_from,
+            idle_wait=block,
+        )
+        return replace(judged, decision=waiting)
+
+    def _status(self, node: str) -> Mapping[str, Any]:
+        """The node's GPUNodeState status: as being written, else as last seen."""
+        cache = self.cache
+        return cache.in_flight.get(("nodestate", node)) or cache.node_states.get(node) or {}
+
     def _blocked(
         self,
         record: NodeRecord,
@@ -170,8 +209,7 @@ class Drains:
         self, node: str, policy: str, generation: int, target: str
     ) -> Mapping[str, Any] | None:
         """The eviction block the node's GPUNodeState carries for this very change."""
-        status = self.cache.in_flight.get(("nodestate", node)) or self.cache.node_states.get(node)
-        block = (status or {}).get("eviction")
+        block = self._status(node).get("eviction")
         if not isinstance(block, Mapping):
             return None
         same = (block.get("policy"), block.get("generation"), block.get("target") or "")
@@ -216,23 +254,6 @@ class Drains:
             for uid, (_, where) in self.memory.evicted.items()
             if where == node and (uid not in pods or not pods[uid].holds_slots)
         )
-
-
-def _idle_wait(planned: nodephases.NodeDecision, judged: Judgement, misfit: str) -> Judgement:
-    """A MIG change admitted while GPU pods run (podPolicy WaitForPods): the node is tainted
-    and keeps its layout until they are gone, counting against the budget meanwhile."""
-    if judged.placement.step is not Step.ADMITTED:
-        return judged  # waiting its turn, untainted
-    message = f"tainted; {misfit}: the layout changes once they are gone (podPolicy WaitForPods)"
-    waiting = nodephases.NodeDecision(
-        planned.policy,
-        NodePhase.PENDING,
-        "WaitingForPods",
-        message,
-        None,
-        released_from=planned.released_from,
-    )
-    return replace(judged, decision=waiting)
 
 
 def _fit(record: NodeRecord, policy: Any) -> tuple[str | None, int]:

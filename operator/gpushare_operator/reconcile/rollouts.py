@@ -95,6 +95,8 @@ class RolloutBook:
         target = self._target(decision)
         wants = decision.labels is not None
         grant = self._grant(record, target=target, wants=wants)
+        if grant is None and wants:
+            grant = self._waiting(name, target=target, charged=charged)
         down = self.unavailable_for(record, decision)
         place = Placement(name, charged, None, down, grant)
         if not wants:
@@ -147,6 +149,20 @@ class RolloutBook:
         block = status.get("eviction")
         policy = block.get("policy") if isinstance(block, dict) else None
         return policy if isinstance(policy, str) else CLUSTER
+
+    def _waiting(self, node: str, *, target: str, charged: str) -> tuple[str, str] | None:
+        """The admission a GPUNodeState shows (``idleWait``: a MIG change waiting, tainted, for
+        its GPU pods to end), while the node still wants that change: whoever admitted it,
+        it stays admitted, so a new leader neither lifts the taint nor admits another node
+        in its place."""
+        cache = self.cache
+        status = cache.in_flight.get(("nodestate", node)) or cache.node_states.get(node) or {}
+        block = status.get("idleWait")
+        if status.get("phase") != NodePhase.PENDING or not isinstance(block, dict):
+            return None
+        if (block.get("target"), block.get("policy")) != (target, charged):
+            return None
+        return target, charged
 
     def _existing(self, policy: str | None) -> str:
         return policy if policy is not None and policy in self.cache.policies else CLUSTER

@@ -313,7 +313,9 @@ async def test_a_new_leader_keeps_the_waiting_node_tainted_and_admitted(
     [added] = taint_added_at(control_plane, node, since=since, users=REPLICAS)
     removed = taint_removed_at(control_plane, node, since=since)
     assert removed and all(when > killed for when in removed)
-    labelled = [when for when, _, _ in label_applies(control_plane, [node], since=since, users=REPLICAS)]
+    labelled = [
+        when for when, _, _ in label_applies(control_plane, [node], since=since, users=REPLICAS)
+    ]
     # One taint from before the kill until after the layout changed: never lifted meanwhile.
     assert added < killed < min(labelled) < min(removed)
 
@@ -345,25 +347,33 @@ async def test_failed_is_a_mismatch_and_halts_the_rollout(
     assert label_applies(control_plane, [waiting], since=since) == []  # the halt held it
 
 
+@pytest.mark.parametrize("successor", ["none", "unfit-mig"])
 async def test_leaving_mig_disables_it_first(
     control_plane: ControlPlane,
     sim: GpuClusterSimulator,
     namespace: str,
     policies: list[str],
     start_operator: OperatorFactory,
+    successor: str,
 ) -> None:
+    """Deleted, the MIG policy's node has MIG disabled before anything else: released to no
+    policy, or left to one that cannot work there (Unsupported: its layout does not fit)."""
     pool = h.unique("migleave")
     [leaving] = await sim.create_gpu_nodes(
         pool=pool, count=1, product=H100, gpus=1, mig_preset=False
     )
     name = h.unique("migleave")
     await h.add_policy(sim, policies, mig_policy(name, pool=pool, mig={"profile": "7g.80gb"}))
+    next_name = h.unique("migsucc")
+    if successor == "unfit-mig":  # 9 memory slices of 8: never fits an H100
+        unfit = mig_policy(next_name, pool=pool, mig={"devices": {"1g.20gb": 4, "1g.10gb": 1}})
+        await h.add_policy(sim, policies, unfit)
     await start_operator("--device-plugin-namespace", namespace)
     await all_verified(sim, [leaving], name)
 
     since = time.time()
     await h.delete_policy(sim.client, name)
-    await phase_reached(sim, leaving, "Unmanaged")
+    await phase_reached(sim, leaving, "Unsupported" if successor == "unfit-mig" else "Unmanaged")
     writes = label_applies(control_plane, [leaving], since=since)
     disabling, released = writes[0], writes[-1]
     assert disabling[2][MIG_LABEL] == "all-disabled"

@@ -442,3 +442,61 @@ def test_disabling_mig_for_another_policy_is_under_that_policys_budget() -> None
     again = [planner.plan_node(name) for name in names]
     assert [p.name for p in again if p.labels] == []
     assert planner.book.unavailable_for(cache.nodes["n0"], planner.decide(cache.nodes["n0"])) == "t"
+
+
+def mixed_mig_node(gone: CompiledPolicy) -> dict[str, Any]:
+    """A node on the mixed layout of ``gone``, a MIG policy that is no more."""
+    return on_mig(
+        gone,
+        **{
+            "nvidia.com/mig.config.state": "success",
+            "nvidia.com/mig.strategy": "mixed",
+            "nvidia.com/mig-1g.10gb.count": "14",
+        },
+    )
+
+
+def test_an_orphaned_node_no_usable_policy_takes_has_its_mig_layout_disabled_first() -> None:
+    """Its policy deleted, the node is selected only by a MIG policy whose layout it cannot
+    hold (Unsupported): our labels go, but MIG is disabled before they do."""
+    gone = compiled("gone", mig={"profile": "1g.10gb", "migStrategy": "mixed"})
+    planner = loop(Clock())
+    cache = planner.cache
+    refused = {"devices": {"1g.20gb": 4, "1g.10gb": 1}}  # 9 memory slices of 8 on an H100
+    cache.upsert_policy(mig_policy("x", mig=refused))
+    cache.upsert_node(mixed_mig_node(gone))
+    first = planner.decide(cache.nodes["n1"])
+    assert first.labels == {
+        CONFIG_LABEL: gone.config_key,
+        POLICY_LABEL: "gone",
+        MIG_CONFIG_LABEL: migconfigs.ALL_DISABLED,
+    }
+    assert first.reason == migphases.DISABLING
+    off = {
+        **mixed_mig_node(gone)["metadata"]["labels"],
+        MIG_CONFIG_LABEL: migconfigs.ALL_DISABLED,
+        "nvidia.com/mig-1g.10gb.count": "0",
+    }
+    cache.upsert_node(h100(**off))
+    last = planner.decide(cache.nodes["n1"])
+    assert last.phase is NodePhase.UNSUPPORTED
+    assert last.labels == {CONFIG_LABEL: None, POLICY_LABEL: None}
+
+
+def test_mps_takes_a_node_whose_mixed_strategy_is_our_own_mig_layout() -> None:
+    """GFD's mig.strategy=mixed comes from our MIG policy's config: MPS disables MIG first
+    instead of being Unsupported there for good."""
+    gone = compiled("gone", mig={"profile": "1g.10gb", "migStrategy": "mixed"})
+    planner = loop(Clock())
+    cache = planner.cache
+    cache.upsert_policy(policy("p", strategy="MPS"))
+    sync_config(cache, config_texts(cache), initial=True)
+    cache.upsert_node(mixed_mig_node(gone))
+    decision = planner.decide(cache.nodes["n1"])
+    assert decision.phase is not NodePhase.UNSUPPORTED
+    assert decision.labels is not None
+    assert decision.labels[MIG_CONFIG_LABEL] == migconfigs.ALL_DISABLED
+    theirs = {**mixed_mig_node(gone)["metadata"]["labels"]}
+    del theirs[MIG_CONFIG_LABEL], theirs[CONFIG_LABEL], theirs[POLICY_LABEL]
+    cache.upsert_node(h100(**theirs))  # mixed, and no layout of ours: someone else's MIG
+    assert planner.decide(cache.nodes["n1"]).reason == "MPSWithMixedMIG"

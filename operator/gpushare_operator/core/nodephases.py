@@ -29,6 +29,7 @@ from gpushare_operator.core.nodes import (
     NodeRecord,
 )
 from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.releases import disable_mig_first
 from gpushare_operator.core.releases import release as released
 from gpushare_operator.core.releases import release_blocked as release_blocked
 from gpushare_operator.core.releases import release_settled as release_settled
@@ -57,7 +58,13 @@ def _unsupported(record: NodeRecord, policy: CompiledPolicy) -> tuple[str, str] 
         return "InvalidNodeLabel", count_error
     if policy.mig is not None:
         return migphases.unsupported(record, policy)
-    if policy.strategy == "MPS" and record.mig_strategy == "mixed":
+    # A mixed strategy our own MIG layout brought is no obstacle: MIG is disabled first
+    # (``migphases.disable_first``), and MPS's config follows.
+    if (
+        policy.strategy == "MPS"
+        and record.mig_strategy == "mixed"
+        and not migphases.carries_ours(record)
+    ):
         return (
             "MPSWithMixedMIG",
             "MPS cannot share GPUs on a node with nvidia.com/mig.strategy=mixed",
@@ -234,11 +241,14 @@ def orphan_released(
     The policies that do select it cannot work there, so none of them will ever relabel it:
     left alone, it would keep a gone policy's config for good (and that policy's finalizer,
     which waits for its label to go, would never let it be deleted).  Only our own labels
-    are removed; nothing about the node's broken GPU stack is written.
+    are removed; nothing about the node's broken GPU stack is written.  A MIG layout of ours
+    is disabled first, as on any release: left enabled, it would outlive the labels.
     """
     owner = record.policy_label
     if decision.phase is not NodePhase.UNSUPPORTED or owner is None or owner in claimants:
         return decision
+    if migphases.leaving_mig(record):
+        return disable_mig_first(record)
     return replace(decision, labels={CONFIG_LABEL: None, POLICY_LABEL: None})
 
 

@@ -236,7 +236,8 @@ def policy_slots(cache: ClusterCache) -> dict[str, int]:
     for node in cache.nodes:
         governor = usage.governor(node)
         if governor is not None:
-            expected[governor[0]] += usage.node_usage(node, governor[1])[0]
+            held = (usage.node_usage(node, resource)[0] for resource in governor[1])
+            expected[governor[0]] += sum(held)
     slots = {name: usage.policy_slots(name) for name in cache.policies}
     if any(slots[name] != expected[name] for name in slots):
         raise RuntimeError(f"per-policy counters {slots} != sums over their nodes {expected}")

@@ -126,6 +126,7 @@ async def test_layouts_converge_on_each_model_with_one_label_write_each(
     control_plane: ControlPlane,
     sim: GpuClusterSimulator,
     namespace: str,
+    pods_ns: str,
     policies: list[str],
     start_operator: OperatorFactory,
 ) -> None:
@@ -163,6 +164,24 @@ async def test_layouts_converge_on_each_model_with_one_label_write_each(
         "nvidia.com/mig-2g.35gb": 1,
         "nvidia.com/mig-1g.18gb": 1,
     }
+    # A pod on one profile's resource counts there, and only there (slots per resource).
+    pod = small_pod(h.unique("slice"), gpus=1, selector={"pool": f"{pool}-h200"})
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    limits["nvidia.com/mig-1g.18gb"] = limits.pop("nvidia.com/gpu")
+    await create(sim, pods_ns, pod)
+    per_resource = await eventually(
+        lambda: h.get_policy(sim.client, big),
+        until=lambda b: (b.get("status") or {}).get("slots", {}).get("allocated") == 1,
+        what=f"{big} counting the pod",
+    )
+    assert per_resource["status"]["slots"]["byResource"] == {
+        "nvidia.com/mig-1g.18gb": {"capacity": 1, "allocated": 1},
+        "nvidia.com/mig-2g.35gb": {"capacity": 1, "allocated": 0},
+        "nvidia.com/mig-3g.71gb": {"capacity": 1, "allocated": 0},
+    }
+    assert per_resource["status"]["resourcesSummary"] == (
+        "mig-1g.18gb 1/1, mig-2g.35gb 0/1, mig-3g.71gb 0/1"
+    )
     refused = await phase_reached(sim, h200, "Unsupported", reason="MIGLayoutDoesNotFit")
     assert "has no MIG profile 3g.20gb" in h.condition(refused, "Ready")["message"]
 

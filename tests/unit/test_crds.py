@@ -157,6 +157,7 @@ def test_policy_printer_columns(by_plural: dict[str, dict[str, Any]]) -> None:
         ("Applied", "integer", ".status.appliedNodes"),
         ("Verified", "integer", ".status.verifiedNodes"),
         ("Slots", "string", ".status.slotsSummary"),
+        ("Resources", "string", ".status.resourcesSummary"),
         ("Rollout", "string", ".status.rollout.progress"),
         ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status'),
         ("Age", "date", ".metadata.creationTimestamp"),

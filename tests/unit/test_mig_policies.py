@@ -8,7 +8,14 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink
-from gpushare_operator.core import migconfigs, migphases, nodephases, rollouts, selectors
+from gpushare_operator.core import (
+    migconfigs,
+    migphases,
+    nodephases,
+    policystatus,
+    rollouts,
+    selectors,
+)
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, MIG_CONFIG_LABEL, POLICY_LABEL, project_node
 from gpushare_operator.core.policies import CompiledPolicy, compile_policy
@@ -500,3 +507,31 @@ def test_mps_takes_a_node_whose_mixed_strategy_is_our_own_mig_layout() -> None:
     del theirs[MIG_CONFIG_LABEL], theirs[CONFIG_LABEL], theirs[POLICY_LABEL]
     cache.upsert_node(h100(**theirs))  # mixed, and no layout of ours: someone else's MIG
     assert planner.decide(cache.nodes["n1"]).reason == "MPSWithMixedMIG"
+
+
+def test_a_mixed_policy_counts_slots_and_overcommitment_per_resource() -> None:
+    """Three pods on one profile's two devices: overcommitted there, though the policy's six
+    slots in all would hold them."""
+    layout = {"devices": {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 1}, "migStrategy": "mixed"}
+    planner = loop(Clock())
+    cache = planner.cache
+    cache.upsert_policy(mig_policy("m", mig=layout))
+    cache.upsert_node(h100())
+    for uid in ("p1", "p2", "p3"):
+        cache.upsert_pod(pod(uid, "n1", 1, resource="nvidia.com/mig-1g.10gb"))
+    cache.upsert_pod(pod("p4", "n1", 1, resource="nvidia.com/mig-3g.40gb"))
+    compiled_m = cache.policies["m"]
+    tally = planner.tally(compiled_m)
+    assert (tally.capacity, tally.allocated) == (6, 4)
+    status = policystatus.render_policy_status(
+        policy=compiled_m, tally=tally, previous=None, now="2026-12-01T00:00:00Z"
+    )
+    assert status["slots"]["byResource"] == {
+        "nvidia.com/mig-1g.10gb": {"capacity": 2, "allocated": 3},
+        "nvidia.com/mig-2g.20gb": {"capacity": 2, "allocated": 0},
+        "nvidia.com/mig-3g.40gb": {"capacity": 2, "allocated": 1},
+    }
+    assert status["resourcesSummary"] == "mig-1g.10gb 3/2, mig-2g.20gb 0/2, mig-3g.40gb 1/2"
+    [over] = [c for c in status["conditions"] if c["type"] == "Overcommitted"]
+    assert over["status"] == "True"
+    assert over["message"].startswith("nvidia.com/mig-1g.10gb: pods hold 3 slots but only 2")

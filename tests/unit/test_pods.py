@@ -398,9 +398,9 @@ def test_ledger_moves_a_nodes_slots_with_its_governor() -> None:
     ledger = UsageLedger()
     ledger.replace("a", PodRecord("a", "ns", "a", "n1", "Running", ((GPU, 1), (SHARED, 2))))
     ledger.replace("b", PodRecord("b", "ns", "b", "n1", "Pending", ((SHARED, 3),)))
-    assert ledger.set_governor("n1", ("p", SHARED)) is None
+    assert ledger.set_governor("n1", ("p", (SHARED,))) is None
     assert (ledger.policy_slots("p"), ledger.policy_slots("q")) == (5, 0)
-    assert ledger.set_governor("n1", ("q", GPU)) == ("p", SHARED)
+    assert ledger.set_governor("n1", ("q", (GPU,))) == ("p", (SHARED,))
     assert (ledger.policy_slots("p"), ledger.policy_slots("q")) == (0, 1)
     ledger.replace("c", PodRecord("c", "ns", "c", "n1", "Running", ((GPU, 2),)))
     assert ledger.policy_slots("q") == 3
@@ -409,6 +409,11 @@ def test_ledger_moves_a_nodes_slots_with_its_governor() -> None:
     assert ledger.node_usage("n1", GPU) == (3, 2)  # the node's own counters stay
     assert ledger.node_slots("n1") == {GPU: 3, SHARED: 5}
     assert (ledger.node_total("n1"), ledger.node_total("n2")) == (8, 0)
+    ledger.set_governor("n1", ("mixed", (GPU, SHARED)))  # a mixed MIG policy: every resource
+    assert ledger.policy_resource_slots("mixed") == {GPU: 3, SHARED: 5}
+    ledger.replace("b", None)
+    assert ledger.policy_resource_slots("mixed") == {GPU: 3, SHARED: 2}
+    assert ledger.policy_slots("mixed") == 5
 
 
 class NoScan(dict[str, PodRecord]):
@@ -770,7 +775,7 @@ class UsageMachine(RuleBasedStateMachine):
                 assert cache.usage.governor(node) is None
                 continue
             resource = devconfigs.advertised_resource(policy.sharing)
-            assert cache.usage.governor(node) == (policy.name, resource)
+            assert cache.usage.governor(node) == (policy.name, (resource,))
             expected[policy.name] += total(records, node=node, resource=resource)[0]
         assert {p: cache.usage.policy_slots(p) for p in POLICIES} == expected
 

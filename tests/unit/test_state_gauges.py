@@ -82,6 +82,11 @@ def test_the_gauges_show_the_readings_of_each_scrape() -> None:
         first[("gpushare_unavailable_nodes", ())],
         first[("gpushare_max_unavailable_nodes", ())],
     ) == (2, 4)
+    mixed = {"nvidia.com/mig-1g.10gb": {"capacity": 14, "allocated": 3}}
+    readings.statuses["a"] = {"slots": {"capacity": 14, "allocated": 3, "byResource": mixed}}
+    per_resource = scrape(registry)
+    key = (("kind", "allocated"), ("policy", "a"), ("resource", "nvidia.com/mig-1g.10gb"))
+    assert per_resource[("gpushare_policy_resource_slots", key)] == 3
     readings.leader = True
     del readings.counts["b"]
     second = scrape(registry)

@@ -203,6 +203,11 @@ class StateCollector(Collector):
         slots = GaugeMetricFamily(
             "gpushare_policy_slots", "Shared GPU slots per policy", labels=["policy", "kind"]
         )
+        per_resource = GaugeMetricFamily(
+            "gpushare_policy_resource_slots",
+            "A MIG policy's slots per extended resource",
+            labels=["policy", "resource", "kind"],
+        )
         for name in policies:
             status = self._readings.rendered_status(name)
             if status is None:
@@ -211,8 +216,12 @@ class StateCollector(Collector):
                 nodes.add_metric([name, label], status.get(field, 0))
             for kind in ("capacity", "allocated"):
                 slots.add_metric([name, kind], status.get("slots", {}).get(kind, 0))
+            for resource, counts in (status.get("slots", {}).get("byResource") or {}).items():
+                for kind in ("capacity", "allocated"):
+                    per_resource.add_metric([name, resource, kind], counts.get(kind, 0))
         yield nodes
         yield slots
+        yield per_resource
 
     def _rollout_metrics(self, policies: list[str]) -> Iterator[Metric]:
         """Live from the rollout book, not from the last status written (which waits for nodes

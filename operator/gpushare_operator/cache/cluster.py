@@ -138,7 +138,7 @@ class ClusterCache:
                 and record is not None
                 and nodephases.unsupported(record, policy) is None  # no slots there to use
             ):
-                governor = (policy.name, policy.resources[0])
+                governor = (policy.name, policy.resources)
             old = self.usage.set_governor(node, governor)
             if old != governor:
                 self.queue.many_policies(g[0] for g in (old, governor) if g is not None)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from gpushare_operator.core.pods import PodRecord
 
-Governor = tuple[str, str]  # (policy name, advertised resource)
+Governor = tuple[str, tuple[str, ...]]  # (policy name, the resources it advertises)
 
 
 class UsageLedger:
@@ -27,7 +27,9 @@ class UsageLedger:
         # ``_by_node[node]`` (bound, not finished), so that evictions read one node's pods.
         self._on_node: defaultdict[str, set[str]] = defaultdict(set)
         self._governors: dict[str, Governor] = {}
-        self._by_policy: defaultdict[str, int] = defaultdict(int)
+        # policy → resource → slots held on the nodes it governs; no zero entries, and no
+        # policy without one (a mixed MIG policy has a resource per profile).
+        self._by_policy: defaultdict[str, dict[str, int]] = defaultdict(dict)
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -49,7 +51,11 @@ class UsageLedger:
         return [self.pods[uid] for uid in self._on_node.get(node, ())]
 
     def policy_slots(self, policy: str) -> int:
-        return self._by_policy.get(policy, 0)
+        return sum(self._by_policy.get(policy, {}).values())
+
+    def policy_resource_slots(self, policy: str) -> dict[str, int]:
+        """Slots held per resource on the nodes ``policy`` governs (only resources in use)."""
+        return dict(self._by_policy.get(policy, {}))
 
     def governor(self, node: str) -> Governor | None:
         return self._governors.get(node)
@@ -79,16 +85,21 @@ class UsageLedger:
             slot[1] += sign
             if slot == [0, 0]:
                 del counters[resource]  # nodes come and go: keep no empty entries
-            if governor is not None and governor[1] == resource:
-                self._add_policy(governor[0], sign * amount)
+            if governor is not None and resource in governor[1]:
+                self._add_policy(governor[0], resource, sign * amount)
         if not counters:
             del self._by_node[node]
 
-    def _add_policy(self, policy: str, amount: int) -> None:
-        total = self._by_policy[policy] + amount
+    def _add_policy(self, policy: str, resource: str, amount: int) -> None:
+        if not amount:
+            return
+        held = self._by_policy[policy]
+        total = held.get(resource, 0) + amount
         if total:
-            self._by_policy[policy] = total
+            held[resource] = total
         else:
+            del held[resource]
+        if not held:
             del self._by_policy[policy]
 
     def replace(self, uid: str, record: PodRecord | None) -> tuple[PodRecord | None, bool]:
@@ -115,9 +126,11 @@ class UsageLedger:
         if old == governor:
             return old
         if old is not None:
-            self._add_policy(old[0], -self.node_usage(node, old[1])[0])
+            for resource in old[1]:
+                self._add_policy(old[0], resource, -self.node_usage(node, resource)[0])
             del self._governors[node]
         if governor is not None:
             self._governors[node] = governor
-            self._add_policy(governor[0], self.node_usage(node, governor[1])[0])
+            for resource in governor[1]:
+                self._add_policy(governor[0], resource, self.node_usage(node, resource)[0])
         return old

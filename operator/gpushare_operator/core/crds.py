@@ -119,6 +119,7 @@ POLICY_COLUMNS: Final = (
     _column("Applied", "integer", ".status.appliedNodes"),
     _column("Verified", "integer", ".status.verifiedNodes"),
     _column("Slots", "string", ".status.slotsSummary"),
+    _column("Resources", "string", ".status.resourcesSummary"),
     _column("Rollout", "string", ".status.rollout.progress"),
     _column("Ready", "string", '.status.conditions[?(@.type=="Ready")].status'),
     _AGE,

@@ -27,6 +27,10 @@ class PolicyTally:
     gpus: int = 0
     capacity: int = 0
     allocated: int = 0
+    # A MIG policy's slots per extended resource (a mixed layout has one per profile); empty
+    # for other policies, whose one resource is the totals above.
+    capacity_by: dict[str, int] = field(default_factory=dict)
+    allocated_by: dict[str, int] = field(default_factory=dict)
     conflicts: list[tuple[str, str]] = field(default_factory=list)  # (node, winning policy)
     # Nodes this policy would win but cannot work on: (node, why).
     skipped: list[tuple[str, str]] = field(default_factory=list)
@@ -93,7 +97,7 @@ def policy_conditions(
             Cond("Conflicting", "False", "NoConflict", "this policy wins every node it matches")
         )
     wanted.append(_unsupported(tally))
-    wanted.append(conditions.overcommitted(allocated=tally.allocated, capacity=tally.capacity))
+    wanted.append(_overcommitted(tally))
     paused = policy.paused
     wanted.append(
         Cond(
@@ -234,6 +238,41 @@ def _rollout_conditions(policy: CompiledPolicy, view: RolloutView) -> list[Cond]
     return wanted
 
 
+def _overcommitted(tally: PolicyTally) -> Cond:
+    """Overcommitted on any one resource: free slots of one MIG profile do not make up for
+    another's."""
+    for resource, allocated in sorted(tally.allocated_by.items()):
+        capacity = tally.capacity_by.get(resource, 0)
+        if allocated > capacity:
+            over = conditions.overcommitted(allocated=allocated, capacity=capacity)
+            return Cond(over.type, over.status, over.reason, f"{resource}: {over.message}")
+    return conditions.overcommitted(allocated=tally.allocated, capacity=tally.capacity)
+
+
+def by_resource(tally: PolicyTally) -> dict[str, dict[str, int]] | None:
+    """``slots.byResource``: every resource the policy's nodes advertise or its pods hold."""
+    names = sorted({*tally.capacity_by, *tally.allocated_by})
+    if not names:
+        return None
+    return {
+        name: {
+            "capacity": tally.capacity_by.get(name, 0),
+            "allocated": tally.allocated_by.get(name, 0),
+        }
+        for name in names
+    }
+
+
+def resources_summary(slots: Mapping[str, Mapping[str, int]] | None) -> str | None:
+    """For the printer column: ``mig-1g.10gb 3/14, mig-3g.40gb 0/2``."""
+    if not slots:
+        return None
+    return ", ".join(
+        f"{name.removeprefix('nvidia.com/')} {s['allocated']}/{s['capacity']}"
+        for name, s in slots.items()
+    )
+
+
 def render_policy_status(
     *,
     policy: CompiledPolicy,
@@ -259,8 +298,9 @@ def render_policy_status(
         "conflictingNodes": len(tally.conflicts),
         "unsupportedNodes": tally.unsupported,
         "gpus": tally.gpus,
-        "slots": {"capacity": tally.capacity, "allocated": tally.allocated},
+        "slots": _slots(tally),
         "slotsSummary": f"{tally.allocated}/{tally.capacity}",
+        "resourcesSummary": resources_summary(by_resource(tally)),
         "configKey": policy.config_key,
         "appliedSpec": _applied(policy),
         "rollout": None
@@ -274,6 +314,14 @@ def render_policy_status(
         ),
     }
     return {k: v for k, v in status.items() if v is not None}
+
+
+def _slots(tally: PolicyTally) -> dict[str, Any]:
+    slots: dict[str, Any] = {"capacity": tally.capacity, "allocated": tally.allocated}
+    resources = by_resource(tally)
+    if resources is not None:
+        slots["byResource"] = resources
+    return slots
 
 
 def _applied(policy: CompiledPolicy) -> dict[str, Any] | None:

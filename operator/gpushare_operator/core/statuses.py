@@ -44,6 +44,15 @@ class Condition(ApiModel):
     """The object generation that the condition was set from."""
 
 
+class ResourceSlots(ApiModel):
+    """The slots of one extended resource."""
+
+    capacity: Count = 0
+    """Slots of this resource advertised."""
+    allocated: Count = 0
+    """Slots of this resource requested by running or pending pods."""
+
+
 class Slots(ApiModel):
     """Sharing slots: capacity is GPUs times replicas; allocated is what pods request of them."""
 
@@ -51,6 +60,9 @@ class Slots(ApiModel):
     """Slots advertised."""
     allocated: Count = 0
     """Slots requested by running or pending pods; may exceed capacity (overcommitted)."""
+    byResource: Annotated[dict[str, ResourceSlots], Field(max_length=16)] | None = None
+    """A MIG policy's slots per extended resource (nvidia.com/gpu, or one per profile under
+    migStrategy mixed, e.g. nvidia.com/mig-1g.10gb)."""
 
 
 class _HasSlots(ApiModel):
@@ -134,6 +146,8 @@ class GPUSharingPolicyStatus(_HasSlots):
     """Physical GPUs on the nodes this policy governs."""
     configKey: str | None = None
     """The device-plugin config key that this spec renders to."""
+    resourcesSummary: str | None = None
+    """A MIG policy's allocated/capacity slots per resource, for display."""
     appliedSpec: AppliedSpec | None = None
     """The last valid spec in force, with its generation."""
     rollout: RolloutStatus | None = None

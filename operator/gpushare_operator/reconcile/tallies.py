@@ -41,6 +41,8 @@ def tally(planner: Deciding, policy: CompiledPolicy) -> policystatus.PolicyTally
         else:
             counted.conflicts.append((node, winner.name if winner else "none"))
     counted.allocated = cache.usage.policy_slots(policy.name)
+    if policy.mig is not None:
+        counted.allocated_by = cache.usage.policy_resource_slots(policy.name)
     return counted
 
 
@@ -61,7 +63,9 @@ def _count(
     gpus = record.gpus or 0
     counted.gpus += gpus
     if policy.mig is not None:  # MIG devices per GPU depend on the model
-        counted.capacity += gpus * sum(policy.mig.slots_per_gpu(record.product).values())
+        for resource, per_gpu in policy.mig.slots_per_gpu(record.product).items():
+            counted.capacity += gpus * per_gpu
+            counted.capacity_by[resource] = counted.capacity_by.get(resource, 0) + gpus * per_gpu
     else:
         counted.capacity += gpus * (policy.replicas or 0)
     if phase in (NodePhase.APPLIED, NodePhase.VERIFIED, NodePhase.MISMATCH):

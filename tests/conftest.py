@@ -8,10 +8,16 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from hypothesis import settings
 
 from gpushare_testing.controlplane import ControlPlane
 
 logger = logging.getLogger("tests")
+
+# No per-example deadline: the machine is shared and noisy, and a slow example is no wrong
+# answer (speed is measured by the benchmarks, never by a test).
+settings.register_profile("gpushare", deadline=None)
+settings.load_profile("gpushare")
 
 
 @pytest.fixture(scope="session")

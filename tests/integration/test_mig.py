@@ -366,6 +366,32 @@ async def test_failed_is_a_mismatch_and_halts_the_rollout(
     assert label_applies(control_plane, [waiting], since=since) == []  # the halt held it
 
 
+async def test_a_failed_disable_is_a_mismatch_and_keeps_the_config(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    """Released, the node's all-disabled fails: Mismatch, and our labels stay (the config it
+    runs matches its layout) until the MIG manager succeeds."""
+    pool = h.unique("migoff")
+    [node] = await sim.create_gpu_nodes(pool=pool, count=1, product=H100, gpus=1, mig_preset=False)
+    name = h.unique("migoff")
+    await h.add_policy(sim, policies, mig_policy(name, pool=pool, mig={"profile": "7g.80gb"}))
+    await start_operator("--device-plugin-namespace", namespace)
+    await all_verified(sim, [node], name)
+    sim.mig.fail_next(node, "injected NVML error")
+    since = time.time()
+    await h.delete_policy(sim.client, name)
+    failed = await phase_reached(sim, node, "Mismatch", reason="MIGDisableFailed")
+    assert "could not disable MIG" in h.condition(failed, "Ready")["message"]
+    [disabling] = label_applies(control_plane, [node], since=since)
+    assert disabling[2][MIG_LABEL] == "all-disabled"
+    labels = (await h.node(sim.client, node))["metadata"]["labels"]
+    assert labels[h.POLICY_LABEL] == name and labels[MIG_LABEL] == "all-disabled"
+
+
 @pytest.mark.parametrize("successor", ["none", "unfit-mig"])
 async def test_leaving_mig_disables_it_first(
     control_plane: ControlPlane,

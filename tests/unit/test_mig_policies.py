@@ -535,3 +535,39 @@ def test_a_mixed_policy_counts_slots_and_overcommitment_per_resource() -> None:
     [over] = [c for c in status["conditions"] if c["type"] == "Overcommitted"]
     assert over["status"] == "True"
     assert over["message"].startswith("nvidia.com/mig-1g.10gb: pods hold 3 slots but only 2")
+
+
+def test_a_failed_disable_is_a_mismatch_once_it_can_be_about_all_disabled() -> None:
+    """Going to a time-slicing policy, the MIG manager says failed for all-disabled: a moment
+    after we began to wait it is the disable's, a Mismatch (and stays one, as published)."""
+    mig = compiled()
+    target = compile_policy(
+        name="t", uid="uid-t", generation=1, spec={"nodeSelector": {}, "replicas": 2}
+    )
+    body = on_mig(mig, **{"nvidia.com/mig.config.state": "failed"})
+    body["metadata"]["labels"][MIG_CONFIG_LABEL] = migconfigs.ALL_DISABLED
+    record = project_node(body)
+
+    def decide(published: nodephases.Published, now: float) -> nodephases.NodeDecision:
+        return nodephases.decide(
+            record=record,
+            policy=target,
+            key=nodephases.KeyReadiness(present=True),
+            applied_since=None,
+            now=now,
+            mismatch_timeout=60,
+            published=published,
+        )
+
+    waiting = nodephases.Published(phase="Pending", reason=migphases.DISABLING, since=10.0)
+    early = decide(waiting, 12.0)  # may still be the last layout's failed
+    assert (early.phase, early.reason, early.recheck_at) == (
+        NodePhase.PENDING,
+        migphases.DISABLING,
+        10.0 + migphases.STALE_STATE,
+    )
+    late = decide(waiting, 16.0)
+    assert (late.phase, late.reason) == (NodePhase.MISMATCH, migphases.DISABLE_FAILED)
+    assert late.labels is None  # nothing more is written: the new config waits
+    said = nodephases.Published(phase="Mismatch", reason=migphases.DISABLE_FAILED, since=16.0)
+    assert decide(said, 17.0).reason == migphases.DISABLE_FAILED

@@ -34,6 +34,7 @@ from gpushare_operator.core.rewrittenlabels import mig_profile_of
 
 MIG_CHANGING: Final = "MIGChanging"  # the reason of a node whose MIG manager is at work
 DISABLING: Final = "DisablingMIG"  # the reason of a node whose MIG goes off first
+DISABLE_FAILED: Final = "MIGDisableFailed"  # the MIG manager could not disable MIG
 # How long after our label a `failed` may still be the last layout's: the MIG manager takes a
 # new label up (state pending) within a second of seeing it.
 STALE_STATE: Final = 5.0
@@ -230,7 +231,9 @@ def key_disagreements(record: NodeRecord, sharing: devconfigs.SharingConfig) -> 
     return problems
 
 
-def disable_first(record: NodeRecord, policy: CompiledPolicy) -> NodeDecision:
+def disable_first(
+    record: NodeRecord, policy: CompiledPolicy, *, published: Published, now: float
+) -> NodeDecision:
     """A node leaving a MIG layout of ours for a policy without MIG: the MIG manager disables
     MIG first (``all-disabled``), under the config the node runs; the new config follows once
     it reports success."""
@@ -240,7 +243,7 @@ def disable_first(record: NodeRecord, policy: CompiledPolicy) -> NodeDecision:
             "waiting for the MIG manager to disable MIG before the new config"
             f" (nvidia.com/mig.config.state={state})"
         )
-        return NodeDecision(policy, NodePhase.PENDING, DISABLING, message, None)
+        return disabling(record, policy, published=published, now=now, message=message)
     labels: Labels = {
         CONFIG_LABEL: record.config_label,
         POLICY_LABEL: record.policy_label,
@@ -248,6 +251,49 @@ def disable_first(record: NodeRecord, policy: CompiledPolicy) -> NodeDecision:
     }
     message = f"disabling MIG ({migconfigs.ALL_DISABLED}) before config key {policy.config_key}"
     return NodeDecision(policy, NodePhase.PENDING, DISABLING, message, labels)
+
+
+def disabling(
+    record: NodeRecord,
+    policy: CompiledPolicy | None,
+    *,
+    published: Published,
+    now: float,
+    message: str,
+    released_from: str | None = None,
+) -> NodeDecision:
+    """Our ``all-disabled`` is on the node: Pending until the MIG manager's ``success``, or a
+    failure (``Mismatch``, counted against the rollout) once its ``failed`` can be about
+    ``all-disabled`` rather than the layout before (``STALE_STATE`` after we began to wait)."""
+    if failed(record):
+        waited = published.reason == DISABLING and published.since is not None
+        stale_until = (published.since or now) + STALE_STATE
+        if published.reason == DISABLE_FAILED or (waited and now >= stale_until):
+            failure = (
+                "the MIG manager could not disable MIG (nvidia.com/mig.config.state=failed for"
+                f" {migconfigs.ALL_DISABLED}): see its log on the node; the node keeps its"
+                " layout and its config until it succeeds"
+            )
+            return NodeDecision(
+                policy,
+                NodePhase.MISMATCH,
+                DISABLE_FAILED,
+                failure,
+                None,
+                released_from=released_from,
+            )
+        return NodeDecision(
+            policy,
+            NodePhase.PENDING,
+            DISABLING,
+            message,
+            None,
+            recheck_at=stale_until if waited else now + STALE_STATE,
+            released_from=released_from,
+        )
+    return NodeDecision(
+        policy, NodePhase.PENDING, DISABLING, message, None, released_from=released_from
+    )
 
 
 def status(record: NodeRecord, policy: CompiledPolicy) -> dict[str, Any] | None:

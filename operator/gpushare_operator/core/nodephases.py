@@ -186,7 +186,7 @@ def decide(
     if problem is not None:
         return NodeDecision(policy, NodePhase.UNSUPPORTED, problem[0], problem[1], None)
     if policy.mig is None and migphases.leaving_mig(record) and not policy.paused:
-        return migphases.disable_first(record, policy)
+        return migphases.disable_first(record, policy, published=published, now=now)
     if shows_target(record, policy):
         return _applied(
             record,
@@ -233,7 +233,12 @@ def decide(
 
 
 def orphan_released(
-    decision: NodeDecision, *, record: NodeRecord, claimants: Collection[str]
+    decision: NodeDecision,
+    *,
+    record: NodeRecord,
+    claimants: Collection[str],
+    published: Published = NOTHING_PUBLISHED,
+    now: float = 0.0,
 ) -> NodeDecision:
     """An Unsupported node that still carries the labels of a policy no longer claiming it
     (deleted, or its selector moved on) loses them, as a node no policy selects would.
@@ -248,7 +253,7 @@ def orphan_released(
     if decision.phase is not NodePhase.UNSUPPORTED or owner is None or owner in claimants:
         return decision
     if migphases.leaving_mig(record):
-        return disable_mig_first(record)
+        return disable_mig_first(record, published=published, now=now)
     return replace(decision, labels={CONFIG_LABEL: None, POLICY_LABEL: None})
 
 

@@ -40,7 +40,7 @@ def release(
     # without it is theirs, and SSA could not remove it anyway.
     message = "no GPUSharingPolicy selects this node"
     if record.policy_label is not None and migphases.leaving_mig(record):
-        return disable_mig_first(record)
+        return disable_mig_first(record, published=published, now=now)
     if record.policy_label is not None:
         # It names the policy it leaves, so that a wait for its turn is published for that
         # policy, and the release, once the labels are gone, is watched against its budget.
@@ -95,7 +95,7 @@ def release(
     )
 
 
-def disable_mig_first(record: NodeRecord) -> NodeDecision:
+def disable_mig_first(record: NodeRecord, *, published: Published, now: float) -> NodeDecision:
     """A released node with a MIG layout of ours: the MIG manager disables MIG first, under the
     config the node runs; our labels go once it reports success."""
     losing = record.policy_label
@@ -104,8 +104,8 @@ def disable_mig_first(record: NodeRecord) -> NodeDecision:
             f"released from GPUSharingPolicy {losing}: waiting for the MIG manager to disable"
             f" MIG (nvidia.com/mig.config.state={record.mig_state})"
         )
-        return NodeDecision(
-            None, NodePhase.PENDING, migphases.DISABLING, message, None, released_from=losing
+        return migphases.disabling(
+            record, None, published=published, now=now, message=message, released_from=losing
         )
     labels: Labels = {
         CONFIG_LABEL: record.config_label,

@@ -131,7 +131,13 @@ class Planner:
         )
         if decision.phase is NodePhase.UNSUPPORTED and record.policy_label is not None:
             claimants = {p.name for p in self.cache.candidates(record.name)}
-            decision = nodephases.orphan_released(decision, record=record, claimants=claimants)
+            decision = nodephases.orphan_released(
+                decision,
+                record=record,
+                claimants=claimants,
+                published=self.published(record.name),
+                now=self.cache.clock(),
+            )
         blocked = self.memory.release_blocked.get(record.name)
         if blocked is not None and nodephases.releases(decision):
             return nodephases.release_blocked(record, owners=blocked)

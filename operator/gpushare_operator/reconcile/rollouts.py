@@ -119,7 +119,8 @@ class RolloutBook:
             return None  # not ours to change: out of every rollout
         if phase is NodePhase.RELEASING:
             return self._existing(decision.released_from)
-        if decision.reason == migphases.DISABLING and record.mig_config_label == ALL_DISABLED:
+        disabling = decision.reason in (migphases.DISABLING, migphases.DISABLE_FAILED)
+        if disabling and record.mig_config_label == ALL_DISABLED:
             # MIG going off before another policy's config (or a release): a change under the
             # budget of the policy taking the node (or losing it), read from the labels alone.
             taking = decision.policy.name if decision.policy is not None else None

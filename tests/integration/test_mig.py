@@ -366,6 +366,62 @@ async def test_failed_is_a_mismatch_and_halts_the_rollout(
     assert label_applies(control_plane, [waiting], since=since) == []  # the halt held it
 
 
+async def test_a_new_layout_under_the_same_key_goes_under_the_budget(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+) -> None:
+    """A mixed layout edited keeps the device-plugin key; maxUnavailable 1 still holds: from
+    the audit log, no node's layout label is written before the last node's new layout was
+    shown by the cluster (its agents' last write before our Verified)."""
+    pool = h.unique("relayout")
+    nodes = await sim.create_gpu_nodes(pool=pool, count=3, product=H100, gpus=1, mig_preset=False)
+    name = h.unique("relayout")
+    old = {"devices": {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 1}, "migStrategy": "mixed"}
+    body = mig_policy(name, pool=pool, mig=old, maxUnavailable=1)
+    await h.add_policy(sim, policies, body)
+    await start_operator("--device-plugin-namespace", namespace)
+    await all_verified(sim, nodes, name)
+    key = (await h.node(sim.client, nodes[0]))["metadata"]["labels"][h.CONFIG_LABEL]
+
+    since = time.time()
+    # A merge patch: the 3g.40gb goes, a 4g.40gb takes its place.
+    await h.patch_policy(sim.client, name, {"mig": {"devices": {"3g.40gb": None, "4g.40gb": 1}}})
+    await eventually(
+        lambda: h.get_policy(sim.client, name),
+        until=lambda b: (b.get("status") or {}).get("observedGeneration") == 2,
+        what=f"{name} generation 2 observed",
+    )
+    await all_verified(sim, nodes, name)
+    labels = (await h.node(sim.client, nodes[0]))["metadata"]["labels"]
+    assert labels[h.CONFIG_LABEL] == key  # the same key: only the layout changed
+    writes = label_applies(control_plane, nodes, since=since)
+    assert sorted(n for _, n, _ in writes) == sorted(nodes)  # one apply each
+    verified = {
+        node: min(
+            t
+            for t, n, st in audit.status_writes(control_plane, [node], since=when)
+            if n == node and st.get("phase") == "Verified"
+        )
+        for when, node, _ in writes
+    }
+    windows = []
+    for when, node, _ in writes:
+        shown = [
+            audit.moment(e)
+            for e in control_plane.audit_events()
+            if e["objectRef"].get("resource") == "nodes"
+            and e["objectRef"].get("name") == node
+            and e["user"]["username"] != h.OPERATOR_USER
+            and e["verb"] in ("patch", "update")
+            and when < audit.moment(e) < verified[node]
+        ]
+        windows.append(audit.Window(node, when, max(shown)))
+    assert audit.most_at_once(windows) == 1, windows
+
+
 async def test_a_failed_disable_is_a_mismatch_and_keeps_the_config(
     control_plane: ControlPlane,
     sim: GpuClusterSimulator,
@@ -378,8 +434,9 @@ async def test_a_failed_disable_is_a_mismatch_and_keeps_the_config(
     pool = h.unique("migoff")
     [node] = await sim.create_gpu_nodes(pool=pool, count=1, product=H100, gpus=1, mig_preset=False)
     name = h.unique("migoff")
-    await h.add_policy(sim, policies, mig_policy(name, pool=pool, mig={"profile": "7g.80gb"}))
     await start_operator("--device-plugin-namespace", namespace)
+    # Created while the operator runs: the new policy's layout goes into the ConfigMap.
+    await h.add_policy(sim, policies, mig_policy(name, pool=pool, mig={"profile": "7g.80gb"}))
     await all_verified(sim, [node], name)
     sim.mig.fail_next(node, "injected NVML error")
     since = time.time()

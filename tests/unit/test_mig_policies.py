@@ -19,10 +19,11 @@ from gpushare_operator.core import (
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, MIG_CONFIG_LABEL, POLICY_LABEL, project_node
 from gpushare_operator.core.policies import CompiledPolicy, compile_policy
+from gpushare_operator.core.workqueue import CONFIG, MIG_CONFIG, MIG_CONFIG_KEY
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing.builders import Clock, config_texts, node, pod, policy, sync_config
-from gpushare_testing.writepath import PlanningLoop
+from gpushare_testing.writepath import PlanningLoop, drain
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 H200 = "NVIDIA-H200-141GB-HBM3e"
@@ -571,3 +572,58 @@ def test_a_failed_disable_is_a_mismatch_once_it_can_be_about_all_disabled() -> N
     assert late.labels is None  # nothing more is written: the new config waits
     said = nodephases.Published(phase="Mismatch", reason=migphases.DISABLE_FAILED, since=16.0)
     assert decide(said, 17.0).reason == migphases.DISABLE_FAILED
+
+
+def test_a_policy_event_queues_the_mig_configmap_too() -> None:
+    """A MIG policy created, edited or deleted while the operator runs changes the layouts the
+    mig-parted ConfigMap must hold."""
+    planner = loop(Clock())
+    cache = planner.cache
+    sync_mig(cache, None)
+    drain(cache.queue)
+    cache.upsert_policy(mig_policy("m"))
+    assert drain(cache.queue).get(CONFIG) == ["", MIG_CONFIG]
+    plan = planner.reconciler.plan(MIG_CONFIG_KEY)
+    assert plan.data is not None and migconfigs.CONFIGMAP_KEY in plan.data
+
+
+def test_a_relayout_under_the_same_key_goes_one_node_at_a_time() -> None:
+    """A new mixed layout keeps the device-plugin key: the nodes still on the old layout,
+    confirmed, are available, so maxUnavailable 1 admits one node at a time."""
+    old_layout = {"devices": {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 1}, "migStrategy": "mixed"}
+    new_layout = {"devices": {"4g.40gb": 1, "2g.20gb": 1, "1g.10gb": 1}, "migStrategy": "mixed"}
+    rollout = {"maxUnavailable": 1, "canary": 0}
+    planner = loop(Clock())
+    cache = planner.cache
+    cache.upsert_policy(mig_policy("m", mig=old_layout, rollout=rollout))
+    before = cache.policies["m"]
+    assert before.mig is not None
+    names = [f"n{i}" for i in range(4)]
+    labels = {
+        CONFIG_LABEL: str(before.config_key),
+        POLICY_LABEL: "m",
+        MIG_CONFIG_LABEL: before.mig.names[H100],
+        "nvidia.com/mig.config.state": "success",
+        "nvidia.com/mig.strategy": "mixed",
+        **{f"nvidia.com/mig-{p}.count": "2" for p in ("3g.40gb", "2g.20gb", "1g.10gb")},
+    }
+    for name in names:
+        body = h100(name, **labels)
+        for profile in ("3g.40gb", "2g.20gb", "1g.10gb"):
+            body["status"]["allocatable"][f"nvidia.com/mig-{profile}"] = "2"
+        cache.upsert_node(body)
+    cache.upsert_policy(mig_policy("m", mig=new_layout, rollout=rollout, generation=2))
+    after = cache.policies["m"]
+    assert after.mig is not None and after.config_key == before.config_key
+    sync_config(cache, config_texts(cache), initial=True)
+    entries = {**before.mig.entries, **after.mig.entries}
+    sync_mig(cache, {migconfigs.CONFIGMAP_KEY: migconfigs.render_text(entries)})
+    planner.plan_queued_nodes()
+    planner.due()
+    plans = [planner.plan_node(name) for name in names]
+    relabelled = [p.name for p in plans if p.labels]
+    assert len(relabelled) == 1, [
+        (p.name, p.facts.decision and p.facts.decision.reason) for p in plans
+    ]
+    held = [p for p in plans if not p.labels]
+    assert all(p.facts.decision and p.facts.decision.reason == "RolloutWaiting" for p in held)

@@ -183,7 +183,10 @@ class ClusterCache:
             self._refresh_governors((name,))
         self.queue.node(name)
         self.queue.many_policies(before | self.index.policies_of(name))
-        if old is None or old.config_label != new.config_label:
+        if old is None or (old.config_label, old.mig_config_label) != (
+            new.config_label,
+            new.mig_config_label,
+        ):
             self.queue.config()
 
     def delete_node(self, name: str) -> None:

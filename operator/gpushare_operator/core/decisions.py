@@ -55,6 +55,7 @@ class Published:
     message: str = ""  # and that condition's message
     since: float | None = None  # its lastTransitionTime, on the caller's monotonic clock
     stamp: float | None = None  # the same, in seconds since the epoch (whole seconds)
+    mig_config: str | None = None  # status.mig.config: the MIG layout name it speaks of
 
     @classmethod
     def of(cls, status: Mapping[str, Any] | None, *, since: float | None) -> Published:
@@ -68,14 +69,17 @@ class Published:
             message=str(ready.get("message") or ""),
             since=since,
             stamp=epoch_of(status.get("lastTransitionTime")),
+            mig_config=mig.get("config") if isinstance(mig := status.get("mig"), Mapping) else None,
         )
 
-    def verified(self, policy: CompiledPolicy) -> bool:
-        """Whether the node was confirmed for ``policy``'s config in force (drift since)."""
+    def verified(self, policy: CompiledPolicy, *, layout: str | None = None) -> bool:
+        """Whether the node was confirmed for ``policy``'s config in force (drift since); for
+        MIG, on the node's ``layout`` too (a new layout keeps the device-plugin key)."""
         return (
             self.policy == policy.name
             and self.config_key == policy.config_key
             and self.phase in (NodePhase.VERIFIED, NodePhase.DEGRADED)
+            and (layout is None or self.mig_config == layout)
         )
 
 

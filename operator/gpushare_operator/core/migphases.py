@@ -186,6 +186,35 @@ def disagreements(
     return problems
 
 
+def runs_layout(
+    record: NodeRecord, layout: migconfigs.MigLayout, *, policy: CompiledPolicy
+) -> bool:
+    """Whether the node shows ``layout`` (one its label names, maybe not ``policy``'s target
+    any more) in force under ``policy``'s key: the MIG manager's success, GFD's strategy and
+    devices, and allocatable.  A node on its last layout, confirmed, is available."""
+    mig = policy.mig
+    gpus = record.gpus or 0
+    if mig is None or not gpus or record.mig_state != SUCCESS or in_progress(record):
+        return False
+    strategy = str(mig.strategy)
+    if record.mig_strategy != strategy:
+        return False
+    devices = dict(layout.devices)
+    per_device = max(mig.replicas, 1)
+    if strategy == "single":
+        [profile] = devices if len(devices) == 1 else [None]
+        if profile is None or mig_profile_of(record.labels.get(GPU_PRODUCT)) != profile:
+            return False
+        return record.allocatable_of("nvidia.com/gpu") == devices[profile] * per_device * gpus
+    for profile, count in devices.items():
+        resource = f"{MIG_DEVICE_PREFIX}{profile}"
+        if record.labels.get(f"{resource}.count") != str(count * gpus):
+            return False
+        if record.allocatable_of(resource) != count * per_device * gpus:
+            return False
+    return True
+
+
 def waiting(
     record: NodeRecord,
     policy: CompiledPolicy,
@@ -200,12 +229,13 @@ def waiting(
     says nothing new."""
     name = layout_name(record, policy)
     since = now if applied_since is None else applied_since
-    if failed(record) and not published.verified(policy) and now < since + STALE_STATE:
+    confirmed = published.verified(policy, layout=name)
+    if failed(record) and not confirmed and now < since + STALE_STATE:
         message = f"labelled with {name}; waiting for the MIG manager to take it up"
         return NodeDecision(
             policy, NodePhase.APPLIED, "Applied", message, None, recheck_at=since + STALE_STATE
         )
-    if failed(record) and not published.verified(policy):
+    if failed(record) and not confirmed:
         message = (
             f"the MIG manager could not apply {name} (nvidia.com/mig.config.state=failed):"
             " see its log on the node; the layout stays as it was"

@@ -110,7 +110,8 @@ def _applied(
         )
         return NodeDecision(policy, NodePhase.VERIFIED, "Verified", message, None)
     seen = "; ".join(problems)
-    if published.verified(policy):
+    named = migphases.layout_name(record, policy) if policy.mig is not None else None
+    if published.verified(policy, layout=named):
         # Confirmed once for this very config: whatever changed since is drift on the node,
         # not a failure of the change (a lost GPU, the device plugin restarting or down).
         message = f"was Verified for {policy.config_key}; now {seen}"

@@ -125,7 +125,10 @@ class WorkQueue:
             self.add((POLICY, name))
 
     def config(self) -> None:
+        """Both ConfigMaps: what changes the device-plugin keys in use (a policy, a node's
+        label) can change the MIG layouts in use too."""
         self.add(CONFIG_KEY)
+        self.add(MIG_CONFIG_KEY)
 
     # -- timers and back-off -------------------------------------------------------------------
 

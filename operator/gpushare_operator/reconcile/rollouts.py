@@ -24,7 +24,7 @@ from collections.abc import Collection
 from dataclasses import replace
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import devconfigs, migphases, models, nodephases, rollouts
+from gpushare_operator.core import devconfigs, migconfigs, migphases, models, nodephases, rollouts
 from gpushare_operator.core.migconfigs import ALL_DISABLED
 from gpushare_operator.core.models import NodePhase, PodPolicy, RolloutSpec
 from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
@@ -132,7 +132,11 @@ class RolloutBook:
         if key is None or owner is None:
             return None  # none of our config on it
         policy = decision.policy
-        if policy is not None and (key, owner) == (policy.config_key, policy.name):
+        layout = self._other_layout(record, policy)
+        if policy is not None and layout is not None:
+            # A new layout under the same key: judged by the layout its label names.
+            confirmed = migphases.runs_layout(record, layout, policy=policy)
+        elif policy is not None and (key, owner) == (policy.config_key, policy.name):
             confirmed = phase is NodePhase.VERIFIED  # decided already, on the same key
         else:
             sharing = self.cache.key_configs.get(key)
@@ -140,6 +144,20 @@ class RolloutBook:
             # apply it, and the device plugin does not run.
             confirmed = sharing is not None and not nodephases.disagreements(record, sharing)
         return None if confirmed else self._existing(owner)
+
+    def _other_layout(
+        self, record: NodeRecord, policy: CompiledPolicy | None
+    ) -> migconfigs.MigLayout | None:
+        """The MIG layout of ours the node's label names, when it is not ``policy``'s target
+        for the node but runs under ``policy``'s own key and name (a re-layout to come)."""
+        if policy is None or policy.mig is None:
+            return None
+        if (record.config_label, record.policy_label) != (policy.config_key, policy.name):
+            return None
+        label = record.mig_config_label
+        if label is None or label == migphases.layout_name(record, policy):
+            return None
+        return (self.cache.mig_config.layouts or {}).get(label)
 
     def _evicting_for(self, node: str) -> str | None:
         """The policy a node's GPUNodeState says it is being drained for (phase Evicting)."""

@@ -32,7 +32,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import defaults, migconfigs, miggeometry, nodephases, rollouts
+from gpushare_operator.core import (
+    defaults,
+    migconfigs,
+    miggeometry,
+    migphases,
+    nodephases,
+    rollouts,
+)
 from gpushare_operator.core.pods import PodRecord
 from gpushare_operator.core.policies import compile_policy
 from gpushare_operator.core.rollouts import FINALIZER
@@ -87,6 +94,7 @@ class Misfit:
     pool: str
     why: str
     pods: tuple[PodRecord, ...]
+    mig: bool = False  # a change of MIG layout: it needs every GPU pod gone, not fewer slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +127,7 @@ class Forecast:
     before: dict[str, NodeStanding]  # every GPU node, under the policies as they are
     after: dict[str, NodeStanding]  # every GPU node, with the planned policies in force
     pools: dict[str, str]  # node -> pool
+    products: dict[str, str | None]  # node -> its GPU model (base product), which a layout is for
     changes: list[NodeChange]
     misfits: list[Misfit]  # not those that podPolicy Evict drains
     unsupported: list[NodeChange]  # nodes the planned policies concern that end Unsupported
@@ -237,6 +246,7 @@ class Forecaster:
             before=before,
             after=after,
             pools={name: self.pool(name) for name in after},
+            products={name: cache.nodes[name].product for name in after},
             changes=changes,
             misfits=[m for m in misfits if not self._drains(m.node)],
             unsupported=[
@@ -288,7 +298,7 @@ class Forecaster:
         """Nodes whose pods would not fit their change, judged by the rollout book itself: for
         a change of MIG layout, any GPU pod at all."""
         cache, usage = self.cache, self.cache.usage
-        found: dict[str, tuple[str, str]] = {}
+        found: dict[str, tuple[str, str, bool]] = {}
         for change in changes:
             if not usage.node_slots(change.name) or change.after.standing == UNSUPPORTED:
                 continue  # an Unsupported node is left as it is
@@ -297,15 +307,17 @@ class Forecaster:
             policy = None if nodephases.releases(decision) else decision.policy
             why = self.book.misfit(record, policy)
             if why is not None:
-                found[change.name] = (change.pool, why)
+                found[change.name] = (change.pool, why, migphases.changes_mig(record, policy))
         pods: defaultdict[str, list[PodRecord]] = defaultdict(list)
         if found:
             for record in usage:
                 if record.node in found and record.holds_slots:
                     pods[record.node].append(record)
         return [
-            Misfit(node, pool, why, tuple(sorted(pods[node], key=lambda p: (p.namespace, p.name))))
-            for node, (pool, why) in sorted(found.items())
+            Misfit(
+                node, pool, why, tuple(sorted(pods[node], key=lambda p: (p.namespace, p.name))), mig
+            )
+            for node, (pool, why, mig) in sorted(found.items())
         ]
 
     def _foresee(self, misfits: Sequence[Misfit]) -> dict[str, NodeEvictions]:

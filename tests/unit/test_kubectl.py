@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.kube.http import ApiError
 from gpushare_operator.kube import objectpaths
+from gpushare_operator.kube.http import ApiError
 from gpushare_operator.kubectl import (
     cli,
     cluster,
@@ -401,8 +401,7 @@ def test_a_mig_plan_shows_the_layout_per_model_and_the_slots_by_resource() -> No
     assert plan["exitCode"] == 2  # the H200 cannot hold the layout
     text = planview.render(plan, output.Style())
     assert (
-        f"a: layout on {H100}: 7x 1g.10gb per GPU (mig-parted config {layout['config']};"
-        " 2 nodes)"
+        f"a: layout on {H100}: 7x 1g.10gb per GPU (mig-parted config {layout['config']}; 2 nodes)"
     ) in text
     assert "a: slots by resource: nvidia.com/gpu: 24 -> 0, nvidia.com/mig-1g.10gb: 0 -> 28" in text
     assert f"  layout written: {layout['config']} (7x 1g.10gb)" in text

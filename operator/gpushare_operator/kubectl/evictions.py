@@ -3,9 +3,10 @@
 The choice is the operator's own (``core.victims.choose``, with the resource and the number of
 slots the node's new config advertises): the fewest pods whose slots must go, lowest priority
 then youngest first, never a DaemonSet's or a static pod.  A change of MIG layout needs idle
-GPUs: every GPU pod goes, as ``reconcile.drains`` has it (``fit`` below says the same).  A node whose pods cannot be made to
-fit even so (pods that are never evicted hold what the new config lacks) is ``stuck``: the
-operator gives it up at once (``EvictionBlocked``, NotEvictable) and it keeps its old config.
+GPUs: every GPU pod goes, as ``reconcile.drains`` has it (``fit`` below says the same).  A
+node whose pods cannot be made to fit even so (pods that are never evicted hold what the new
+config lacks) is ``stuck``: the operator gives it up at once (``EvictionBlocked``,
+NotEvictable) and it keeps its old config.
 """
 
 from __future__ import annotations

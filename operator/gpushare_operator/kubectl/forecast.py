@@ -34,7 +34,6 @@ from typing import Any
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import (
     defaults,
-    migconfigs,
     miggeometry,
     migphases,
     nodephases,
@@ -288,10 +287,10 @@ class Forecaster:
         if plan.data is None:
             return {}
         cache.set_mig_config(plan.data, initial=False)
-        return {
-            name: miggeometry.describe(layout.as_dict()) if layout else "MIG disabled"
+        return {  # all-disabled, always there, is no layout of a policy
+            name: miggeometry.describe(layout.as_dict())
             for name, layout in sorted((state.layouts or {}).items())
-            if name not in before and (layout is not None or name != migconfigs.ALL_DISABLED)
+            if name not in before and layout is not None
         }
 
     def _misfits(self, changes: Sequence[NodeChange]) -> list[Misfit]:
@@ -310,9 +309,9 @@ class Forecaster:
                 found[change.name] = (change.pool, why, migphases.changes_mig(record, policy))
         pods: defaultdict[str, list[PodRecord]] = defaultdict(list)
         if found:
-            for record in usage:
-                if record.node in found and record.holds_slots:
-                    pods[record.node].append(record)
+            for held in usage:
+                if held.node in found and held.holds_slots:
+                    pods[held.node].append(held)
         return [
             Misfit(
                 node, pool, why, tuple(sorted(pods[node], key=lambda p: (p.namespace, p.name))), mig

@@ -99,7 +99,9 @@ def _why(record: NodeRecord, decision: NodeDecision, mig_policies: list[Compiled
         record.mig_config_label == migconfigs.ALL_DISABLED and not migphases.disabled(record)
     ):
         after = f"policy {policy.name}'s config" if policy is not None else "the default config"
-        return f"no MIG policy governs it: MIG is disabled ({migconfigs.ALL_DISABLED}) before {after}"
+        return (
+            f"no MIG policy governs it: MIG is disabled ({migconfigs.ALL_DISABLED}) before {after}"
+        )
     if mig_policies:
         return "a MIG policy selects it but does not govern it (see the ranking above)"
     return "no MIG policy governs it"

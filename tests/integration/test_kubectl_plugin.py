@@ -23,9 +23,11 @@ from hypothesis import strategies as st
 from gpushare_testing import apiobjects as h
 from gpushare_testing import bodies
 from gpushare_testing.controlplane import ControlPlane
-from gpushare_testing.gpupods import create_pod, wait_node_usage
+from gpushare_testing.gpupods import create as create_gpu_pod
+from gpushare_testing.gpupods import create_pod, small_pod, wait_node_usage
 from gpushare_testing.operators import OperatorFactory
 from gpushare_testing.pluginruns import PLUGIN_ROLE, Run, plugin
+from gpushare_testing.rolloutstate import all_verified
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
 
@@ -503,6 +505,121 @@ async def test_status_and_explain_say_what_the_operator_published(
     assert explained["phase"]["published"] == "Verified"
     text = await plugin(kubeconfig, "explain", "node", nodes[0], *common)
     assert f"{narrow}" in text.stdout and "Slots (nvidia.com/gpu): 3/8" in text.stdout
+
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+H200 = "NVIDIA-H200-141GB-HBM3e"
+
+
+async def test_a_mig_plan_shows_layouts_slots_by_resource_and_the_pod_it_waits_for(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    pods_ns: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+    tmp_path: Path,
+) -> None:
+    """A MIG policy over a busy and an idle H100 node and an H200 that has no 1g.10gb: the
+    plan, made before it is applied, names the layout and its mig-parted config, the slots by
+    resource, the pod the busy node waits for and the H200's refusal; applied, the operator
+    does just that, and explain shows the layout once Verified.  (The plan reads the cluster
+    alone: the operator starts once the policy is there.)"""
+    pool = h.unique("migplan")
+    busy, idle = await sim.create_gpu_nodes(
+        pool=pool, count=2, product=H100, gpus=2, mig_preset=False
+    )
+    [h200] = await sim.create_gpu_nodes(
+        pool=pool, count=1, prefix=f"{pool}-x", product=H200, gpus=1, mig_preset=False
+    )
+    await create_gpu_pod(sim, pods_ns, small_pod("holder", gpus=1, node=busy))
+    await eventually(
+        lambda: h.ok(sim.client, "GET", f"/api/v1/namespaces/{pods_ns}/pods/holder"),
+        until=lambda p: p["status"].get("phase") == "Running",
+        what="holder running",
+    )
+    name = h.unique("migplan")
+    body = {
+        **h.policy(name, pool=pool),
+        "spec": {
+            "nodeSelector": {"matchLabels": {"pool": pool}},
+            "strategy": "MIG",
+            "mig": {"profile": "1g.10gb", "migStrategy": "mixed"},
+            "rollout": {"maxUnavailable": "100%", "canary": 0},
+        },
+    }
+    manifest = tmp_path / "mig.yaml"
+    manifest.write_text(yaml.safe_dump(body))
+    kubeconfig = user_kubeconfig(control_plane)
+    common = ("--device-plugin-namespace", namespace)
+    for path in (f"{h.API}/gpusharingpolicies", f"{h.API}/gpunodestates"):
+        await eventually(  # served: the storage of a fresh CRD may still be initializing
+            lambda path=path: sim.client.get(path),
+            until=lambda answer: answer[0] == 200,
+            what=f"{path} served",
+        )
+
+    run = await plugin(kubeconfig, "plan", "-f", str(manifest), "-o", "json", *common)
+    assert run.code == 2, run.stderr  # the H200 cannot hold it; the busy node waits
+    plan = run.json()
+    [entry] = plan["policies"]
+    [shown] = entry["pools"]
+    [layout] = shown["layouts"]["after"]
+    assert (layout["product"], layout["layout"], layout["nodes"]) == (H100, "7x 1g.10gb", 2)
+    assert plan["migLayouts"]["written"][layout["config"]] == "7x 1g.10gb"
+    assert shown["slotsByResource"] == {"nvidia.com/mig-1g.10gb": {"before": 0, "after": 28}}
+    nodes = {n["name"]: n for n in plan["nodes"]}
+    assert nodes[idle]["before"]["slots"] == {"nvidia.com/gpu": 2}
+    assert nodes[idle]["after"]["slots"] == {"nvidia.com/mig-1g.10gb": 14}
+    [waits] = plan["overcommitted"]
+    assert (waits["node"], waits["migChange"], waits["waitsForPods"]) == (busy, True, True)
+    assert [(p["namespace"], p["name"]) for p in waits["pods"]] == [(pods_ns, "holder")]
+    assert [(x["node"], x["reason"]) for x in entry["rollout"]["held"]] == [
+        (busy, "WaitingForPods")
+    ]
+    assert [b["nodes"] for b in entry["rollout"]["batches"]] == [[idle]]
+    [refused] = plan["unsupported"]
+    assert (refused["node"], refused["reason"]) == (h200, "MIGLayoutDoesNotFit")
+    text = await plugin(kubeconfig, "plan", "-f", str(manifest), *common)
+    assert f"layout on {H100}: 7x 1g.10gb per GPU (mig-parted config {layout['config']}" in (
+        text.stdout
+    )
+    assert "slots by resource: nvidia.com/mig-1g.10gb: 0 -> 28" in text.stdout
+    assert f"{pods_ns}/holder" in text.stdout and "Pods a MIG change waits for" in text.stdout
+
+    # Applied: the operator does what the plan said.
+    await h.add_policy(sim, policies, body)
+    await start_operator("--device-plugin-namespace", namespace)
+    await all_verified(sim, [idle], name)
+    held = await eventually(
+        lambda: h.node_state(sim.client, busy),
+        until=lambda s: (
+            h.condition((s or {}).get("status") or {}, "Ready").get("reason") == "WaitingForPods"
+        ),
+        what=f"{busy} waiting for its pod",
+    )
+    assert held is not None
+    published = ((await h.node_state(sim.client, idle)) or {})["status"]
+    assert published["mig"]["config"] == nodes[idle]["after"]["migConfig"] == layout["config"]
+    assert published["slots"]["capacity"] == nodes[idle]["after"]["capacity"] == 14
+    await eventually(
+        lambda: h.node_state(sim.client, h200),
+        until=lambda s: ((s or {}).get("status") or {}).get("phase") == "Unsupported",
+        what=f"{h200} Unsupported",
+    )
+
+    run = await plugin(kubeconfig, "explain", "node", idle, "-o", "json", *common)
+    assert run.code == 0, run.stderr
+    mig = run.json()["mig"]
+    assert mig["published"] == published["mig"]
+    assert (mig["published"]["layout"], mig["published"]["state"]) == ("7x 1g.10gb", "success")
+    assert mig["label"] == layout["config"] and mig["labelLayout"] == "7x 1g.10gb"
+    assert mig["why"].startswith(f"policy {name} governs it: every {H100} GPU gets 7x 1g.10gb")
+    text = await plugin(kubeconfig, "explain", "node", idle, *common)
+    assert f"MIG layout: 7x 1g.10gb per GPU ({layout['config']})" in text.stdout
+    run = await plugin(kubeconfig, "explain", "node", h200, "-o", "json", *common)
+    [refusal] = run.json()["mig"]["unsupported"]
+    assert (refusal["policy"], refusal["reason"]) == (name, "MIGLayoutDoesNotFit")
 
 
 async def test_the_cluster_is_found_as_kubectl_finds_it(

@@ -324,3 +324,105 @@ def test_a_mig_layout_that_does_not_fit_a_pools_gpus_blocks_the_plan() -> None:
     why = forecast.unsupported[0].after.why
     assert why is not None and "has no MIG profile 1g.10gb" in why
     assert forecast.blocking
+    assert forecast.unsupported[0].after.reason == "MIGLayoutDoesNotFit"
+
+
+# -- MIG -----------------------------------------------------------------------------------------
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+MIXED = {"profile": "1g.10gb", "migStrategy": "mixed"}
+
+
+def mig_body(mig: dict[str, Any], **rollout: Any) -> dict[str, Any]:
+    body = policy(
+        "p",
+        generation=2,
+        strategy="MIG",
+        mig=mig,
+        rollout={"maxUnavailable": "100%", "canary": 0, **rollout},
+    )
+    del body["spec"]["replicas"]
+    return body
+
+
+def time_sliced_h100s(forecaster: Forecaster, nodes: int) -> None:
+    """``nodes`` H100 nodes of 2 GPUs Verified on policy p (time-slicing, 4 replicas), with
+    the mig-parted ConfigMap read and absent (no MIG policy has written one yet)."""
+    cache = forecaster.cache
+    cache.upsert_policy(policy("p", replicas=4, rollout={"maxUnavailable": "100%", "canary": 0}))
+    key = str(cache.policies["p"].config_key)
+    cache.set_config_data(config_texts(cache), initial=True)
+    cache.set_mig_config(None, initial=True)
+    for i in range(nodes):
+        labels = {**on(key, "p", 4), "nvidia.com/gpu.product": H100}
+        cache.upsert_node(node(f"n{i}", count="2", **labels))
+
+
+def test_a_mig_layout_is_written_then_named_and_slots_change_resource() -> None:
+    """A time-sliced pool turned into 1g.10gb MIG devices: the layout lands in the mig-parted
+    file first and the nodes wait its propagation; then each settles Verified on 7 MIG devices
+    per GPU of a new resource, and no node waits for a layout name the operator would write."""
+    forecaster = Forecaster(max_unavailable="100%", pace=PACE)
+    time_sliced_h100s(forecaster, 2)
+    forecast = forecaster.run([mig_body(MIXED)])
+    mig = forecaster.cache.policies["p"].mig
+    assert mig is not None
+    name = mig.names[H100]
+    assert forecast.layouts_written[name] == "7x 1g.10gb"
+    assert not forecast.held and not forecast.blocking
+    assert [[n for n, _ in b.nodes] for b in forecast.batches] == [["n0", "n1"]]
+    assert forecast.batches[0].ends_at >= PACE.propagation_delay
+    change = forecast.changes[0]
+    assert change.before.slots == (("nvidia.com/gpu", 8),)
+    assert change.after.slots == (("nvidia.com/mig-1g.10gb", 14),)
+    assert (change.after.mig_config, change.after.layout) == (name, "7x 1g.10gb")
+    record = forecaster.cache.nodes["n0"]
+    assert forecaster.planner.decide(record).phase is NodePhase.VERIFIED
+
+
+def test_a_mig_change_waits_for_every_gpu_pod_or_evicts_every_one() -> None:
+    """A pod that would fit the new slots still holds the GPUs a layout change needs idle:
+    under WaitForPods the node is held (charged, never settled), under Evict it goes."""
+    waiting = Forecaster(max_unavailable="100%", pace=PACE)
+    time_sliced_h100s(waiting, 2)
+    waiting.cache.upsert_pod(pod("small", "n0", 1))
+    forecast = waiting.run([mig_body(MIXED)])
+    [misfit] = forecast.misfits
+    assert (misfit.node, misfit.mig, [p.name for p in misfit.pods]) == ("n0", True, ["small"])
+    assert "1 GPU pod(s) on the node" in misfit.why
+    assert [(h.node, h.reason) for h in forecast.held] == [("n0", "WaitingForPods")]
+    assert [[n for n, _ in b.nodes] for b in forecast.batches] == [["n1"]]
+    assert forecast.blocking
+
+    evicting = Forecaster(max_unavailable="100%", pace=PACE)
+    time_sliced_h100s(evicting, 2)
+    evicting.cache.upsert_pod(pod("small", "n0", 1))
+    forecast = evicting.run([mig_body(MIXED, podPolicy="Evict")])
+    assert not forecast.misfits and not forecast.held
+    assert [p.name for p in forecast.evictions["n0"].pods] == ["small"]
+    assert sorted(n for b in forecast.batches for n, _ in b.nodes) == ["n0", "n1"]
+
+
+def test_a_re_layout_evicts_even_the_pods_of_the_resource_it_keeps() -> None:
+    """From 7x 1g.10gb to 3g.40gb + 2g.20gb + 1g.10gb: the pod on a 1g.10gb device fits the
+    new slots, but the layout changes only on idle GPUs."""
+    forecaster = Forecaster(max_unavailable="100%", pace=PACE)
+    cache = forecaster.cache
+    cache.tracked_resources.add("nvidia.com/mig-1g.10gb")
+    time_sliced_h100s(forecaster, 1)
+    first = forecaster.run([mig_body(MIXED, podPolicy="Evict")])
+    assert [n for b in first.batches for n, _ in b.nodes] == ["n0"]  # settled on 7x 1g.10gb
+    cache.upsert_pod(pod("one", "n0", 1, resource="nvidia.com/mig-1g.10gb"))
+    explicit = {"devices": {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 1}, "migStrategy": "mixed"}
+    body = mig_body(explicit, podPolicy="Evict")
+    body["metadata"]["generation"] = 3
+    forecast = forecaster.run([body])
+    assert [p.name for p in forecast.evictions["n0"].pods] == ["one"]
+    [change] = forecast.changes
+    assert change.before.layout == "7x 1g.10gb"
+    assert change.after.layout == "1x 3g.40gb + 1x 2g.20gb + 1x 1g.10gb"
+    assert dict(change.after.slots) == {  # one device of each on each of the 2 GPUs
+        "nvidia.com/mig-1g.10gb": 2,
+        "nvidia.com/mig-2g.20gb": 2,
+        "nvidia.com/mig-3g.40gb": 2,
+    }

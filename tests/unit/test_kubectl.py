@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -11,13 +12,22 @@ import pytest
 import yaml
 
 from gpushare_operator.cache.cluster import ClusterCache
+from gpushare_operator.kube import objectpaths
 from gpushare_operator.kube.http import ApiError
-from gpushare_operator.kubectl import cli, cluster, explain, manifests, output, planview
+from gpushare_operator.kubectl import (
+    cli,
+    cluster,
+    explain,
+    manifests,
+    migexplanations,
+    output,
+    planview,
+)
 from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_operator.kubectl.permissions import MissingPermission, Permission, needing
 from gpushare_operator.kubectl.plan import PlanOptions, report
 from gpushare_operator.kubectl.standings import RolloutPace
-from gpushare_testing.builders import converged, node, pod, policy
+from gpushare_testing.builders import config_texts, converged, node, on, pod, policy
 
 # -- manifests -------------------------------------------------------------------------------
 
@@ -337,3 +347,169 @@ def test_a_403_names_the_permission_missing_and_a_404_goes_through() -> None:
         "list gpusharingpolicies.gpushare.dev",
         "kubectl auth can-i list gpusharingpolicies.gpushare.dev",
     )
+
+
+# -- MIG: plan by resource and layout, explain the layout ----------------------------------------
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+H200 = "NVIDIA-H200-141GB-HBM3e"
+
+
+def mig_plan(*, pods: int) -> dict[str, Any]:
+    """Policy p, time-slicing 4 replicas on two H100 nodes and one H200, becomes 1g.10gb MIG
+    devices (mixed); ``pods`` one-slot pods on n0."""
+    forecaster = Forecaster(max_unavailable="100%", pace=RolloutPace())
+    cache = forecaster.cache
+    rollout = {"maxUnavailable": "100%", "canary": 0}
+    old = policy("p", replicas=4, rollout=rollout)
+    cache.upsert_policy(old)
+    key = str(cache.policies["p"].config_key)
+    cache.set_config_data(config_texts(cache), initial=True)
+    cache.set_mig_config(None, initial=True)
+    for name, product in (("n0", H100), ("n1", H100), ("x", H200)):
+        labels = {**on(key, "p", 4), "nvidia.com/gpu.product": product}
+        cache.upsert_node(node(name, count="2", **labels))
+    for i in range(pods):
+        cache.upsert_pod(pod(f"job-{i}", "n0", 1))
+    current = dict(cache.policies)
+    mig = {"profile": "1g.10gb", "migStrategy": "mixed"}
+    new = policy("p", generation=2, strategy="MIG", mig=mig, rollout=rollout)
+    del new["spec"]["replicas"]
+    forecast = forecaster.run([new])
+    return report(
+        forecast=forecast,
+        planned=[planned(new, "update", old)],
+        current=current,
+        after=dict(cache.policies),
+        options=PlanOptions(),
+    )
+
+
+def test_a_mig_plan_shows_the_layout_per_model_and_the_slots_by_resource() -> None:
+    plan = mig_plan(pods=0)
+    [entry] = plan["policies"]
+    [pool] = entry["pools"]
+    assert pool["slotsByResource"] == {
+        "nvidia.com/gpu": {"before": 24, "after": 0},
+        "nvidia.com/mig-1g.10gb": {"before": 0, "after": 28},
+    }
+    [layout] = pool["layouts"]["after"]
+    assert (layout["product"], layout["layout"], layout["nodes"]) == (H100, "7x 1g.10gb", 2)
+    assert layout["config"] in plan["migLayouts"]["written"]
+    [unsupported] = plan["unsupported"]
+    assert (unsupported["node"], unsupported["reason"]) == ("x", "MIGLayoutDoesNotFit")
+    assert plan["exitCode"] == 2  # the H200 cannot hold the layout
+    text = planview.render(plan, output.Style())
+    assert (
+        f"a: layout on {H100}: 7x 1g.10gb per GPU (mig-parted config {layout['config']}; 2 nodes)"
+    ) in text
+    assert "a: slots by resource: nvidia.com/gpu: 24 -> 0, nvidia.com/mig-1g.10gb: 0 -> 28" in text
+    assert f"  layout written: {layout['config']} (7x 1g.10gb)" in text
+    assert "x     a     p       MIGLayoutDoesNotFit" in text
+    json.dumps(plan)
+
+
+def test_a_mig_plan_lists_the_pods_the_change_waits_for_apart_from_overcommits() -> None:
+    plan = mig_plan(pods=2)
+    [waits] = plan["overcommitted"]
+    assert (waits["node"], waits["migChange"], waits["waitsForPods"]) == ("n0", True, True)
+    assert [p["name"] for p in waits["pods"]] == ["job-0", "job-1"]
+    text = planview.render(plan, output.Style())
+    assert "Pods a MIG change waits for" in text
+    assert "more slots than their node's new config" not in text
+    assert "node n0 would wait for 2 GPU pod(s) to end before its MIG layout changes" in text
+    assert "held (WaitingForPods): n0" in text
+
+
+def mig_node_cache(**labels: str) -> ClusterCache:
+    cache = ClusterCache()
+    spec = {"strategy": "MIG", "mig": {"profile": "1g.10gb"}}
+    body = policy("m", **spec)
+    del body["spec"]["replicas"]
+    cache.upsert_policy(body)
+    cache.upsert_node(node("n", count="2", **labels))
+    return cache
+
+
+def test_explain_shows_the_layout_published_and_the_policy_and_model_it_comes_from() -> None:
+    cache = mig_node_cache(**{"nvidia.com/gpu.product": H100})
+    mig = cache.policies["m"].mig
+    assert mig is not None
+    name = mig.names[H100]
+    published = {
+        "mig": {
+            "config": name,
+            "layout": "7x 1g.10gb",
+            "state": "success",
+            "slotsPerGPU": {"nvidia.com/gpu": 7},
+        }
+    }
+    record = cache.nodes["n"]
+    decision = explain.new_planner(cache).decide(record)
+    shown = migexplanations.explain(cache, record, decision, published=published)
+    assert shown is not None
+    assert shown["published"] == published["mig"]
+    assert shown["wanted"]["config"] == name and shown["wanted"]["inConfigMap"] is False
+    assert shown["why"] == (
+        f"policy m governs it: every {H100} GPU gets 7x 1g.10gb (mig-parted config {name},"
+        " migStrategy single)"
+    )
+    text = migexplanations.render(shown, output.Style())
+    assert text.splitlines()[:2] == [
+        f"MIG layout: 7x 1g.10gb per GPU ({name})",
+        "  state success; slots per GPU: 7 nvidia.com/gpu",
+    ]
+    assert f"to become: 7x 1g.10gb ({name}, not in the mig-parted ConfigMap yet)" in text
+
+
+@pytest.mark.parametrize(
+    ("labels", "owners", "reason"),
+    [
+        ({"nvidia.com/gpu.product": H200}, (), "MIGLayoutDoesNotFit"),
+        ({"nvidia.com/gpu.product": "Tesla-T4"}, (), "MIGModelUnknown"),
+        (
+            {"nvidia.com/gpu.product": H100, "nvidia.com/mig.config": "all-balanced"},
+            ("gpu-operator",),
+            "MIGConfigOwnedByOther",
+        ),
+    ],
+)
+def test_explain_names_why_a_mig_policy_cannot_work_on_the_node(
+    labels: dict[str, str], owners: tuple[str, ...], reason: str
+) -> None:
+    cache = mig_node_cache(**labels)
+    record = dataclasses.replace(cache.nodes["n"], mig_config_owners=owners)
+    decision = explain.new_planner(cache).decide(record)
+    shown = migexplanations.explain(cache, record, decision, published={})
+    assert shown is not None
+    [refusal] = shown["unsupported"]
+    assert (refusal["policy"], refusal["reason"]) == ("m", reason)
+    text = migexplanations.render(shown, output.Style())
+    assert text.splitlines()[0] == "MIG layout: none published"
+    assert f"  m: {reason}: {refusal['message']}" in text
+    if owners:
+        assert "set by gpu-operator" in text and "gpushare never changes" in shown["why"]
+    else:
+        assert shown["why"].startswith(f"policy m is MIG but cannot work here ({reason})")
+    ranking = explain._ranking(cache, record, decision.policy)
+    assert f"({reason})" in ranking[0]["why"]
+
+
+def test_explain_has_no_mig_section_for_a_node_mig_has_nothing_to_do_with() -> None:
+    cache = ClusterCache()
+    cache.upsert_policy(policy("p"))
+    cache.upsert_node(node("n"))
+    record = cache.nodes["n"]
+    decision = explain.new_planner(cache).decide(record)
+    assert migexplanations.explain(cache, record, decision, published={}) is None
+
+
+def test_the_plugin_reads_the_mig_parted_configmap_the_operator_writes() -> None:
+    from gpushare_operator.app.settings import parse_settings
+
+    operator = parse_settings([], env={})
+    plugin = cli.build_parser().parse_args(["plan"])
+    assert plugin.mig_parted_configmap == operator.mig_parted_configmap
+    assert cluster.ClusterRef().mig_parted_configmap == operator.mig_parted_configmap
+    with pytest.raises(objectpaths.BadName):
+        cluster.ClusterRef(mig_parted_configmap="a/b")

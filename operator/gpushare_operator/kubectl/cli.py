@@ -70,6 +70,12 @@ def _connection_options(*, suppress: bool) -> argparse.ArgumentParser:
         help=f"its name (default {defaults.DEVICE_PLUGIN_CONFIGMAP})",
     )
     group.add_argument(
+        "--mig-parted-configmap",
+        default=default(defaults.MIG_PARTED_CONFIGMAP),
+        help="name of the operator's mig-parted ConfigMap (MIG layouts), in the same namespace"
+        f" (default {defaults.MIG_PARTED_CONFIGMAP})",
+    )
+    group.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -172,6 +178,7 @@ def _cluster_ref(args: argparse.Namespace) -> cluster.ClusterRef:
         context=args.context,
         device_plugin_namespace=args.device_plugin_namespace,
         device_plugin_configmap=args.device_plugin_configmap,
+        mig_parted_configmap=args.mig_parted_configmap,
     )
 
 

@@ -9,7 +9,7 @@ and pods asking for no shared GPU resource are dropped as they arrive).
 Every read says what it needs: a 403 is ``MissingPermission`` naming the verb, the resource and
 the namespace (kubectl/permissions.py), never an empty answer, so that a plan or a status is
 never made from what the user could not see.  Only a 404 is absence, where absence means
-something (no device-plugin ConfigMap yet: no policy has written one).
+something (no device-plugin or mig-parted ConfigMap yet: no policy has written one).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
-from gpushare_operator.core import models
+from gpushare_operator.core import defaults, models
 from gpushare_operator.core.nodes import carries_mig_config
 from gpushare_operator.kube import connection, objectpaths, reading
 from gpushare_operator.kube.objectpaths import Resource
@@ -62,17 +62,20 @@ BUDGET_LIST = reading.Collection(path=objectpaths.path(BUDGETS), kind=BUDGETS.ki
 
 @dataclass(frozen=True, slots=True)
 class ClusterRef:
-    """Where the cluster is, and the operator's device-plugin ConfigMap in it."""
+    """Where the cluster is, and the operator's two ConfigMaps in it (the device plugin's and
+    the mig-parted one beside it, as the operator's flags name them)."""
 
     kubeconfig: str | None = None
     context: str | None = None
-    device_plugin_namespace: str = "gpu-operator"
-    device_plugin_configmap: str = "gpushare-device-plugin-configs"
+    device_plugin_namespace: str = defaults.DEVICE_PLUGIN_NAMESPACE
+    device_plugin_configmap: str = defaults.DEVICE_PLUGIN_CONFIGMAP
+    mig_parted_configmap: str = defaults.MIG_PARTED_CONFIGMAP
 
     def __post_init__(self) -> None:
-        # Both go into a path: refused here, before the kubeconfig is even read.
+        # All go into a path: refused here, before the kubeconfig is even read.
         objectpaths.checked(self.device_plugin_namespace, kind="Namespace")
         objectpaths.checked(self.device_plugin_configmap, kind=CONFIGMAPS.kind)
+        objectpaths.checked(self.mig_parted_configmap, kind=CONFIGMAPS.kind)
 
 
 @contextlib.asynccontextmanager
@@ -138,18 +141,35 @@ async def load_policies(api: reading.Api, cache: ClusterCache) -> list[dict[str,
 
 
 async def load_configmap(api: reading.Api, cache: ClusterCache, cluster_ref: ClusterRef) -> None:
-    """The device-plugin ConfigMap as the operator's informer would deliver its first list
-    (keys present then count as propagated).  Absent (404) is no keys at all: no policy has
-    written one yet.  Not readable (403) is MissingPermission: taken for absent, it would
-    promise keys to write and a propagation wait that are not real."""
-    sink = ConfigMapSink(cache)
-    found = await read_one(
+    """The device-plugin and mig-parted ConfigMaps as the operator's informers would deliver
+    their first list (keys and layout names present then count as propagated).  Absent (404)
+    is no keys at all: no policy has written one yet.  Not readable (403) is
+    MissingPermission: taken for absent, it would promise keys to write and a propagation wait
+    that are not real (and, for the mig-parted one, nodes waiting for a layout for ever)."""
+    cache.mig_config_name = cluster_ref.mig_parted_configmap
+    # One after the other: a user who may read neither is told of the first, always the same.
+    await _load_one_configmap(
         api,
-        CONFIGMAPS,
+        ConfigMapSink(cache),
         cluster_ref.device_plugin_configmap,
         namespace=cluster_ref.device_plugin_namespace,
         purpose="the device-plugin ConfigMap: which config keys exist and have propagated",
-        keep_managed_fields=True,
+    )
+    await _load_one_configmap(
+        api,
+        ConfigMapSink(cache, mig=True),
+        cluster_ref.mig_parted_configmap,
+        namespace=cluster_ref.device_plugin_namespace,
+        purpose="the mig-parted ConfigMap: which MIG layouts exist and have propagated",
+    )
+
+
+async def _load_one_configmap(
+    api: reading.Api, sink: ConfigMapSink, name: str, *, namespace: str, purpose: str
+) -> None:
+    # With its managedFields: a file another manager owns is one the operator never writes.
+    found = await read_one(
+        api, CONFIGMAPS, name, namespace=namespace, purpose=purpose, keep_managed_fields=True
     )
     sink.begin_relist()
     if found is not None:

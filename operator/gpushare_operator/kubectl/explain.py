@@ -3,8 +3,10 @@
 Which policies select it, ranked as the operator ranks them (``core.resolution``), which one
 governs it and why (``nodephases.choose``: the first usable by rank that can work there); its
 phase and conditions as the operator published them, and recent Events about it; the config
-key it carries and that key's content in the device-plugin ConfigMap; and which pods hold its
-slots, from the same usage ledger the operator keeps.
+key it carries and that key's content in the device-plugin ConfigMap; for MIG its layout (as
+published in ``status.mig``, and as the policies as they are would have it, with the reason a
+MIG policy cannot work there: ``kubectl.migexplanations``); and which pods hold its slots, from the
+same usage ledger the operator keeps.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from gpushare_operator.core import nodephases, resolution
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.kube import objectpaths, reading
-from gpushare_operator.kubectl import cluster
+from gpushare_operator.kubectl import cluster, migexplanations
 from gpushare_operator.kubectl.output import Style, slots, table
 from gpushare_operator.kubectl.standings import POOL_LABELS, pool_of, standing_of
 from gpushare_operator.kubectl.status import eviction_line, eviction_of, new_planner
@@ -66,6 +68,7 @@ async def explain_node(cluster_ref: cluster.ClusterRef, name: str) -> dict[str, 
         },
         "events": _events(events),
         "config": _config(cache, record, decision.policy),
+        "mig": migexplanations.explain(cache, record, decision, published=published),
         "slots": _slots(cache, name, target_now.resource, target_now.capacity),
     }
 
@@ -103,7 +106,7 @@ def _outcome(
     if winner is None:  # cannot be: a usable match always governs
         return {"outcome": "outranked", "why": "no policy governs this node"}
     if problem is not None and resolution.rank_key(policy) < resolution.rank_key(winner):
-        return {"outcome": "skipped", "why": f"it cannot work here: {problem[1]}"}
+        return {"outcome": "skipped", "why": f"it cannot work here ({problem[0]}): {problem[1]}"}
     if policy.priority < winner.priority:
         why = f"lower priority than {winner.name} ({policy.priority} < {winner.priority})"
     else:
@@ -116,7 +119,10 @@ def _why_winner(
 ) -> str:
     problem = nodephases.unsupported(record, policy)
     if problem is not None:
-        return f"no selecting policy can work here, so the first by rank reports it: {problem[1]}"
+        return (
+            "no selecting policy can work here, so the first by rank reports it"
+            f" ({problem[0]}): {problem[1]}"
+        )
     ahead = [p.name for p in candidates if resolution.rank_key(p) < resolution.rank_key(policy)]
     if ahead:  # they outrank it, and choose() passed them over: they cannot work here
         return f"the first by rank that can work here ({', '.join(ahead)} cannot)"
@@ -204,6 +210,8 @@ def render(report: Mapping[str, Any], style: Style) -> str:
     parts = [_render_head(report, style), _render_policies(report, style)]
     parts.append(_render_phase(report, style))
     parts.append(_render_config(report["config"], style))
+    if report.get("mig"):
+        parts.append(migexplanations.render(report["mig"], style))
     parts.append(_render_slots(report["slots"], style))
     return "\n\n".join(parts) + "\n"
 

@@ -5,11 +5,14 @@ informers feed, then ``run`` upserts the planned policies into that same state a
 
 - each node's standing before and after, from ``Planner.decide`` and the status it would
   render (``kubectl.standings.standing_of``): who governs it, with which key and capacity;
-- whose pods would hold more slots than the new config advertises (``core.rollouts.misfit``);
+- whose pods would hold more slots than the new config advertises, or (for a change of MIG
+  layout, which needs idle GPUs) any slot at all: the rollout book's own ``misfit``;
 - the rollout, by replaying the operator's own ``RolloutBook``: its gate and its admissions
   (fresh nodes at once, canary first and alone, ``maxUnavailable``, the cluster-wide budget,
   order by fewest allocated slots then name, WaitForPods), with every admitted node settled
-  as NVIDIA's agents would settle it before the next batch is admitted;
+  as NVIDIA's agents would settle it before the next batch is admitted; a MIG change admitted
+  while GPU pods run waits for them under WaitForPods (tainted, charged to the budget, and
+  never settled by the replay: the pods are the user's to end);
 - under ``podPolicy: Evict``, which pods a change evicts (``kubectl.evictions``, by
   ``core.victims``): such a node is no misfit.  The replay judges each node through the
   operator's own drain (``reconcile.drains``): a node it would drain is admitted like any other
@@ -29,17 +32,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import defaults, rollouts
-from gpushare_operator.core.nodes import GPU_RESOURCE
+from gpushare_operator.core import (
+    defaults,
+    miggeometry,
+    migphases,
+    nodephases,
+    rollouts,
+)
 from gpushare_operator.core.pods import PodRecord
 from gpushare_operator.core.policies import compile_policy
 from gpushare_operator.core.rollouts import FINALIZER
-from gpushare_operator.core.workqueue import CONFIG, NODE, POLICY
+from gpushare_operator.core.workqueue import CONFIG, MIG_CONFIG, NODE, POLICY
 from gpushare_operator.kube import reading
 from gpushare_operator.kubectl.disruptions import DetailSink, PodDetails
 from gpushare_operator.kubectl.evictions import NodeEvictions, drain_seconds, foresee, may_evict
 from gpushare_operator.kubectl.standings import (
-    GOVERNED,
     POOL_LABELS,
     UNSUPPORTED,
     NodeStanding,
@@ -86,6 +93,7 @@ class Misfit:
     pool: str
     why: str
     pods: tuple[PodRecord, ...]
+    mig: bool = False  # a change of MIG layout: it needs every GPU pod gone, not fewer slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,11 +126,13 @@ class Forecast:
     before: dict[str, NodeStanding]  # every GPU node, under the policies as they are
     after: dict[str, NodeStanding]  # every GPU node, with the planned policies in force
     pools: dict[str, str]  # node -> pool
+    products: dict[str, str | None]  # node -> its GPU model (base product), which a layout is for
     changes: list[NodeChange]
     misfits: list[Misfit]  # not those that podPolicy Evict drains
     unsupported: list[NodeChange]  # nodes the planned policies concern that end Unsupported
     keys_written: dict[str, str]
     keys_unused: list[str]
+    layouts_written: dict[str, str]  # mig-parted config name -> its layout, added to the file
     start_delay: float  # the propagation wait before the first new key may be used
     batches: list[Batch] = field(default_factory=list)
     held: list[Held] = field(default_factory=list)
@@ -170,6 +180,7 @@ class Forecaster:
         self.pod_details: dict[str, PodDetails] = {}  # uid -> what evictions read; see below
         self._evictions: dict[str, NodeEvictions] = {}
         self._given_up: dict[str, Drain] = {}  # nodes the drain gave up (EvictionBlocked)
+        self._idle_waits: dict[str, Held] = {}  # MIG changes admitted, waiting for their pods
 
     def keep_pod_details(self, inner: reading.Sink) -> reading.Sink:
         """A pod sink that keeps the pods' labels, readiness and grace periods beside their
@@ -217,6 +228,7 @@ class Forecaster:
                 cache.finalizers_set(name, (*current, FINALIZER))
         concerned |= self._matched(names)
         keys_written = self._write_keys()
+        layouts_written = self._write_layouts()
         after = self.targets()
         changes = [
             NodeChange(name, self.pool(name), before[name], after[name])
@@ -233,6 +245,7 @@ class Forecaster:
             before=before,
             after=after,
             pools={name: self.pool(name) for name in after},
+            products={name: cache.nodes[name].product for name in after},
             changes=changes,
             misfits=[m for m in misfits if not self._drains(m.node)],
             unsupported=[
@@ -242,6 +255,7 @@ class Forecaster:
             ],
             keys_written=keys_written,
             keys_unused=sorted(k for k in keys_before if k not in live),
+            layouts_written=layouts_written,
             start_delay=self.pace.propagation_delay if keys_written else 0.0,
             evictions=dict(self._evictions),
         )
@@ -263,28 +277,46 @@ class Forecaster:
         cache.set_config_data({**current, **written}, initial=False)
         return written
 
+    def _write_layouts(self) -> dict[str, str]:
+        """The layouts the operator would add to the mig-parted ConfigMap, written now (its
+        own plan of the file, with the same propagation wait before a node may name one)."""
+        cache = self.cache
+        state = cache.mig_config
+        before = dict(state.layouts or {})
+        plan = self.planner.plan_config(MIG_CONFIG)
+        if plan.data is None:
+            return {}
+        cache.set_mig_config(plan.data, initial=False)
+        return {  # all-disabled, always there, is no layout of a policy
+            name: miggeometry.describe(layout.as_dict())
+            for name, layout in sorted((state.layouts or {}).items())
+            if name not in before and layout is not None
+        }
+
     def _misfits(self, changes: Sequence[NodeChange]) -> list[Misfit]:
-        usage = self.cache.usage
-        found: dict[str, tuple[str, str]] = {}
+        """Nodes whose pods would not fit their change, judged by the rollout book itself: for
+        a change of MIG layout, any GPU pod at all."""
+        cache, usage = self.cache, self.cache.usage
+        found: dict[str, tuple[str, str, bool]] = {}
         for change in changes:
-            after = change.after
-            held = usage.node_slots(change.name)
-            if not held or after.standing == UNSUPPORTED:
+            if not usage.node_slots(change.name) or change.after.standing == UNSUPPORTED:
                 continue  # an Unsupported node is left as it is
-            if after.standing == GOVERNED:
-                why = rollouts.misfit(held, resource=after.resource, capacity=after.capacity)
-            else:  # released: the default config advertises one nvidia.com/gpu per GPU
-                why = rollouts.misfit(held, resource=GPU_RESOURCE, capacity=after.gpus)
+            record = cache.nodes[change.name]
+            decision = self.planner.decide(record)
+            policy = None if nodephases.releases(decision) else decision.policy
+            why = self.book.misfit(record, policy)
             if why is not None:
-                found[change.name] = (change.pool, why)
+                found[change.name] = (change.pool, why, migphases.changes_mig(record, policy))
         pods: defaultdict[str, list[PodRecord]] = defaultdict(list)
         if found:
-            for record in usage:
-                if record.node in found and record.holds_slots:
-                    pods[record.node].append(record)
+            for held in usage:
+                if held.node in found and held.holds_slots:
+                    pods[held.node].append(held)
         return [
-            Misfit(node, pool, why, tuple(sorted(pods[node], key=lambda p: (p.namespace, p.name))))
-            for node, (pool, why) in sorted(found.items())
+            Misfit(
+                node, pool, why, tuple(sorted(pods[node], key=lambda p: (p.namespace, p.name))), mig
+            )
+            for node, (pool, why, mig) in sorted(found.items())
         ]
 
     def _foresee(self, misfits: Sequence[Misfit]) -> dict[str, NodeEvictions]:
@@ -355,7 +387,8 @@ class Forecaster:
             return None
         cache, now = self.cache, self.clock.now
         delay = self.pace.propagation_delay
-        due = [seen + delay for seen in cache.key_seen_at.values() if seen + delay > now]
+        seen_at = (*cache.key_seen_at.values(), *cache.mig_config.seen_at.values())
+        due = [seen + delay for seen in seen_at if seen + delay > now]
         return min(due, default=None)
 
     def _taken(self, kind: str) -> list[str]:
@@ -393,7 +426,13 @@ class Forecaster:
         book lets it change now (for a node to drain: once its evictions are done)."""
         drain = self._judge(name)
         self.book.record(drain.judgement.placement)
-        return drain.judgement.decision.labels is not None or drain.draining
+        decision = drain.judgement.decision
+        if decision.idle_wait:  # admitted, tainted, and waiting for the user's pods to end
+            charged = drain.judgement.placement.charged
+            self._idle_waits[name] = Held(name, charged, decision.reason, decision.message)
+            return False
+        self._idle_waits.pop(name, None)
+        return decision.labels is not None or drain.draining
 
     def _drain_seconds(self, name: str) -> float:
         evictions = self._evictions.get(name)
@@ -438,4 +477,5 @@ class Forecaster:
                     book.record(judged.placement)
                     decision = judged.decision
                     held.append(Held(node, policy, decision.reason, decision.message))
+        held.extend(self._idle_waits.values())
         return sorted(held, key=lambda h: (h.policy, h.node))

@@ -24,7 +24,13 @@ from gpushare_operator.kubectl import cluster, disruptions, manifests
 from gpushare_operator.kubectl.evictions import NodeEvictions
 from gpushare_operator.kubectl.forecast import Forecast, Forecaster
 from gpushare_operator.kubectl.output import Trace
-from gpushare_operator.kubectl.standings import POOL_LABELS, UNMANAGED, RolloutPace
+from gpushare_operator.kubectl.standings import (
+    GOVERNED,
+    POOL_LABELS,
+    UNMANAGED,
+    NodeStanding,
+    RolloutPace,
+)
 
 EXIT_CLEAN, EXIT_ERROR, EXIT_BLOCKED = 0, 1, 2
 _SPEC_FIELDS = ("strategy", "replicas", "priority", "nodeSelector", "resourceName", "paused")
@@ -140,10 +146,17 @@ def report(
         ],
         "overcommitted": _misfits(forecast),
         "unsupported": [
-            {"node": c.name, "pool": c.pool, "policy": c.after.policy, "why": c.after.why}
+            {
+                "node": c.name,
+                "pool": c.pool,
+                "policy": c.after.policy,
+                "reason": c.after.reason,
+                "why": c.after.why,
+            }
             for c in forecast.unsupported
         ],
         "configKeys": {"written": forecast.keys_written, "unused": forecast.keys_unused},
+        "migLayouts": {"written": forecast.layouts_written},
         "rollout": {
             "propagationDelaySeconds": forecast.start_delay,
             "writeQPS": options.pace.write_qps,
@@ -168,10 +181,17 @@ def _problems(forecast: Forecast) -> list[str]:
                 f"node {misfit.node} cannot be drained (podPolicy Evict): {evictions.stuck};"
                 " it would keep its config"
             )
+        elif misfit.mig:
+            problems.append(
+                f"node {misfit.node} would wait for {len(misfit.pods)} GPU pod(s) to end before"
+                " its MIG layout changes (podPolicy WaitForPods; tainted meanwhile)"
+            )
         else:
             problems.append(f"node {misfit.node} would be overcommitted: {misfit.why}")
     for change in forecast.unsupported:
-        problems.append(f"node {change.name} would be Unsupported: {change.after.why}")
+        problems.append(
+            f"node {change.name} would be Unsupported ({change.after.reason}): {change.after.why}"
+        )
     return problems
 
 
@@ -184,6 +204,7 @@ def _misfits(forecast: Forecast) -> list[dict[str, Any]]:
             "pool": m.pool,
             "why": m.why,
             "waitsForPods": m.node in waiting,
+            "migChange": m.mig,
             **({"notEvictable": stuck[m.node]} if m.node in stuck else {}),
             "pods": [
                 {
@@ -276,21 +297,27 @@ def _pools(name: str, forecast: Forecast) -> list[dict[str, Any]]:
         lambda: {
             "nodes": {"before": 0, "after": 0},
             "capacity": {"before": 0, "after": 0},
+            "slotsByResource": {},
+            "layouts": {"before": [], "after": []},
             "gained": [],
             "lost": [],
             "changed": [],
         }
     )
-    for node, standing in forecast.before.items():
-        if standing.policy == name:
+    for when, standings in (("before", forecast.before), ("after", forecast.after)):
+        for node, standing in standings.items():
+            if standing.policy != name:
+                continue
             entry = pools[forecast.pools[node]]
-            entry["nodes"]["before"] += 1
-            entry["capacity"]["before"] += standing.capacity
-    for node, standing in forecast.after.items():
-        if standing.policy == name:
-            entry = pools[forecast.pools[node]]
-            entry["nodes"]["after"] += 1
-            entry["capacity"]["after"] += standing.capacity
+            entry["nodes"][when] += 1
+            entry["capacity"][when] += standing.capacity
+            by_resource = entry["slotsByResource"]
+            # What the policy's config offers there (an Unsupported node's are not its own).
+            for resource, slots in standing.slots if standing.standing == GOVERNED else ():
+                counts = by_resource.setdefault(resource, {"before": 0, "after": 0})
+                counts[when] += slots
+            if standing.mig_config is not None:
+                _count_layout(entry["layouts"][when], forecast.products.get(node), standing)
     for change in forecast.changes:
         was, now = change.before.policy, change.after.policy
         if now == name and was != name:
@@ -300,7 +327,23 @@ def _pools(name: str, forecast: Forecast) -> list[dict[str, Any]]:
             pools[change.pool]["lost"].append({"node": change.name, "to": to})
         elif was == name:
             pools[change.pool]["changed"].append(change.name)
+    for entry in pools.values():
+        entry["slotsByResource"] = dict(sorted(entry["slotsByResource"].items()))
     return [{"pool": pool, **pools[pool]} for pool in sorted(pools)]
+
+
+def _count_layout(
+    layouts: list[dict[str, Any]], product: str | None, standing: NodeStanding
+) -> None:
+    """One more node of ``product`` on the standing's MIG layout (one entry per model)."""
+    for entry in layouts:
+        if (entry["product"], entry["config"]) == (product, standing.mig_config):
+            entry["nodes"] += 1
+            return
+    layouts.append(
+        {"product": product, "config": standing.mig_config, "layout": standing.layout, "nodes": 1}
+    )
+    layouts.sort(key=lambda e: (str(e["product"]), str(e["config"])))
 
 
 def _rollout(name: str, forecast: Forecast) -> dict[str, Any]:

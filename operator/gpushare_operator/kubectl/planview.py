@@ -1,5 +1,5 @@
-"""The plan's report as text: per policy and pool, the pods it evicts, then the problems and
-the verdict."""
+"""The plan's report as text: per policy and pool (with MIG layouts and slots by resource),
+the pods it evicts or waits for, then the problems and the verdict."""
 
 from __future__ import annotations
 
@@ -28,13 +28,26 @@ def render(report: Mapping[str, Any], style: Style) -> str:
     evicting = [n for n in report["nodes"] if n.get("evictions")]
     if evicting:
         parts.append(_evicted(evicting, style))
-    if report["overcommitted"]:
-        parts.append(_overcommitted(report["overcommitted"], style))
+    waits = [m for m in report["overcommitted"] if m.get("migChange") and m["waitsForPods"]]
+    if waits:
+        parts.append(_mig_waits(waits, style))
+    others = [m for m in report["overcommitted"] if m not in waits]
+    if others:
+        parts.append(_overcommitted(others, style))
     if report["unsupported"]:
-        rows = [(u["node"], u["pool"], u["policy"], u["why"]) for u in report["unsupported"]]
+        rows = [
+            (u["node"], u["pool"], u["policy"], u.get("reason") or "-", u["why"])
+            for u in report["unsupported"]
+        ]
         heading = style.heading("Nodes left Unsupported (no selecting policy can work there):")
-        parts.append(heading + "\n" + table(("NODE", "POOL", "POLICY", "WHY"), rows, indent="  "))
+        headers = ("NODE", "POOL", "POLICY", "REASON", "WHY")
+        parts.append(heading + "\n" + table(headers, rows, indent="  "))
     parts.append(_keys(report["configKeys"], style))
+    layouts = (report.get("migLayouts") or {}).get("written") or {}
+    if layouts:
+        lines = [style.heading("mig-parted ConfigMap (config.yaml):")]
+        lines.extend(f"  layout written: {name} ({text})" for name, text in layouts.items())
+        parts.append("\n".join(lines))
     parts.append(_verdict(report))
     return "\n\n".join(parts) + "\n"
 
@@ -106,10 +119,39 @@ def _policy(policy: Mapping[str, Any], style: Style) -> str:
     headers = ("POOL", "NODES", "GAINED", "LOST", "CHANGED", "SLOTS")
     lines.append(table(headers, rows, indent="  "))
     for pool in policy["pools"]:
+        lines.extend(_layouts(pool))
         lines.extend(_movements(pool))
     loses = any(p["lost"] and any(x["to"] for x in p["lost"]) for p in policy["pools"])
     lines.extend(_rollout(policy["rollout"], loses=loses))
     return "\n".join(lines)
+
+
+def _layouts(pool: Mapping[str, Any]) -> list[str]:
+    """A pool's MIG layouts per GPU model, before -> after, and its slots by resource when
+    there is more than one resource (or it changes): one total would hide which."""
+    lines = []
+    where, layouts = pool["pool"], pool.get("layouts") or {}
+    before = {e["product"]: e for e in layouts.get("before") or []}
+    after = {e["product"]: e for e in layouts.get("after") or []}
+    for product in sorted({*before, *after}, key=str):
+        was, now = before.get(product), after.get(product)
+        if was is not None and now is not None and was["config"] == now["config"]:
+            lines.append(f"  {where}: layout on {product}: {_layout(now)}, unchanged")
+        elif now is not None:
+            origin = f" (was {_layout(was)})" if was is not None else ""
+            lines.append(f"  {where}: layout on {product}: {_layout(now)}{origin}")
+        elif was is not None:
+            lines.append(f"  {where}: layout on {product}: {_layout(was)} -> none")
+    slots = pool.get("slotsByResource") or {}
+    if len(slots) > 1 or (slots and layouts.get("after")) or (slots and layouts.get("before")):
+        shown = ", ".join(f"{r}: {n['before']} -> {n['after']}" for r, n in slots.items())
+        lines.append(f"  {where}: slots by resource: {shown}")
+    return lines
+
+
+def _layout(entry: Mapping[str, Any]) -> str:
+    nodes = plural(entry["nodes"], "node")
+    return f"{entry['layout']} per GPU (mig-parted config {entry['config']}; {nodes})"
 
 
 def _movements(pool: Mapping[str, Any]) -> list[str]:
@@ -192,6 +234,27 @@ def _overcommitted(items: Sequence[Mapping[str, Any]], style: Style) -> str:
             wait = f" (podPolicy Evict cannot drain it: {item['notEvictable']})"
         held = item["waitsForPods"] or bool(item.get("notEvictable"))
         lines.append(f"  {item['node']} ({item['pool']}): {item['why']}{wait * held}")
+        rows = [
+            (
+                f"{p['namespace']}/{p['name']}",
+                p["phase"],
+                ", ".join(f"{n} {r}" for r, n in p["requests"].items()),
+            )
+            for p in item["pods"]
+        ]
+        lines.append(table(("POD", "PHASE", "HOLDS"), rows, indent="    "))
+    return "\n".join(lines)
+
+
+def _mig_waits(items: Sequence[Mapping[str, Any]], style: Style) -> str:
+    lines = [
+        style.heading(
+            "Pods a MIG change waits for (the layout changes only on idle GPUs; podPolicy"
+            " WaitForPods, the node tainted meanwhile):"
+        )
+    ]
+    for item in items:
+        lines.append(f"  {item['node']} ({item['pool']}): {plural(len(item['pods']), 'pod')}")
         rows = [
             (
                 f"{p['namespace']}/{p['name']}",

@@ -4,8 +4,9 @@ Pure pieces of ``kubectl gpushare plan`` (``kubectl.forecast`` runs them against
 operator's own state and planner):
 
 - ``standing_of``: a node's standing under a decision, read off the very status the operator
-  would publish (``nodephases.render_status``), so that the plan's capacity is the number the
-  GPUNodeState will show, by construction;
+  would publish (``nodephases.render_status``), so that the plan's capacity (and for MIG its
+  layout and slots by resource, ``kubectl.miglayouts``) is what the GPUNodeState will show,
+  by construction;
 - ``settled_body``: the node as NVIDIA's agents leave it once a config is in force (config
   manager, device plugin and GPU Feature Discovery done: labels and allocatable agree), which
   is what lets the operator's rollout bookkeeping be replayed batch after batch;
@@ -34,6 +35,8 @@ from gpushare_operator.core.nodes import (
 )
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.core.rewrittenlabels import base_product
+from gpushare_operator.kubectl import miglayouts
+from gpushare_operator.kubectl.miglayouts import Slots
 
 GOVERNED: Final = "Governed"
 UNSUPPORTED: Final = "Unsupported"
@@ -67,6 +70,10 @@ class NodeStanding:
     gpus: int
     resource: str  # the extended resource its pods request
     why: str | None = None  # why the policy cannot work there, when Unsupported
+    reason: str | None = None  # the reason of that, when Unsupported (MIGLayoutDoesNotFit)
+    slots: Slots = ()  # what it advertises, by resource (a MIG layout offers several)
+    mig_config: str | None = None  # the mig-parted config its nvidia.com/mig.config names
+    layout: str | None = None  # that config's layout per GPU: ``1x 3g.40gb + 1x 2g.20gb``
 
     def as_dict(self) -> dict[str, Any]:
         out = {
@@ -76,7 +83,11 @@ class NodeStanding:
             "capacity": self.capacity,
             "gpus": self.gpus,
             "resource": self.resource,
+            "slots": dict(self.slots),
+            "migConfig": self.mig_config,
+            "layout": self.layout,
             "why": self.why,
+            "reason": self.reason,
         }
         return {key: value for key, value in out.items() if value is not None}
 
@@ -98,6 +109,7 @@ def standing_of(record: NodeRecord, decision: nodephases.NodeDecision) -> NodeSt
         standing = UNMANAGED
     else:
         standing = GOVERNED
+    mig_config, layout = miglayouts.layout_of(status)
     return NodeStanding(
         policy=named,
         config_key=status.get("configKey"),
@@ -106,6 +118,16 @@ def standing_of(record: NodeRecord, decision: nodephases.NodeDecision) -> NodeSt
         gpus=int(status["gpus"]),
         resource=resource,
         why=decision.message if unsupported else None,
+        reason=decision.reason if unsupported else None,
+        slots=miglayouts.advertised(
+            record,
+            status,
+            resource=resource,
+            governed=standing == GOVERNED,
+            unsupported=unsupported,
+        ),
+        mig_config=mig_config,
+        layout=layout,
     )
 
 
@@ -126,7 +148,8 @@ def _bumped(version: str) -> str:
 def settled_body(record: NodeRecord, policy: CompiledPolicy | None) -> dict[str, Any]:
     """The Node as the NVIDIA agents leave it once ``policy``'s config (None: no sharing) is in
     force: our labels as the operator writes them, GFD's replicas and sharing-strategy labels,
-    and kubelet advertising GPUs x replicas of the policy's resource."""
+    and kubelet advertising GPUs x replicas of the policy's resource (for MIG: the MIG
+    manager done, and each resource of the layout, ``kubectl.miglayouts.settle``)."""
     labels = dict(record.labels)
     if policy is None or policy.sharing is None or policy.config_key is None:
         labels.pop(CONFIG_LABEL, None)
@@ -135,7 +158,7 @@ def settled_body(record: NodeRecord, policy: CompiledPolicy | None) -> dict[str,
     else:
         labels[CONFIG_LABEL] = policy.config_key
         labels[POLICY_LABEL] = policy.name
-        replicas = policy.replicas or 1
+        replicas = (policy.mig.replicas if policy.mig else policy.replicas) or 1
         strategy = devconfigs.sharing_strategy_label(policy.sharing)
         resource = policy.resources[0]
     labels[GPU_REPLICAS] = str(replicas)
@@ -147,7 +170,8 @@ def settled_body(record: NodeRecord, policy: CompiledPolicy | None) -> dict[str,
     resources = dict(record.allocatable)
     for advertised in (GPU_RESOURCE, SHARED_RESOURCE):
         resources.pop(advertised, None)
-    resources[resource] = str(gpus * replicas)
+    if not miglayouts.settle(labels, resources, record=record, policy=policy):
+        resources[resource] = str(gpus * replicas)
     return {
         "metadata": {
             "name": record.name,

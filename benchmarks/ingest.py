@@ -612,7 +612,8 @@ def budgets(report: dict[str, Any]) -> list[dict[str, Any]]:
              at_least=False),
         _row("naive ÷ gpushare, per heartbeat", "x", (beat["naive_over_ours"], None), 5,
              at_least=True),
-    ] + _mig_budgets(report.get("mig"))  # fmt: skip
+        *_mig_budgets(report.get("mig")),
+    ]  # fmt: skip
 
 
 def _mig_budgets(mig: dict[str, Any] | None) -> list[dict[str, Any]]:

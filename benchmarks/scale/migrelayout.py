@@ -151,9 +151,26 @@ async def _verified(
             return key
         if time.monotonic() - last > 15:
             last = time.monotonic()
-            log(f"  [mig] {time.monotonic() - started:.0f} s: {len(done)}/{len(nodes)} Verified")
+            phases = await _phases(sim)
+            log(f"  [mig] {last - started:.0f} s: {len(done)}/{len(nodes)} Verified; {phases}")
         await asyncio.sleep(1.0)
     raise TimeoutError(f"not every node Verified on {key} in {timeout:.0f} s")
+
+
+async def _phases(sim: GpuClusterSimulator) -> dict[str, int]:
+    """How many nodes are in each (phase, Ready reason): what a slow rollout waits for."""
+    body = await h.ok(sim.client, "GET", f"{h.API}/gpunodestates")
+    counts: dict[str, int] = {}
+    for item in body["items"]:
+        status = item.get("status") or {}
+        ready = h.condition(status, "Ready")
+        said = f"{status.get('phase')}/{ready.get('reason')}"
+        if status.get("phase") != "Verified":
+            said += f": {ready.get('message')}"
+        counts[said] = counts.get(said, 0) + 1
+    ready = h.condition((await h.get_policy(sim.client, POLICY)).get("status"), "Ready")
+    counts[f"policy Ready: {ready.get('reason')}: {ready.get('message')}"] = 1
+    return dict(sorted(counts.items()))
 
 
 async def _quiet(variant: run.Variant, session: Any) -> None:

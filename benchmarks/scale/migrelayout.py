@@ -31,6 +31,8 @@ from typing import Any, Final
 
 from benchmarks.scale import cluster, run
 from gpushare_operator.app import settings
+from gpushare_operator.core import migconfigs
+from gpushare_operator.core.nodes import MIG_CONFIG_LABEL, MIG_STATE_LABEL
 from gpushare_testing import apiobjects as h
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.gpupods import create_pod
@@ -135,18 +137,35 @@ def summary(
     return rows
 
 
+def layout_name(devices: Mapping[str, int]) -> str:
+    """The mig-parted config name gpushare gives the policy's layout (the node label's value)."""
+    return migconfigs.layout_name(
+        policy_name=POLICY, layout=migconfigs.MigLayout.from_mapping(devices)
+    )
+
+
+async def _on_layout(sim: GpuClusterSimulator, layout: str) -> set[str]:
+    """The nodes labelled with ``layout`` whose MIG manager says it succeeded."""
+    selector = f"{MIG_CONFIG_LABEL}={layout},{MIG_STATE_LABEL}=success"
+    status, body = await sim.client.get("/api/v1/nodes", params={"labelSelector": selector})
+    assert status == 200, body
+    return {item["metadata"]["name"] for item in body["items"]}
+
+
 async def _verified(
     sim: GpuClusterSimulator,
     nodes: list[str],
+    layout: str,
     *,
     log: Callable[[str], None],
     timeout: float = TIMEOUT,
 ) -> str:
-    """Wait (logging every 15 s) until every node is Verified on the policy's current key."""
+    """Wait (logging every 15 s) until every node is Verified on the policy's current key
+    and runs ``layout`` (the key alone can stay the same across a re-layout)."""
     key = await settled_key(sim, POLICY)
     started = last = time.monotonic()
     while time.monotonic() - started < timeout:
-        done = await verified_on(sim, key)
+        done = await verified_on(sim, key) & await _on_layout(sim, layout)
         if set(nodes) <= done:
             return key
         if time.monotonic() - last > 15:
@@ -262,7 +281,7 @@ async def measure(
             log(f"  [mig] {nodes} H100 nodes in {time.monotonic() - t:.0f} s; priming")
             async with run.launched(bench, ours) as (_, session):
                 t = time.monotonic()
-                before_key = await _verified(sim, names, log=log)
+                before_key = await _verified(sim, names, layout_name(BEFORE), log=log)
                 prime_s = time.monotonic() - t
                 pods = await _running_pods(sim, names, pod_every)
                 await _quiet(ours, session)
@@ -271,7 +290,7 @@ async def measure(
                 started = time.monotonic()
                 patch = {"mig": {"devices": devices_patch(BEFORE, AFTER)}}
                 await h.patch_policy(admin, POLICY, patch)
-                after_key = await _verified(sim, names, log=log)
+                after_key = await _verified(sim, names, layout_name(AFTER), log=log)
                 seconds = time.monotonic() - started
                 await _quiet(ours, session)
                 until = time.time()
@@ -285,6 +304,7 @@ async def measure(
         "gpus_per_node": 8,
         "layouts": [dict(BEFORE), dict(AFTER)],
         "keys": [before_key, after_key],
+        "layout_names": [layout_name(BEFORE), layout_name(AFTER)],
         "rollout": dict(ROLLOUT),
         "cluster_max_unavailable": DEFAULTS.max_unavailable,
         "mig_apply_seconds": apply_seconds,

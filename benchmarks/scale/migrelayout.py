@@ -38,7 +38,7 @@ from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.gpupods import create_pod
 from gpushare_testing.rawclient import RawClient
 from gpushare_testing.rolloutaudit import moment
-from gpushare_testing.rolloutstate import settled_key, verified_on
+from gpushare_testing.rolloutstate import verified_on
 from gpushare_testing.simulator import GpuClusterSimulator
 
 USER: Final = "bench-gpushare-mig"
@@ -152,6 +152,19 @@ async def _on_layout(sim: GpuClusterSimulator, layout: str) -> set[str]:
     return {item["metadata"]["name"] for item in body["items"]}
 
 
+async def _settled_key(sim: GpuClusterSimulator, *, timeout: float) -> str:
+    """The policy's config key once its status has seen its generation (a 500-node cold
+    start takes longer than ``rolloutstate.settled_key``'s 30 s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = await h.get_policy(sim.client, POLICY)
+        status = body.get("status") or {}
+        if status.get("observedGeneration") == body["metadata"]["generation"]:
+            return str(status["configKey"])
+        await asyncio.sleep(1.0)
+    raise TimeoutError(f"{POLICY}'s status never saw its generation")
+
+
 async def _verified(
     sim: GpuClusterSimulator,
     nodes: list[str],
@@ -162,7 +175,7 @@ async def _verified(
 ) -> str:
     """Wait (logging every 15 s) until every node is Verified on the policy's current key
     and runs ``layout`` (the key alone can stay the same across a re-layout)."""
-    key = await settled_key(sim, POLICY)
+    key = await _settled_key(sim, timeout=timeout)
     started = last = time.monotonic()
     while time.monotonic() - started < timeout:
         done = await verified_on(sim, key) & await _on_layout(sim, layout)

@@ -38,6 +38,7 @@ from typing import Any, TypeVar, cast
 
 import orjson
 
+from benchmarks import mignodes
 from benchmarks.naive import NaiveController
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import NodeSink
@@ -86,6 +87,7 @@ class Config:
     policies: int = 50
     rounds: int = 5
     naive_events: int = 500  # the naive baseline costs milliseconds per event: time a sample
+    mig_nodes: int = 1_000  # H100s on a mixed MIG layout, cached apart (benchmarks.mignodes)
     out: Path = field(default_factory=lambda: Path(".bench") / "ingest.json")
 
 
@@ -205,6 +207,27 @@ def build_workload(nodes: int, policies: int) -> Workload:
     # Widen the pool-wide inference policy to the batch pool: 1 in 5 nodes changes its match.
     widened = {"matchExpressions": [_req("pool", "In", "inference", "batch")]}
     return Workload(added, beats, there + back, policy_bodies(policies), widened)
+
+
+def build_mig_workload(nodes: int, policies: int) -> Workload:
+    """The MIG pool's lines: ADDED, heartbeats, and GFD's timestamp refresh there and back.
+
+    The same policies as the main cluster, plus the MIG policy that governs the pool, so that
+    every MIG node is matched and indexed, as it is in production.
+    """
+    added, beats, there, back = [], [], [], []
+    for index in range(nodes):
+        node = mignodes.mig_node(index)
+        version = 500_000 + 4 * index
+        added.append(watch_event_line("ADDED", node, resource_version=str(version)))
+        beat = heartbeat(node, at=HEARTBEAT_AT)
+        beats.append(watch_event_line("MODIFIED", beat, resource_version=str(version + 1)))
+        stamp = int(node["metadata"]["labels"]["nvidia.com/gfd.timestamp"]) + 3_600
+        moved = relabel(node, {"nvidia.com/gfd.timestamp": str(stamp)})
+        there.append(watch_event_line("MODIFIED", moved, resource_version=str(version + 2)))
+        back.append(watch_event_line("MODIFIED", node, resource_version=str(version + 3)))
+    bodies = [*policy_bodies(policies), mignodes.mig_policy_body()]
+    return Workload(added, beats, there + back, bodies, {})
 
 
 # -- the two implementations --------------------------------------------------------------------
@@ -486,6 +509,9 @@ def run(config: Config) -> dict[str, Any]:
     finally:
         gc.unfreeze()
     matched = check_agreement(caches.cache, caches.controller, when="after the selector change")
+    memory = caches.memory
+    del caches  # the MIG rows run on their own caches, these freed
+    mig = run_mig(config) if config.mig_nodes else None
     report: dict[str, Any] = {
         "benchmark": "ingest",
         "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -493,15 +519,47 @@ def run(config: Config) -> dict[str, Any]:
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(config).items()},
         "workload": {"mean_line_bytes": round(mean_line), "policies": len(work.policies)},
         "events": events,
-        "memory": caches.memory,
+        "memory": memory,
         "reevaluation": reevaluation,
         "agreement": {"equal": True, "nodes_matched": matched},
+        "mig": mig,
         "seconds": round(time.perf_counter() - started, 1),
     }
     report["budgets"] = budgets(report)
     config.out.parent.mkdir(parents=True, exist_ok=True)
     config.out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
     return report
+
+
+def run_mig(config: Config) -> dict[str, Any]:
+    """The MIG rows: the same caching and event passes, on the MIG pool alone.
+
+    Its own caches, so that bytes per node are the MIG nodes' (as the main rows are the plain
+    nodes'), and the main caches are freed first: neither run's heap shapes the other's.
+    """
+    work = build_mig_workload(config.mig_nodes, config.policies)
+    mean_line = statistics.fmean(map(len, work.added))
+    log(f"built {config.mig_nodes} MIG nodes ({mean_line / 1024:.1f} KiB per line); caching")
+    gc.collect()
+    caches = cache_both(work, config)
+    matched = check_agreement(caches.cache, caches.controller, when="after MIG ADDED")
+    labels = orjson.loads(work.added[0])["object"]["metadata"]["labels"]
+    log(f"{matched} MIG nodes matched by a policy; timing their events")
+    gc.freeze()
+    try:
+        events = time_events(caches, work, config)
+    finally:
+        gc.unfreeze()
+    return {
+        "nodes": config.mig_nodes,
+        "nodes_matched": matched,
+        "mean_line_bytes": round(mean_line),
+        "labels_per_node": len(labels),
+        "mig_resource_labels_per_node": sum(k.startswith("nvidia.com/mig-") for k in labels),
+        "profiles": list(mignodes.DEVICES),
+        "events": events,
+        "memory": caches.memory,
+    }
 
 
 def environment() -> dict[str, Any]:
@@ -554,6 +612,24 @@ def budgets(report: dict[str, Any]) -> list[dict[str, Any]]:
              at_least=False),
         _row("naive ÷ gpushare, per heartbeat", "x", (beat["naive_over_ours"], None), 5,
              at_least=True),
+        *_mig_budgets(report.get("mig")),
+    ]  # fmt: skip
+
+
+def _mig_budgets(mig: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Issue #24's rows for MIG nodes (H100, mixed, 3 profiles), when they were measured."""
+    if not mig:
+        return []
+    beat, memory = mig["events"]["heartbeat"], mig["memory"]
+    naive_beat = beat["naive_ns_per_event"] / beat["json_loads_ns_per_event"]
+    return [
+        _row("MIG node: heartbeat ÷ json.loads", "x", (beat["ours_over_json_loads"], naive_beat),
+             1.0, at_least=False),
+        _row("memory per cached MIG node", "B",
+             (memory["ours_bytes_per_node"], memory["naive_bytes_per_node"]), 2048,
+             at_least=False),
+        _row("writes scheduled per MIG heartbeat", "", (beat["dirty_objects_per_event"], None), 0,
+             at_least=False),
     ]  # fmt: skip
 
 
@@ -599,7 +675,19 @@ def _footnote(report: dict[str, Any]) -> str:
         f" {reeval['upsert_policy_ms']:.2f} ms. Naive per-event figures from"
         f" {beat['naive_events_per_pass']} sampled events per pass, naive memory from"
         f" {report['memory']['naive_nodes_traced']} nodes. Dirty objects per label change:"
-        f" {label['dirty_objects_per_event']:.2f}."
+        f" {label['dirty_objects_per_event']:.2f}." + _mig_footnote(report.get("mig"))
+    )
+
+
+def _mig_footnote(mig: dict[str, Any] | None) -> str:
+    if not mig:
+        return ""
+    beat = mig["events"]["heartbeat"]
+    return (
+        f" MIG rows: {mig['nodes']:,} H100 nodes on a mixed layout ({', '.join(mig['profiles'])}"
+        f" per GPU; {mig['mig_resource_labels_per_node']} MIG resource labels,"
+        f" {mig['labels_per_node']} labels in all, {mig['mean_line_bytes']:,} B per watch line),"
+        f" cached apart; per heartbeat {_micros(beat)}."
     )
 
 
@@ -617,9 +705,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument(
         "--naive-events", type=int, default=defaults.naive_events, help="sampled per pass"
     )
+    parser.add_argument(
+        "--mig-nodes", type=int, default=defaults.mig_nodes, help="MIG rows' nodes (0: none)"
+    )
     parser.add_argument("--out", type=Path, default=defaults.out)
     args = parser.parse_args(argv)
-    return Config(args.nodes, args.policies, args.rounds, args.naive_events, args.out)
+    return Config(
+        args.nodes, args.policies, args.rounds, args.naive_events, args.mig_nodes, args.out
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

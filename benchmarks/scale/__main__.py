@@ -40,6 +40,12 @@ agents so that nodes become Verified; its time, the largest number of unavailabl
 from the API side against the budget, its writes against the minimum, the leader's CPU
 (``paced.py``, ``gfd.py``).
 
+Last, on a control plane of its own, the *MIG re-layout* (``migrelayout.py``): ``--mig-nodes``
+simulated H100s Verified on one mixed MIG layout under ``podPolicy: Evict`` and
+``maxUnavailable: 10%``, some running GPU pods, moved to another layout; its time and writes
+against the minimum.  ``--skip mig-relayout`` leaves it out; ``--only mig-relayout`` runs it
+alone (results in ``.bench/scale-mig.json``).
+
 Results: ``.bench/scale.json`` (everything, with RSS/CPU series), ``.bench/scale.png`` and a
 Markdown table on stdout.  Exits 0 when the run completed, whatever the budgets said.
 """
@@ -60,7 +66,7 @@ from typing import Any
 
 import orjson
 
-from benchmarks.scale import cluster, delayed, paced, plot, relist, run, stats
+from benchmarks.scale import cluster, delayed, migrelayout, paced, plot, relist, run, stats
 from gpushare_operator.app import settings
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.rawclient import RawClient
@@ -124,7 +130,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="propagation delay of the delayed-rollout row (the operator's default)",
     )
     parser.add_argument(
-        "--skip", default="", help="comma-separated extra phases to skip: relist,delayed,paced"
+        "--skip",
+        default="",
+        help="comma-separated extra phases to skip: relist,delayed,paced,mig-relayout",
+    )
+    parser.add_argument("--only", choices=["mig-relayout"], help="run this phase alone")
+    parser.add_argument("--mig-nodes", type=int, default=500, help="MIG re-layout's H100 nodes")
+    parser.add_argument(
+        "--mig-pod-every", type=int, default=5, help="a GPU pod on every N-th MIG node"
+    )
+    parser.add_argument(
+        "--mig-apply-seconds", type=float, default=0.2, help="the simulated MIG manager's apply"
     )
     parser.add_argument("--out", type=Path, default=Path(".bench") / "scale.json")
     args = parser.parse_args(argv)
@@ -290,9 +306,36 @@ def report(args: argparse.Namespace, outcome: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def mig_relayout(args: argparse.Namespace) -> dict[str, Any]:
+    log(f"== gpushare: MIG re-layout of {args.mig_nodes:,} H100 nodes, own control plane")
+    result = migrelayout.run_alone(
+        nodes=args.mig_nodes,
+        pod_every=args.mig_pod_every,
+        apply_seconds=args.mig_apply_seconds,
+        out_dir=args.out.parent,
+        log=log,
+    )
+    log(f"  [mig] {result}")
+    return result
+
+
+def main_mig_only(args: argparse.Namespace) -> int:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    row = mig_relayout(args)
+    result = {"benchmark": "scale-mig", "mig_relayout": row}
+    out = args.out.with_name("scale-mig.json")
+    out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
+    print()
+    print(migrelayout.render(row))
+    print(f"results: {out}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.only == "mig-relayout":
+        return main_mig_only(args)
     log(f"scale benchmark: {args.nodes:,} nodes, {args.pods:,} pods, write QPS {args.write_qps}")
     started = time.monotonic()
     # No kube-scheduler: every pod here is created bound, and its informers (50,000 pods, every
@@ -308,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         plane.stop()
     outcome["setup"]["control_plane_s"] = round(control_plane_s, 1)
     result = report(args, outcome)
+    if "mig-relayout" not in set(args.skip.split(",")):
+        result["mig_relayout"] = mig_relayout(args)
     args.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
     png = plot.draw(result["variants"], args.out.with_suffix(".png"))
     print()
@@ -344,6 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "paced rollout, policy status writes, s after the edit:"
             f" {paced_result['policy_status_times_s']}"
         )
+        print()
+    if result.get("mig_relayout"):
+        print(migrelayout.render(result["mig_relayout"]))
         print()
     print(f"setup: {result['setup']}")
     for name, variant in result["variants"].items():

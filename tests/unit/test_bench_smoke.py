@@ -30,7 +30,7 @@ EVENT_KEYS = {
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench") / "ingest.json"
-    config = ingest.Config(nodes=50, policies=12, rounds=2, naive_events=10, out=out)
+    config = ingest.Config(nodes=50, policies=12, rounds=2, naive_events=10, mig_nodes=10, out=out)
     written = ingest.run(config)
     assert orjson.loads(out.read_bytes()) == orjson.loads(orjson.dumps(written))
     return written
@@ -54,7 +54,7 @@ def test_heartbeats_schedule_nothing(report: dict[str, Any]) -> None:
 
 def test_every_budget_is_in_the_table(report: dict[str, Any]) -> None:
     rows = report["budgets"]
-    assert len(rows) == 6
+    assert len(rows) == 9  # 6, and 3 for the MIG nodes
     assert all({"measure", "ours", "budget", "pass"} <= row.keys() for row in rows)
     table = ingest.table(report)
     assert table.count("\n|") == len(rows) + 1

@@ -119,6 +119,40 @@ def count_writes(
     return dict(sorted(done.items())), dict(sorted(refused.items()))
 
 
+def most_changing(events: Iterable[Mapping[str, Any]], *, user: str, since: float) -> int:
+    """The most nodes at once between their label apply and the next Verified status gpushare
+    wrote for them, from the audit log (what maxUnavailable bounds, up to the moments between
+    the cluster confirming a node and our status saying so)."""
+    starts: list[tuple[float, str]] = []
+    verified: dict[str, list[float]] = {}
+    for event in events:
+        if event.get("user", {}).get("username") != user or moment(event) < since:
+            continue
+        code = int((event.get("responseStatus") or {}).get("code", 0))
+        if not 200 <= code < 300:
+            continue
+        name = str((event.get("objectRef") or {}).get("name"))
+        kind = write_kind(event)
+        if kind == "label apply":
+            starts.append((moment(event), name))
+        elif kind == "node status":
+            for op in event.get("requestObject") or ():
+                value = op.get("value") if isinstance(op, Mapping) else None
+                if isinstance(value, Mapping) and value.get("phase") == "Verified":
+                    verified.setdefault(name, []).append(moment(event))
+    edges: list[tuple[float, int]] = []
+    for start, name in starts:
+        ends = [t for t in verified.get(name, ()) if t >= start]
+        edges.append((start, 1))
+        if ends:
+            edges.append((min(ends), -1))
+    most = now = 0
+    for _, step in sorted(edges):
+        now += step
+        most = max(most, now)
+    return most
+
+
 def minimum_writes(*, nodes: int, pods: int) -> dict[str, int]:
     """The module docstring's minimum, by kind (status writes have none)."""
     return {"label apply": nodes, "eviction": pods, "taint patch": 2 * nodes}
@@ -311,6 +345,7 @@ async def measure(
             failures = dict(sim.mig.failures)
     events = await asyncio.to_thread(plane.audit_events)
     writes, refused = count_writes(events, user=USER, since=since, until=until)
+    at_once = most_changing(events, user=USER, since=since)
     minimum = minimum_writes(nodes=nodes, pods=pods)
     return {
         "nodes": nodes,
@@ -331,6 +366,8 @@ async def measure(
         "minimum_by_kind": minimum,
         "versus_minimum": summary(writes, minimum, nodes=nodes),
         "mig_manager_failures": len(failures),
+        "most_changing_at_once": at_once,
+        "budget_nodes": max(1, nodes * 10 // 100),
     }
 
 
@@ -375,6 +412,11 @@ def render(result: Mapping[str, Any]) -> str:
         k: v for k, v in result["writes_by_kind"].items() if k not in result["versus_minimum"]
     }
     lines += ["", f"other writes: {others}; refused: {result['refused_by_kind']}"]
+    if "most_changing_at_once" in result:
+        lines.append(
+            f"most nodes changing at once (audit log): {result['most_changing_at_once']}"
+            f" (maxUnavailable 10%: {result['budget_nodes']})"
+        )
     return "\n".join(lines)
 
 

@@ -143,3 +143,27 @@ def test_the_relayout_is_a_new_layout_name_and_a_patch_that_drops_the_old_profil
     assert migrelayout.layout_name(before) != migrelayout.layout_name(after)
     patch = migrelayout.devices_patch(before, after)
     assert patch == {"3g.40gb": None, "4g.40gb": 1, "2g.20gb": 1, "1g.10gb": 1}
+
+
+def test_most_changing_counts_from_label_apply_to_the_next_verified_status() -> None:
+    def event(second: int, node: str, body: object, *, resource: str, sub: str = "") -> Any:
+        return {
+            "user": {"username": "u"},
+            "verb": "patch",
+            "stageTimestamp": f"2026-12-01T00:00:0{second}.000000Z",
+            "objectRef": {"resource": resource, "name": node, "subresource": sub},
+            "responseStatus": {"code": 200},
+            "requestObject": body,
+        }
+
+    def status(phase: str) -> list[dict[str, Any]]:
+        return [{"path": "/status", "value": {"phase": phase}}]
+
+    events = [
+        event(1, "a", {"kind": "Node"}, resource="nodes"),
+        event(2, "b", {"kind": "Node"}, resource="nodes"),
+        event(3, "a", status("Verified"), resource="gpunodestates", sub="status"),
+        event(4, "c", {"kind": "Node"}, resource="nodes"),
+        event(5, "b", status("Applied"), resource="gpunodestates", sub="status"),
+    ]
+    assert migrelayout.most_changing(events, user="u", since=0.0) == 2  # b and c, from 4 s

@@ -182,6 +182,12 @@ async def test_layouts_converge_on_each_model_with_one_label_write_each(
     assert per_resource["status"]["resourcesSummary"] == (
         "mig-1g.18gb 1/1, mig-2g.35gb 0/1, mig-3g.71gb 0/1"
     )
+    on_node = await eventually(
+        lambda: status_of(sim, hopper),
+        until=lambda st: st.get("slots", {}).get("allocated") == 1,
+        what=f"{hopper} counting the pod",
+    )
+    assert on_node["slots"]["byResource"] == per_resource["status"]["slots"]["byResource"]
     refused = await phase_reached(sim, h200, "Unsupported", reason="MIGLayoutDoesNotFit")
     assert "has no MIG profile 3g.20gb" in h.condition(refused, "Ready")["message"]
 

@@ -322,18 +322,28 @@ def render_status(
     previous: Mapping[str, Any] | None,
     now: str,
     allocated: int = 0,
+    allocated_by: Mapping[str, int] | None = None,
     pods: int = 0,
     write_problem: str | None = None,
 ) -> dict[str, Any]:
-    """The GPUNodeState status, with transition times kept while nothing changes."""
+    """The GPUNodeState status, with transition times kept while nothing changes.
+    ``allocated_by``: the slots held per resource (a MIG node shows them per resource)."""
     policy = decision.policy
     gpus = record.gpus or 0
     governed = policy is not None and decision.phase is not NodePhase.UNSUPPORTED
     capacity = 0
+    slots: dict[str, Any] = {}
     if governed and policy is not None:
         capacity = gpus * (policy.replicas or 0)
         if policy.mig is not None:
-            capacity = gpus * sum(policy.mig.slots_per_gpu(record.product).values())
+            per_gpu = policy.mig.slots_per_gpu(record.product)
+            capacity = gpus * sum(per_gpu.values())
+            held = allocated_by or {}
+            names = sorted({*per_gpu, *(r for r, n in held.items() if n)})
+            slots["byResource"] = {
+                r: {"capacity": gpus * per_gpu.get(r, 0), "allocated": held.get(r, 0)}
+                for r in names
+            }
     previous = previous or {}
     since = previous.get("lastTransitionTime")
     if previous.get("phase") != decision.phase or not since:
@@ -348,7 +358,7 @@ def render_status(
         "product": record.product,
         "memoryMiBPerGPU": record.memory_mib,
         "replicas": policy.replicas if policy else None,
-        "slots": {"capacity": capacity, "allocated": allocated},
+        "slots": {"capacity": capacity, "allocated": allocated, **slots},
         "slotsSummary": f"{allocated}/{capacity}",
         "pods": pods,
         "configReadyAt": decision.config_ready_at,

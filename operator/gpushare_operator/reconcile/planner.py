@@ -277,17 +277,20 @@ class Planner:
             record.name
         )
         allocated, pods = 0, 0
+        held_by: dict[str, int] = {}
         supported = decision.phase is not NodePhase.UNSUPPORTED
         if supported and decision.policy is not None and decision.policy.sharing is not None:
             for resource in decision.policy.resources:
                 held, holders = cache.usage.node_usage(record.name, resource)
                 allocated, pods = allocated + held, pods + holders
+                held_by[resource] = held
         status = nodephases.render_status(
             record=record,
             decision=decision,
             previous=previous,
             now=self._wallclock(),
             allocated=allocated,
+            allocated_by=held_by,
             pods=pods,
             write_problem=self.memory.node_problems.get(record.name),
         )

@@ -66,7 +66,7 @@ unit: venv ## Unit tests only (no control plane).
 
 .PHONY: test
 test: venv controlplane lint ## Every check and every test, against a real local control plane.
-	$(VPY) -m pytest $(PYTEST_ARGS)
+	$(VPY) -m pytest --durations=30 $(PYTEST_ARGS)
 
 BENCH_ARGS ?=
 

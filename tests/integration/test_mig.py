@@ -229,6 +229,27 @@ async def test_layouts_converge_on_each_model_with_one_label_write_each(
     assert status_writes_to_node(control_plane, h200, since=since) == []
 
 
+async def busy_h100(sim: GpuClusterSimulator, namespace: str, *, pool: str) -> tuple[str, str]:
+    """(node, pod): a one-GPU H100 without a MIG layout, and a GPU pod running on it."""
+    [node] = await sim.create_gpu_nodes(pool=pool, count=1, product=H100, gpus=1, mig_preset=False)
+    pod = h.unique("holder")
+    await create(sim, namespace, small_pod(pod, gpus=1, node=node))
+    await eventually(
+        lambda: h.ok(sim.client, "GET", f"/api/v1/namespaces/{namespace}/pods/{pod}"),
+        until=lambda p: p["status"].get("phase") == "Running",
+        what=f"{pod} running",
+    )
+    return node, pod
+
+
+async def taint_seen(sim: GpuClusterSimulator, node: str) -> None:
+    await eventually(
+        lambda: h.node(sim.client, node),
+        until=lambda n: any(t["key"] == TAINT for t in n["spec"].get("taints") or ()),
+        what=f"{node} tainted",
+    )
+
+
 def status_writes_to_node(plane: ControlPlane, node: str, *, since: float) -> list[Any]:
     """Every write gpushare made to the Node itself (labels, taints): none for a refused one."""
     return [
@@ -251,25 +272,14 @@ async def test_a_gpu_pod_holds_the_change_and_the_taint_comes_first(
     start_operator: OperatorFactory,
 ) -> None:
     pool = h.unique("migpod")
-    [node] = await sim.create_gpu_nodes(pool=pool, count=1, product=H100, gpus=1, mig_preset=False)
-    pod = h.unique("holder")
-    await create(sim, pods_ns, small_pod(pod, gpus=1, node=node))
-    await eventually(
-        lambda: h.ok(sim.client, "GET", f"/api/v1/namespaces/{pods_ns}/pods/{pod}"),
-        until=lambda p: p["status"].get("phase") == "Running",
-        what=f"{pod} running",
-    )
+    node, pod = await busy_h100(sim, pods_ns, pool=pool)
     since = time.time()
     name = h.unique("migpod")
     await h.add_policy(sim, policies, mig_policy(name, pool=pool, mig={"profile": "3g.40gb"}))
     await start_operator("--device-plugin-namespace", namespace)
     held = await phase_reached(sim, node, "Pending", reason="WaitingForPods")
     assert "GPU pod" in h.condition(held, "Ready")["message"]
-    await eventually(
-        lambda: h.node(sim.client, node),
-        until=lambda n: any(t["key"] == TAINT for t in n["spec"].get("taints") or ()),
-        what=f"{node} tainted",
-    )
+    await taint_seen(sim, node)
     assert label_applies(control_plane, [node], since=since) == []  # nothing while it runs
 
     await delete_pod(sim, pods_ns, pod)
@@ -304,14 +314,7 @@ async def test_a_new_leader_keeps_the_waiting_node_tainted_and_admitted(
     """The wait's admission is in the GPUNodeState (idleWait): killed mid-wait, the leader's
     successor neither lifts the taint nor starts the wait afresh (audit log)."""
     pool = h.unique("migkill")
-    [node] = await sim.create_gpu_nodes(pool=pool, count=1, product=H100, gpus=1, mig_preset=False)
-    pod = h.unique("holder")
-    await create(sim, pods_ns, small_pod(pod, gpus=1, node=node))
-    await eventually(
-        lambda: h.ok(sim.client, "GET", f"/api/v1/namespaces/{pods_ns}/pods/{pod}"),
-        until=lambda p: p["status"].get("phase") == "Running",
-        what=f"{pod} running",
-    )
+    node, pod = await busy_h100(sim, pods_ns, pool=pool)
     since = time.time()
     name = h.unique("migkill")
     await h.add_policy(sim, policies, mig_policy(name, pool=pool, mig={"profile": "3g.40gb"}))
@@ -320,11 +323,7 @@ async def test_a_new_leader_keeps_the_waiting_node_tainted_and_admitted(
     held = await phase_reached(sim, node, "Pending", reason="WaitingForPods")
     wait = held["idleWait"]
     assert wait["policy"] == name and wait["target"]
-    await eventually(
-        lambda: h.node(sim.client, node),
-        until=lambda n: any(t["key"] == TAINT for t in n["spec"].get("taints") or ()),
-        what=f"{node} tainted",
-    )
+    await taint_seen(sim, node)
     dying = replicas.running[leader]
     dying.proc.send_signal(signal.SIGKILL)
     assert await dying.exited() == -signal.SIGKILL

@@ -20,7 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpushare_operator.core import devconfigs, migphases
+from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
 from gpushare_operator.core.pods import PodRecord
+from gpushare_operator.core.policies import CompiledPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,3 +93,21 @@ def _stuck(staying: list[PodRecord], *, resource: str | None, capacity: int) -> 
             f" the new config has {capacity}: {names}"
         )
     return None
+
+
+def room(record: NodeRecord, policy: CompiledPolicy | None) -> tuple[str | None, int]:
+    """The resource the node's new config advertises and how many of it (None: the default
+    config); (None, 0) where every GPU pod must go: a change of MIG layout (only idle GPUs
+    change), or a MIG layout of several resources (never too few taken)."""
+    gpus = record.gpus or 0
+    if migphases.changes_mig(record, policy):
+        return None, 0
+    if policy is not None and policy.mig is not None:
+        slots = policy.mig.slots_per_gpu(record.product)
+        if len(slots) != 1:
+            return None, 0
+        [(resource, per_gpu)] = slots.items()
+        return resource, gpus * per_gpu
+    if policy is None or policy.sharing is None:
+        return GPU_RESOURCE, gpus
+    return devconfigs.advertised_resource(policy.sharing), gpus * (policy.replicas or 1)

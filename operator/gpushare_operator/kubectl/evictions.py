@@ -15,9 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpushare_operator.core import devconfigs, migphases, victims
+from gpushare_operator.core import victims
 from gpushare_operator.core.models import PodPolicy
-from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
 from gpushare_operator.core.pods import PodRecord
 from gpushare_operator.core.policies import CompiledPolicy, compile_policy
 from gpushare_operator.kubectl.disruptions import DEFAULT_GRACE_PERIOD, PodDetails
@@ -66,7 +65,7 @@ def foresee(*, node: str, planner: Planner, book: RolloutBook) -> NodeEvictions 
         return None
     standing = standing_of(record, decision)
     policy = decision.policy if standing.standing == GOVERNED else None  # None: released
-    resource, capacity = fit(record, policy)
+    resource, capacity = victims.room(record, policy)
     pods = planner.cache.usage.node_pods(node)
     chosen = victims.choose(pods, resource=resource, capacity=capacity)
     return NodeEvictions(
@@ -78,24 +77,6 @@ def foresee(*, node: str, planner: Planner, book: RolloutBook) -> NodeEvictions 
         grace_period=spec.eviction.gracePeriodSeconds,
         timeout=spec.eviction.timeout,
     )
-
-
-def fit(record: NodeRecord, policy: CompiledPolicy | None) -> tuple[str | None, int]:
-    """The resource the node's new config advertises and how many of it (None: the default
-    config); (None, 0) where every GPU pod must go: a change of MIG layout, or a MIG layout
-    of several resources (never too few evicted).  The drain's own rule (its ``_fit``)."""
-    gpus = record.gpus or 0
-    if migphases.changes_mig(record, policy):
-        return None, 0
-    if policy is not None and policy.mig is not None:
-        slots = policy.mig.slots_per_gpu(record.product)
-        if len(slots) != 1:
-            return None, 0
-        [(resource, per_gpu)] = slots.items()
-        return resource, gpus * per_gpu
-    if policy is None or policy.sharing is None:
-        return GPU_RESOURCE, gpus
-    return devconfigs.advertised_resource(policy.sharing), gpus * (policy.replicas or 1)
 
 
 def drain_seconds(

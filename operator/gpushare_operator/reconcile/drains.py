@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import devconfigs, migphases, nodephases, victims
+from gpushare_operator.core import migphases, nodephases, victims
 from gpushare_operator.core.models import NodePhase, PodPolicy
-from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
+from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.pods import PodRecord
 from gpushare_operator.core.stamps import epoch_of, rfc3339
 from gpushare_operator.reconcile.memory import WriteMemory
@@ -89,7 +89,7 @@ class Drains:
         generation = self._generation(place.charged)
         prior = self._prior(record.name, place.charged, generation, target)
         pods = self.cache.usage.node_pods(record.name)
-        resource, capacity = _fit(record, policy)
+        resource, capacity = victims.room(record, policy)
         chosen = victims.choose(pods, resource=resource, capacity=capacity)
         if prior is not None and prior.get("blockedAt"):
             return Drain(self._blocked(record, planned, judged, dict(prior)), done=done)
@@ -254,23 +254,6 @@ class Drains:
             for uid, (_, where) in self.memory.evicted.items()
             if where == node and (uid not in pods or not pods[uid].holds_slots)
         )
-
-
-def _fit(record: NodeRecord, policy: Any) -> tuple[str | None, int]:
-    """The resource the target config advertises and how many of it; (None, 0) for a MIG
-    change, which needs every GPU pod gone."""
-    gpus = record.gpus or 0
-    if migphases.changes_mig(record, policy):
-        return None, 0
-    if policy is not None and policy.mig is not None:
-        slots = policy.mig.slots_per_gpu(record.product)
-        if len(slots) != 1:
-            return None, 0  # several MIG resources: every GPU pod goes (never too few)
-        [(resource, per_gpu)] = slots.items()
-        return resource, gpus * per_gpu
-    if policy is None or policy.sharing is None:
-        return GPU_RESOURCE, gpus
-    return devconfigs.advertised_resource(policy.sharing), gpus * (policy.replicas or 1)
 
 
 def _wanted(planned: nodephases.NodeDecision) -> str:

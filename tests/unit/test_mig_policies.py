@@ -627,3 +627,15 @@ def test_a_relayout_under_the_same_key_goes_one_node_at_a_time() -> None:
     ]
     held = [p for p in plans if not p.labels]
     assert all(p.facts.decision and p.facts.decision.reason == "RolloutWaiting" for p in held)
+
+
+def test_a_mig_key_shown_in_the_configmap_is_not_written_again() -> None:
+    """The device-plugin ConfigMap holding a MIG policy's key as rendered: nothing to write
+    (a key shape left out of ours was rewritten on every plan)."""
+    planner = loop(Clock())
+    cache = planner.cache
+    cache.upsert_policy(mig_policy("m", mig={"profile": "1g.10gb", "migStrategy": "mixed"}))
+    cache.upsert_policy(mig_policy("r", mig={"profile": "1g.10gb", "replicas": 2}))
+    sync_config(cache, config_texts(cache), initial=True)
+    assert {"m", "r"} <= {k.split("-")[0] for k in cache.config_data or {}}
+    assert planner.plan_config().data is None

@@ -17,8 +17,9 @@ from gpushare_operator.core.models import FIELD_MANAGER
 from gpushare_operator.reconcile.memory import WriteMemory
 from gpushare_operator.reconcile.plans import ConfigPlan
 
-# Keys this operator renders: `default` and `<policy>-<ts|mps><replicas>-<6 hex>`.
-OUR_KEY = re.compile(r"^(default|([a-z0-9.-]+-)?(ts\d+|mps\d+|excl)-[0-9a-f]{6})$")
+# Keys this operator renders: `default`, `<policy>-<ts|mps><replicas>-<6 hex>`, `<policy>-excl-<6
+# hex>` and `<policy>-mig[<replicas>]-<6 hex>`; a MIG key left out would be rewritten every time.
+OUR_KEY = re.compile(r"^(default|([a-z0-9.-]+-)?(ts\d+|mps\d+|excl|mig\d*)-[0-9a-f]{6})$")
 
 
 @dataclass(frozen=True, slots=True)

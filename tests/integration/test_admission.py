@@ -1166,7 +1166,7 @@ def _table(output: str) -> tuple[list[str], list[list[str]]]:
 
 POLICY_HEADERS = [
     "NAME", "STRATEGY", "REPLICAS", "PRIORITY", "MATCHED", "APPLIED", "VERIFIED", "SLOTS",
-    "ROLLOUT", "READY", "AGE",
+    "RESOURCES", "ROLLOUT", "READY", "AGE",
 ]  # fmt: skip
 NODE_STATE_HEADERS = ["NAME", "POLICY", "STRATEGY", "PHASE", "GPUS", "SLOTS", "PODS", "AGE"]
 

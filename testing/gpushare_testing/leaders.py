@@ -9,6 +9,7 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.reconcile.planner import Timings
+from gpushare_operator.reconcile.plans import NodePlan
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing.builders import Clock, node, on
 from gpushare_testing.writepath import PlanningLoop
@@ -39,11 +40,19 @@ def changed(loop: PlanningLoop, clock: Clock, rounds: int = 3) -> list[str]:
     for _ in range(rounds):
         for plan in loop.plan_queued_nodes():
             if plan.labels is not None:
-                out.append(plan.name)
+                if config_change(plan):
+                    out.append(plan.name)
                 labelled(loop.cache, plan.name, plan.labels)
         clock.now += 1
         loop.due()
     return out
+
+
+def config_change(plan: NodePlan) -> bool:
+    """Whether the plan's label write changes the node's config (or releases it), rather than
+    only its slot labels, which a Verified node gains with no change of config."""
+    decision = plan.facts.decision
+    return decision is not None and decision.labels is not None
 
 
 def labelled(cache: ClusterCache, name: str, labels: dict[str, str | None]) -> None:
@@ -70,7 +79,12 @@ def confirm(cache: ClusterCache, name: str, replicas: int) -> None:
 
 
 def published(loop: PlanningLoop, name: str) -> dict[str, Any]:
-    """Plan the node's status and play it back as written."""
-    status = loop.plan_node(name).status or loop.cache.node_states[name]
+    """Plan the node's status and play it back as written (a slot-label write first, as the
+    loop plans the status from the Node that write returns)."""
+    plan = loop.plan_node(name)
+    if plan.labels is not None and not config_change(plan):
+        labelled(loop.cache, name, plan.labels)
+        plan = loop.plan_node(name)
+    status = plan.status or loop.cache.node_states[name]
     loop.cache.upsert_node_state({"metadata": {"name": name}, "status": status})
     return dict(status)

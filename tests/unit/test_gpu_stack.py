@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import rewrittenlabels, selectors
+from gpushare_operator.core import rewrittenlabels, selectors, slotclasses
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.core.policies import compile_policy
@@ -117,6 +117,16 @@ def test_gfd_suffix_keeps_the_node_with_its_policy(
     )
     decision = planner.decide(cache.nodes["n1"])
     assert decision.phase is NodePhase.VERIFIED and decision.labels is None
+    plan = planner.plan_node("n1")  # Verified: first the slot labels (time-slicing: none)
+    assert plan.labels is not None and plan.labels[slotclasses.ISOLATION_LABEL] == "none"
+    assert plan.labels[slotclasses.MEMORY_LABEL] is None  # nothing enforces memory
+    gfd = {
+        PRODUCT: "NVIDIA-A10G-SHARED",
+        "nvidia.com/gpu.replicas": "4",
+        "nvidia.com/gpu.sharing-strategy": "time-slicing",
+    }
+    slots = {k: v for k, v in plan.labels.items() if k in slotclasses.LABELS and v is not None}
+    applied(cache, "n1", **gfd, **slots)
     plan = planner.plan_node("n1")
     assert plan is not None and plan.status is not None
     assert plan.status["product"] == "NVIDIA-A10G"  # base name, never -SHARED
@@ -214,6 +224,11 @@ def test_exclusive_carves_a_pool_out_of_a_wider_sharing_policy(
     assert governing is not None and governing.name == "everything"
     applied(cache, "t1", team="training")  # no sharing labels: an old GFD; 4 GPUs, 4 allocatable
     assert planner.decide(cache.nodes["t1"]).phase is NodePhase.VERIFIED
+    plan = planner.plan_node("t1")  # Verified: first the slot labels (a whole GPU each)
+    assert plan.labels is not None
+    assert plan.labels[slotclasses.ISOLATION_LABEL] == "exclusive"
+    slots = {k: v for k, v in plan.labels.items() if k in slotclasses.LABELS and v is not None}
+    applied(cache, "t1", team="training", **slots)
     plan = planner.plan_node("t1")
     assert plan is not None and plan.status is not None
     assert plan.status["slots"]["capacity"] == 4 and plan.status["replicas"] == 1

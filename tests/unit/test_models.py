@@ -436,7 +436,12 @@ def test_policy_status_dumps_api_shaped_with_a_slots_summary() -> None:
     )
     dumped = status.model_dump(mode="json")
     assert dumped["slotsSummary"] == "3/32"
-    assert dumped["slots"] == {"capacity": 32, "allocated": 3, "byResource": None}
+    assert dumped["slots"] == {
+        "capacity": 32,
+        "allocated": 3,
+        "byResource": None,
+        "classes": None,
+    }
     assert dumped["conditions"][0]["lastTransitionTime"] == "2025-01-31T12:00:00Z"
     # What the operator wrote reads back equal, the derived summary being ignored as input.
     assert GPUSharingPolicyStatus.model_validate(dumped) == status

@@ -16,6 +16,7 @@ from gpushare_operator.core.rollouts import FINALIZER
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing.builders import Clock, config_texts, node, on, policy
+from gpushare_testing.leaders import config_change
 from gpushare_testing.writepath import PlanningLoop
 
 # -- arithmetic ------------------------------------------------------------------------------
@@ -179,7 +180,7 @@ def labelled(cache: ClusterCache, planner: PlanningLoop, clock: Clock) -> list[s
     label the test has not played back through the cache is planned again: named once)."""
     out = []
     for _ in range(3):
-        out += [plan.name for plan in planner.plan_queued_nodes() if plan.labels is not None]
+        out += [plan.name for plan in planner.plan_queued_nodes() if config_change(plan)]
         clock.now += 1
         planner.due()
     return sorted(set(out))

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpushare_operator.cache.index import MatchIndex
 from gpushare_operator.cache.migconfig import MigConfigState
+from gpushare_operator.cache.slotoffers import SlotOffers
 from gpushare_operator.cache.usage import UsageLedger
 from gpushare_operator.core import defaults, nodephases, resolution
 from gpushare_operator.core import nodes as core_nodes
@@ -86,6 +87,8 @@ class ClusterCache:
         # Payloads written but not yet seen back through a watch: (kind, name) → payload.
         self.in_flight: dict[tuple[str, str], Any] = {}
         self.usage = UsageLedger()
+        # The enforced slot classes the nodes' labels offer (the memory-request webhook's).
+        self.slot_offers = SlotOffers()
         self.tracked_resources: set[str] = set(ALWAYS_TRACKED)
         # Called when a policy advertises a resource no pod was kept for: the pod informer
         # re-lists, so that pods asking for it (skipped so far) are not missed.
@@ -179,6 +182,7 @@ class ClusterCache:
         before = self.index.policies_of(name)
         # Capacity alone can make (or unmake) a GPU node: that re-matches it too.
         if old is None or old.labels != new.labels or old.is_gpu_node != new.is_gpu_node:
+            self.slot_offers.update(name, new.labels)
             self.index.update_node(new, self.policies.values())
             self._refresh_governors((name,))
         self.queue.node(name)
@@ -194,6 +198,7 @@ class ClusterCache:
         if old is None:
             return
         self._count_config_label(old, -1)
+        self.slot_offers.update(name, None)
         self.in_flight.pop(("node", name), None)
         self.queue.node(name)  # the planner forgets its clocks for it
         self.queue.many_policies(self.index.remove_node(name))

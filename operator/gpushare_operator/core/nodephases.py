@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gpushare_operator.core import conditions, devconfigs, migphases
+from gpushare_operator.core import conditions, devconfigs, migphases, slotstatus
 from gpushare_operator.core.decisions import NOTHING_PUBLISHED as NOTHING_PUBLISHED
 from gpushare_operator.core.decisions import KeyReadiness as KeyReadiness
 from gpushare_operator.core.decisions import Labels as Labels
@@ -344,6 +344,9 @@ def render_status(
                 r: {"capacity": gpus * per_gpu.get(r, 0), "allocated": held.get(r, 0)}
                 for r in names
             }
+        classes = slotstatus.node_classes(record, policy, allocated_by=allocated_by or {})
+        if classes is not None:
+            slots["classes"] = classes
     previous = previous or {}
     since = previous.get("lastTransitionTime")
     if previous.get("phase") != decision.phase or not since:

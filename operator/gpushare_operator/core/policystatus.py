@@ -10,6 +10,7 @@ from gpushare_operator.core import conditions, rollouts
 from gpushare_operator.core.conditions import Cond
 from gpushare_operator.core.models import MAX_LISTED_NODES, PodPolicy, RolloutPhase, RolloutSpec
 from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.slotstatus import ClassTally
 
 
 @dataclass(slots=True)
@@ -31,6 +32,8 @@ class PolicyTally:
     # for other policies, whose one resource is the totals above.
     capacity_by: dict[str, int] = field(default_factory=dict)
     allocated_by: dict[str, int] = field(default_factory=dict)
+    # Each slot class over the nodes it governs (``slots.classes``).
+    classes: ClassTally = field(default_factory=ClassTally)
     conflicts: list[tuple[str, str]] = field(default_factory=list)  # (node, winning policy)
     # Nodes this policy would win but cannot work on: (node, why).
     skipped: list[tuple[str, str]] = field(default_factory=list)
@@ -321,6 +324,9 @@ def _slots(tally: PolicyTally) -> dict[str, Any]:
     resources = by_resource(tally)
     if resources is not None:
         slots["byResource"] = resources
+    classes = tally.classes.render()
+    if classes is not None:
+        slots["classes"] = classes
     return slots
 
 

@@ -39,6 +39,15 @@ REWRITTEN_LABELS: Final = {
     "nvidia.com/mig.config.state": "the MIG manager rewrites it on every layout change",
     "nvidia.com/device-plugin.config": "gpushare writes it to apply a policy's config",
     "gpushare.dev/policy": "gpushare writes it to record which policy governs the node",
+    "gpushare.dev/slot-memory-mib": (
+        "gpushare writes it to say what the node's slots enforce under the config it applies"
+    ),
+    "gpushare.dev/slot-isolation": (
+        "gpushare writes it to say what the node's slots enforce under the config it applies"
+    ),
+    "gpushare.dev/slot-resource": (
+        "gpushare writes it to say what the node's slots enforce under the config it applies"
+    ),
 }
 
 SHARED_PRODUCT_WHY: Final = (

@@ -53,6 +53,24 @@ class ResourceSlots(ApiModel):
     """Slots of this resource requested by running or pending pods."""
 
 
+class SlotClassSlots(ApiModel):
+    """One slot class: the resource a pod requests, what its slot enforces, and how many."""
+
+    resource: Annotated[str, Field(max_length=253)]
+    """The extended resource a pod requests one slot of, e.g. nvidia.com/gpu."""
+    isolation: Literal["mps", "mig", "exclusive", "none"]
+    """What keeps one slot's pod from another's GPU memory: the MPS daemon's per-client limit,
+    a MIG slice, a whole GPU, or nothing (time-slicing)."""
+    memoryMiB: Count | None = None
+    """The GPU memory one slot enforces, in MiB; absent where nothing enforces memory."""
+    capacity: Count = 0
+    """Slots of this class advertised."""
+    allocated: Count = 0
+    """Slots of this class requested by running or pending pods."""
+    nodes: Count | None = None
+    """In a policy's status: the nodes offering this class."""
+
+
 class Slots(ApiModel):
     """Sharing slots: capacity is GPUs times replicas; allocated is what pods request of them."""
 
@@ -63,6 +81,9 @@ class Slots(ApiModel):
     byResource: Annotated[dict[str, ResourceSlots], Field(max_length=16)] | None = None
     """A MIG policy's slots per extended resource (nvidia.com/gpu, or one per profile under
     migStrategy mixed, e.g. nvidia.com/mig-1g.10gb)."""
+    classes: Annotated[list[SlotClassSlots], Field(max_length=16)] | None = None
+    """Each slot class's size and slots: what a pod asking for GPU memory
+    (gpushare.dev/gpu-memory) can get here."""
 
 
 class _HasSlots(ApiModel):

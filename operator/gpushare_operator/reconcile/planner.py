@@ -20,6 +20,7 @@ from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import (
     listpatches,
     migphases,
+    nodelabels,
     nodephases,
     policystatus,
     rollouts,
@@ -176,7 +177,7 @@ class Planner:
         )
         recheck = [when for when in (decision.recheck_at, uncordon_at) if when is not None]
         facts = NodeFacts(decision, judged.placement, held_until, min(recheck, default=None))
-        labels = decision.labels
+        labels = nodelabels.wanted(record, decision)  # the config's, and the slots' promise
         if labels is not None and nodephases.labels_satisfied(record, labels):
             labels = None
         if labels is not None and cache.in_flight.get(("node", name)) == labels:

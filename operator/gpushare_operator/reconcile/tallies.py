@@ -32,6 +32,9 @@ def tally(planner: Deciding, policy: CompiledPolicy) -> policystatus.PolicyTally
         winner = decision.policy
         if winner is not None and winner.name == policy.name:
             _count(counted, record, decision, policy)
+            if decision.phase is not NodePhase.UNSUPPORTED:
+                held = {r: cache.usage.node_usage(node, r)[0] for r in policy.resources}
+                counted.classes.add(record, policy, held=held)
             continue
         problem = nodephases.unsupported(record, policy)
         outranks = winner is None or resolution.rank_key(policy) < resolution.rank_key(winner)

@@ -1,0 +1,198 @@
+"""A pod that asks for GPU memory gets a slot that enforces it: the webhook's decision, pure.
+
+A pod created with the label ``gpushare.dev/gpu-memory: <quantity>`` is given the smallest
+enforced slot class (``core.slotclasses``) that holds the request, among those the nodes'
+labels offer: a request and a limit of 1 of its resource in one container, node affinity that
+lets kube-scheduler place it only on nodes whose slots enforce at least the request, and
+``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` set to the request in that container (an MPS client may
+lower its own limit below the daemon's; elsewhere the variable does nothing).  What cannot be
+done is refused with a message that says what would fit: the webhook never guesses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gpushare_operator.core import quantities, slotclasses
+from gpushare_operator.core.slotclasses import Offer
+
+REQUEST_LABEL: Final = "gpushare.dev/gpu-memory"
+CONTAINER_ANNOTATION: Final = "gpushare.dev/gpu-container"
+MPS_LIMIT_ENV: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+# The smallest class that fits is preferred over bigger ones that fit too (a soft term).
+PREFERENCE_WEIGHT: Final = 100
+
+
+class Refusal(Exception):
+    """The pod cannot be given a slot: the message says why, and what would fit."""
+
+    def __init__(self, message: str, *, code: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """What the webhook gives one pod."""
+
+    container: int  # the index in spec.containers that gets the slot
+    offer: Offer  # the class chosen
+    request_mib: int  # what the pod asked for
+
+
+def choose(request_mib: int, offers: Sequence[Offer]) -> Offer:
+    """The smallest enforced class of at least ``request_mib``; ``offers`` sorted (by memory,
+    then resource).  Raises ``Refusal`` naming the largest class when none is big enough."""
+    for offer in offers:
+        if offer.memory_mib >= request_mib:
+            return offer
+    asked = quantities.describe_mib(request_mib)
+    if not offers:
+        raise Refusal(
+            f"no node gpushare governs offers a slot that enforces GPU memory, so {asked} cannot"
+            " be promised: only MPS, MIG and Exclusive policies enforce memory (time-slicing"
+            " enforces none), and a node offers its slots once it is Verified",
+            code=403,
+        )
+    largest = offers[-1]
+    same = sorted({o.policy for o in offers if o.slot == largest.slot})
+    named = ", ".join(same)
+    raise Refusal(
+        f"no GPU slot enforces {asked}: the largest is {largest.slot.describe()}, policy"
+        f" {named}; ask for at most {quantities.describe_mib(largest.memory_mib)}",
+        code=403,
+    )
+
+
+def place(
+    pod: Mapping[str, Any],
+    *,
+    offers: Sequence[Offer],
+    is_gpu_resource: Callable[[str], bool],
+) -> Placement:
+    """Decide for ``pod`` (its body as admitted); raises ``Refusal``."""
+    metadata = pod.get("metadata") or {}
+    text = (metadata.get("labels") or {}).get(REQUEST_LABEL)
+    if not isinstance(text, str):
+        raise Refusal(f"the pod has no {REQUEST_LABEL} label")
+    try:
+        request_mib = quantities.parse_mib(text)
+    except quantities.QuantityError as exc:
+        raise Refusal(f"label {REQUEST_LABEL}: {exc}") from None
+    spec = pod.get("spec") or {}
+    containers = list(spec.get("containers") or [])
+    _refuse_gpu_requests(containers, spec.get("initContainers") or [], is_gpu_resource)
+    index = _container(containers, (metadata.get("annotations") or {}).get(CONTAINER_ANNOTATION))
+    return Placement(index, choose(request_mib, offers), request_mib)
+
+
+def _refuse_gpu_requests(
+    containers: Sequence[Mapping[str, Any]],
+    init_containers: Sequence[Mapping[str, Any]],
+    is_gpu_resource: Callable[[str], bool],
+) -> None:
+    for kind, listed in (("container", containers), ("init container", init_containers)):
+        for container in listed:
+            resources = container.get("resources") or {}
+            for section in ("requests", "limits"):
+                for name in resources.get(section) or {}:
+                    if is_gpu_resource(str(name)):
+                        raise Refusal(
+                            f"{kind} {container.get('name')!r} already {section[:-1]}s"
+                            f" {name}: a pod asks for GPU memory with the {REQUEST_LABEL} label"
+                            " or for a GPU resource, not both (remove one)"
+                        )
+
+
+def _container(containers: Sequence[Mapping[str, Any]], wanted: object) -> int:
+    names = [str(c.get("name")) for c in containers]
+    if not names:
+        raise Refusal("the pod has no containers to give a GPU slot to")
+    if wanted is None:
+        return 0
+    if wanted in names:
+        return names.index(str(wanted))
+    raise Refusal(
+        f"annotation {CONTAINER_ANNOTATION} names container {wanted!r}, which the pod does not"
+        f" have (its containers: {', '.join(names)}; init containers cannot hold the slot)"
+    )
+
+
+def limit_value(request_mib: int) -> str:
+    """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for the request: device 0 (a slot shows its pod one
+    GPU, as device 0), in the M suffix that the device plugin's own MPS daemon uses."""
+    return f"0={request_mib}M"
+
+
+def apply(pod: dict[str, Any], placement: Placement) -> list[str]:
+    """Change ``pod`` (a body the caller owns) as ``placement`` says; returns warnings."""
+    offer = placement.offer
+    spec = pod.setdefault("spec", {})
+    container = spec["containers"][placement.container]
+    resources = container.setdefault("resources", {})
+    for section in ("requests", "limits"):
+        resources[section] = {**(resources.get(section) or {}), offer.resource: "1"}
+    warnings: list[str] = []
+    env = container.setdefault("env", [])
+    existing = next((e for e in env if e.get("name") == MPS_LIMIT_ENV), None)
+    if existing is None:
+        env.append({"name": MPS_LIMIT_ENV, "value": limit_value(placement.request_mib)})
+    else:
+        warnings.append(
+            f"container {container.get('name')!r} sets {MPS_LIMIT_ENV} itself: kept as it is"
+        )
+    _add_affinity(spec, placement)
+    return warnings
+
+
+def _add_affinity(spec: dict[str, Any], placement: Placement) -> None:
+    """AND our two expressions into every required term (the user's own kept), and prefer
+    nodes of the chosen class over bigger ones."""
+    offer = placement.offer
+    resource = slotclasses.encode_resource(offer.resource)
+    ours = [
+        {
+            "key": slotclasses.MEMORY_LABEL,
+            "operator": "Gt",
+            "values": [str(placement.request_mib - 1)],
+        },
+        {"key": slotclasses.RESOURCE_LABEL, "operator": "In", "values": [resource]},
+    ]
+    affinity = spec.get("affinity") or {}
+    node = affinity.get("nodeAffinity") or {}
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = list(required.get("nodeSelectorTerms") or [])
+    if not terms:
+        terms = [{}]
+    merged = []
+    for term in terms:
+        term = dict(term)
+        term["matchExpressions"] = [*(term.get("matchExpressions") or []), *ours]
+        merged.append(term)
+    preferred = list(node.get("preferredDuringSchedulingIgnoredDuringExecution") or [])
+    smallest = {
+        "key": slotclasses.MEMORY_LABEL,
+        "operator": "Lt",
+        "values": [str(offer.memory_mib + 1)],
+    }
+    preferred.append({"weight": PREFERENCE_WEIGHT, "preference": {"matchExpressions": [smallest]}})
+    spec["affinity"] = {
+        **affinity,
+        "nodeAffinity": {
+            **node,
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                **required,
+                "nodeSelectorTerms": merged,
+            },
+            "preferredDuringSchedulingIgnoredDuringExecution": preferred,
+        },
+    }
+
+
+def is_gpu_resource(name: str, *, known: frozenset[str] | set[str]) -> bool:
+    """Whether a pod's request of ``name`` is a GPU resource: anything of nvidia.com, or a
+    resource some policy advertises."""
+    return name.startswith("nvidia.com/") or name in known

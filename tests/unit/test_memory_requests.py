@@ -1,0 +1,266 @@
+"""The memory-request webhook's decision (core.memoryrequests, core.quantities): no API."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpushare_operator.core import memoryrequests, quantities, slotclasses
+from gpushare_operator.core.memoryrequests import Placement, Refusal
+from gpushare_operator.core.slotclasses import Isolation, Offer
+
+MPS8 = Offer(10194, "nvidia.com/gpu", Isolation.MPS, "batch8")
+MPS4 = Offer(20389, "nvidia.com/gpu", Isolation.MPS, "batch")
+MIG = Offer(20480, "nvidia.com/mig-2g.20gb", Isolation.MIG, "h100-mig")
+WHOLE = Offer(81559, "nvidia.com/gpu", Isolation.EXCLUSIVE, "training")
+OFFERS = tuple(sorted([MPS8, MPS4, MIG, WHOLE]))
+
+
+def known(name: str) -> bool:
+    return memoryrequests.is_gpu_resource(name, known={"example.com/vgpu"})
+
+
+def pod(memory: str = "10Gi", **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "metadata": {"name": "p", "labels": {memoryrequests.REQUEST_LABEL: memory}},
+        "spec": {"containers": [{"name": "main", "image": "x"}, {"name": "side", "image": "y"}]},
+    }
+    body["spec"].update(spec)
+    return body
+
+
+def placed(body: dict[str, Any]) -> tuple[Placement, dict[str, Any]]:
+    placement = memoryrequests.place(body, offers=OFFERS, is_gpu_resource=known)
+    mutated = copy.deepcopy(body)
+    memoryrequests.apply(mutated, placement)
+    return placement, mutated
+
+
+# -- quantities ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "mib"),
+    [
+        ("20Gi", 20480),
+        ("20480Mi", 20480),
+        ("20G", 19074),  # 20e9 bytes, rounded up to whole MiB
+        ("1.5Gi", 1536),
+        ("21474836480", 20480),
+        ("21474836481", 20481),  # a byte more needs a MiB more
+        ("2e10", 19074),
+        ("0.5Ti", 524288),
+        ("+1Mi", 1),
+    ],
+)
+def test_quantities_parse_as_the_api_server_writes_them(text: str, mib: int) -> None:
+    assert quantities.parse_mib(text) == mib
+
+
+@pytest.mark.parametrize("text", ["", "lots", "20 Gi", "20GB", "-1Gi", "0", "0Gi", "1e99", "Gi"])
+def test_what_is_not_a_positive_quantity_is_refused(text: str) -> None:
+    with pytest.raises(quantities.QuantityError):
+        quantities.parse_mib(text)
+
+
+@given(st.integers(min_value=1, max_value=2**40))
+def test_binary_suffixes_are_exact(mib: int) -> None:
+    assert quantities.parse_mib(f"{mib}Mi") == mib
+    if mib % 1024 == 0:
+        assert quantities.parse_mib(f"{mib // 1024}Gi") == mib
+
+
+# -- the choice ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("memory", "chosen"),
+    [("1Gi", MPS8), ("10194Mi", MPS8), ("10Gi", MPS4), ("20Gi", MIG), ("20481Mi", WHOLE)],
+)
+def test_the_smallest_enforced_class_that_holds_the_request_is_chosen(
+    memory: str, chosen: Offer
+) -> None:
+    placement, _ = placed(pod(memory))
+    assert placement.offer == chosen
+
+
+@given(st.integers(min_value=1, max_value=WHOLE.memory_mib))
+def test_the_choice_holds_the_request_and_nothing_smaller_would(request_mib: int) -> None:
+    chosen = memoryrequests.choose(request_mib, OFFERS)
+    assert chosen.memory_mib >= request_mib
+    assert all(o.memory_mib < request_mib for o in OFFERS if o < chosen)
+
+
+def test_more_than_every_slot_is_refused_naming_the_largest_and_its_policy() -> None:
+    with pytest.raises(Refusal) as refused:
+        placed(pod("100Gi"))
+    message = refused.value.message
+    assert "100Gi (102400 MiB)" in message
+    assert "81559 MiB of nvidia.com/gpu (exclusive)" in message and "policy training" in message
+
+
+def test_no_enforced_slot_anywhere_is_refused_saying_time_slicing_enforces_none() -> None:
+    with pytest.raises(Refusal, match="time-slicing"):
+        memoryrequests.place(pod(), offers=(), is_gpu_resource=known)
+
+
+@pytest.mark.parametrize("memory", ["lots", "10GB", "-5Gi", "0"])
+def test_a_request_that_does_not_parse_is_refused_saying_so(memory: str) -> None:
+    with pytest.raises(Refusal, match=memoryrequests.REQUEST_LABEL):
+        placed(pod(memory))
+
+
+@pytest.mark.parametrize(
+    "resource",
+    ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/gpu.shared", "example.com/vgpu"],
+)
+@pytest.mark.parametrize("section", ["requests", "limits"])
+def test_a_pod_that_already_asks_for_a_gpu_resource_is_refused(resource: str, section: str) -> None:
+    body = pod()
+    body["spec"]["initContainers"] = [{"name": "init", "resources": {section: {resource: "1"}}}]
+    with pytest.raises(Refusal, match="init container 'init' already"):
+        placed(body)
+
+
+def test_a_container_named_by_the_annotation_that_does_not_exist_is_refused() -> None:
+    body = pod()
+    body["metadata"]["annotations"] = {memoryrequests.CONTAINER_ANNOTATION: "gpu"}
+    with pytest.raises(Refusal, match=r"'gpu', which the pod does not have .*main, side"):
+        placed(body)
+
+
+# -- the mutation --------------------------------------------------------------------------------
+
+
+def test_the_first_container_gets_one_slot_and_the_mps_limit() -> None:
+    _, mutated = placed(pod("10Gi"))
+    main, side = mutated["spec"]["containers"]
+    assert main["resources"] == {
+        "requests": {"nvidia.com/gpu": "1"},
+        "limits": {"nvidia.com/gpu": "1"},
+    }
+    assert main["env"] == [{"name": memoryrequests.MPS_LIMIT_ENV, "value": "0=10240M"}]
+    assert "resources" not in side and "env" not in side
+
+
+def test_the_annotation_chooses_the_container_and_its_own_resources_are_kept() -> None:
+    body = pod("20Gi")
+    body["metadata"]["annotations"] = {memoryrequests.CONTAINER_ANNOTATION: "side"}
+    body["spec"]["containers"][1]["resources"] = {
+        "requests": {"cpu": "1"},
+        "limits": {"memory": "1Gi"},
+    }
+    _, mutated = placed(body)
+    side = mutated["spec"]["containers"][1]
+    assert side["resources"] == {
+        "requests": {"cpu": "1", "nvidia.com/mig-2g.20gb": "1"},
+        "limits": {"memory": "1Gi", "nvidia.com/mig-2g.20gb": "1"},
+    }
+    assert "resources" not in mutated["spec"]["containers"][0]
+
+
+def test_a_limit_the_user_set_is_kept_with_a_warning() -> None:
+    body = pod()
+    body["spec"]["containers"][0]["env"] = [{"name": memoryrequests.MPS_LIMIT_ENV, "value": "0=1G"}]
+    placement = memoryrequests.place(body, offers=OFFERS, is_gpu_resource=known)
+    warnings = memoryrequests.apply(body, placement)
+    assert body["spec"]["containers"][0]["env"] == [
+        {"name": memoryrequests.MPS_LIMIT_ENV, "value": "0=1G"}
+    ]
+    assert warnings and "kept" in warnings[0]
+
+
+OURS = [
+    {"key": slotclasses.MEMORY_LABEL, "operator": "Gt", "values": ["10239"]},
+    {"key": slotclasses.RESOURCE_LABEL, "operator": "In", "values": ["nvidia.com_gpu"]},
+]
+
+
+def required(mutated: dict[str, Any]) -> list[dict[str, Any]]:
+    node = mutated["spec"]["affinity"]["nodeAffinity"]
+    terms: list[dict[str, Any]] = node["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    return terms
+
+
+def test_without_affinity_one_term_of_ours_is_made_and_the_chosen_size_preferred() -> None:
+    _, mutated = placed(pod("10Gi"))
+    assert required(mutated) == [{"matchExpressions": OURS}]
+    preferred = mutated["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert preferred == [
+        {
+            "weight": memoryrequests.PREFERENCE_WEIGHT,
+            "preference": {
+                "matchExpressions": [
+                    {"key": slotclasses.MEMORY_LABEL, "operator": "Lt", "values": ["20390"]}
+                ]
+            },
+        }
+    ]
+
+
+def test_every_term_of_the_users_affinity_is_kept_and_anded_with_ours() -> None:
+    zone = {"key": "zone", "operator": "In", "values": ["a"]}
+    host = {"key": "metadata.name", "operator": "In", "values": ["n1"]}
+    theirs = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [zone]}, {"matchFields": [host]}]
+            },
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 5, "preference": {"matchExpressions": [zone]}}
+            ],
+        },
+        "podAntiAffinity": {"x": 1},
+    }
+    _, mutated = placed(pod("10Gi", affinity=theirs, nodeSelector={"pool": "a"}))
+    assert required(mutated) == [
+        {"matchExpressions": [zone, *OURS]},
+        {"matchFields": [host], "matchExpressions": OURS},
+    ]
+    node = mutated["spec"]["affinity"]["nodeAffinity"]
+    assert node["preferredDuringSchedulingIgnoredDuringExecution"][0] == {
+        "weight": 5,
+        "preference": {"matchExpressions": [zone]},
+    }
+    assert mutated["spec"]["affinity"]["podAntiAffinity"] == {"x": 1}
+    assert mutated["spec"]["nodeSelector"] == {"pool": "a"}
+
+
+@given(
+    terms=st.lists(
+        st.fixed_dictionaries(
+            {
+                "matchExpressions": st.lists(
+                    st.fixed_dictionaries(
+                        {
+                            "key": st.sampled_from(["zone", "rack", "pool"]),
+                            "operator": st.sampled_from(["In", "NotIn"]),
+                            "values": st.lists(st.sampled_from(["a", "b"]), min_size=1, max_size=2),
+                        }
+                    ),
+                    max_size=3,
+                )
+            }
+        ),
+        max_size=4,
+    )
+)
+def test_merging_keeps_each_term_and_adds_ours_to_each(terms: list[dict[str, Any]]) -> None:
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
+        }
+    }
+    _, mutated = placed(pod("10Gi", affinity=copy.deepcopy(affinity)))
+    merged = required(mutated)
+    assert len(merged) == max(1, len(terms))
+    for before, after in zip(terms or [{}], merged, strict=True):
+        assert after["matchExpressions"] == [*before.get("matchExpressions", []), *OURS]

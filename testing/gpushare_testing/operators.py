@@ -163,6 +163,9 @@ def spawn(
         # Tests scrape over plain HTTP; test_observability passes --no-metrics-insecure.
         "GPUSHARE_METRICS_PORT": str(metrics_port),
         "GPUSHARE_METRICS_INSECURE": "true",
+        # The memory-request webhook writes a Secret and a webhook configuration: only the
+        # tests of it turn it on (webhooks.py), so that the others count only their own writes.
+        "GPUSHARE_WEBHOOK_PORT": "0",
         **(env or {}),
     }
     with log_path.open("wb") as log:

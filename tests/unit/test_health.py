@@ -4,6 +4,7 @@ every cache, and the probes answer what the operator's health says."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import time
 from typing import Any
 
@@ -13,12 +14,13 @@ from gpushare_operator.app import assembly as assembly_module
 from gpushare_operator.app import probes
 from gpushare_operator.app.assembly import Assembly
 from gpushare_operator.app.settings import parse_settings
+from gpushare_operator.core import certificates
 from gpushare_operator.kube.connection import ApiHandle
 
 
-def build() -> Assembly:
+def build(args: list[str] | None = None) -> Assembly:
     handle = ApiHandle(configuration=None, api=None)  # type: ignore[arg-type]  # never used here
-    return Assembly(settings=parse_settings([], env={}), handle=handle)
+    return Assembly(settings=parse_settings(args or [], env={}), handle=handle)
 
 
 async def test_healthy_until_an_informer_stalls() -> None:
@@ -48,12 +50,28 @@ async def test_a_dead_task_fails_liveness() -> None:
 
 
 async def test_ready_only_when_primed_and_every_cache_synced() -> None:
-    operator = build()
+    operator = build(["--webhook-port", "0"])
     assert not operator.synced
     for informer in operator.informers:
         informer.synced.set()
     assert not operator.synced  # policies not primed yet
     operator._primed = True
+    assert operator.synced
+
+
+async def test_a_replica_serving_the_webhook_is_ready_once_it_has_a_certificate() -> None:
+    operator = build()  # the webhook is on by default
+    for informer in operator.informers:
+        informer.synced.set()
+    operator._primed = True
+    assert operator.caches_synced and not operator.synced
+    assert operator.webhook is not None
+    now = datetime.datetime.now(datetime.UTC)
+    made = certificates.plan(
+        data=None, published=None, hosts=["localhost"], now=now, validity=datetime.timedelta(days=1)
+    )
+    assert made.data is not None
+    operator.webhook.tls.secret_changed({"data": certificates.encoded(made.data)})
     assert operator.synced
 
 
@@ -75,7 +93,10 @@ async def test_the_probes_answer_what_health_says() -> None:
     async with TestClient(TestServer(probes.build_probe_app(health))) as client:
         healthz, readyz = await client.get("/healthz"), await client.get("/readyz")
         assert (healthz.status, await healthz.text()) == (200, "ok\n")
-        assert (readyz.status, await readyz.text()) == (503, "caches not synced\n")
+        assert readyz.status == 503
+        assert await readyz.text() == (
+            "caches not synced, or the webhook has no serving certificate yet\n"
+        )
         health.problem, health.synced = "bootstrap stopped: boom", True
         healthz, readyz = await client.get("/healthz"), await client.get("/readyz")
         assert (healthz.status, await healthz.text()) == (503, "bootstrap stopped: boom\n")

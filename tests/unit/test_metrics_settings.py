@@ -37,12 +37,12 @@ def test_insecure_comes_from_env_and_a_flag_wins(
 
 def test_metrics_flags_read_their_environment_variables() -> None:
     env = {
-        "GPUSHARE_METRICS_PORT": "9443",
+        "GPUSHARE_METRICS_PORT": "9444",
         "GPUSHARE_METRICS_CERT_FILE": "/tls/tls.crt",
         "GPUSHARE_METRICS_KEY_FILE": "/tls/tls.key",
     }
     settings = parse_settings([], env=env)
-    assert settings.metrics_port == 9443
+    assert settings.metrics_port == 9444
     assert (settings.metrics_cert_file, settings.metrics_key_file) == (
         "/tls/tls.crt",
         "/tls/tls.key",

@@ -207,6 +207,7 @@ def test_record_keeps_identity_node_phase_and_requests_only() -> None:
         created=body["metadata"]["creationTimestamp"],
         evictable=True,
         terminating=False,
+        memory_mib=None,
     )
     assert [f.name for f in dataclasses.fields(PodRecord)] == [
         "uid",
@@ -219,6 +220,7 @@ def test_record_keeps_identity_node_phase_and_requests_only() -> None:
         "created",
         "evictable",
         "terminating",
+        "memory_mib",
     ]
     assert not hasattr(record, "__dict__")  # slots: nothing else can be attached
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -240,8 +242,18 @@ def test_record_holds_no_part_of_the_body() -> None:
     assert record is not None
     held = list(_reachable(record))
     assert held, "gc sees the record's fields"
-    assert all(isinstance(x, str | int | tuple) for x in held), held
+    assert all(isinstance(x, str | int | tuple | None) for x in held), held
     assert sys.getsizeof(record) < 128
+
+
+def test_a_memory_request_label_is_kept_in_mib_and_a_broken_one_as_none() -> None:
+    body = podbodies.shared_gpu_pod(name="p", node="n1")
+    body["metadata"]["labels"]["gpushare.dev/gpu-memory"] = "20Gi"
+    record = project_pod(body, tracked=tracked_default)
+    assert record is not None and record.memory_mib == 20480
+    body["metadata"]["labels"]["gpushare.dev/gpu-memory"] = "plenty"
+    record = project_pod(body, tracked=tracked_default)
+    assert record is not None and record.memory_mib is None
 
 
 def test_effective_request_of_a_realistic_pod() -> None:

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from gpushare_operator.app import heap, metrics, serving
 from gpushare_operator.app.looplag import LoopLagMonitor
 from gpushare_operator.app.settings import Settings
+from gpushare_operator.app.webhook import Webhook
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
 from gpushare_operator.core import models
@@ -117,6 +118,18 @@ class Assembly:
             concurrency=s.write_concurrency,
             policy_max_wait=s.policy_status_max_delay,
         )
+        self.webhook: Webhook | None = None
+        if s.webhook_enabled:
+            self.webhook = Webhook(
+                settings=s,
+                handle=handle,
+                cache=self.cache,
+                telemetry=self.telemetry,
+                may_write=lambda: self.writer.may_write(),
+                caches_synced=lambda: self.caches_synced,
+                admitted=self.telemetry.admitted,
+                admission_took=self.telemetry.admission_took,
+            )
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._http: serving.Servers | None = None
         self._primed = False
@@ -159,8 +172,13 @@ class Assembly:
     # -- health ----------------------------------------------------------------------------------
 
     @property
-    def synced(self) -> bool:
+    def caches_synced(self) -> bool:
         return self._primed and all(informer.synced.is_set() for informer in self.informers)
+
+    @property
+    def synced(self) -> bool:
+        """Ready (/readyz): caches synced, and the webhook, when served, has a certificate."""
+        return self.caches_synced and (self.webhook is None or self.webhook.ready)
 
     def health_problem(self, *, now: float) -> str | None:
         """Why /healthz should fail: a dead task, or an informer stalled past its timeout."""
@@ -187,6 +205,10 @@ class Assembly:
             reviews=lambda: access.api_reviews(configuration),
         )
         self._spawn("loop-lag", self.loop_lag.run())
+        if self.webhook is not None:  # from the start: followers serve as soon as they can
+            for informer in self.webhook.informers:
+                self._spawn(f"informer-{informer.kind}", informer.run())
+            self._spawn("webhook-certificate", self.webhook.rotator.run())
         self._spawn("bootstrap", self._run())
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
@@ -261,6 +283,8 @@ class Assembly:
                     self.cache.upsert_policy(item)
 
     async def _leadership_changed(self, leader: bool) -> None:
+        if self.webhook is not None:
+            self.webhook.rotator.changed()  # a new leader looks at the certificate at once
         # Only the new leader says so: a replica that lost the lease may not write anything,
         # and the new leader's Event records the handover.
         if not leader:

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from gpushare_operator.core.rollouts import Counts
 
 _LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+_ADMISSION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 _POLICY_NODE_FIELDS = {
     "matched": "matchedNodes",
     "applied": "appliedNodes",
@@ -119,6 +120,30 @@ class PrometheusTelemetry:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
+
+        self.admissions = Counter(
+            "gpushare_webhook_admissions",
+            "Pods the memory-request webhook answered, by outcome: mutated (given a slot),"
+            " refused (the message says why), unavailable (caches not synced yet)",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in ("mutated", "refused", "unavailable"):
+            self.admissions.labels(outcome)
+        self.admission_latency = Histogram(
+            "gpushare_webhook_admission_seconds",
+            "Time from an admission review's arrival to its answer, as the webhook server sees"
+            " it (the API server's apiserver_admission_webhook_admission_duration_seconds adds"
+            " the network and TLS)",
+            buckets=_ADMISSION_BUCKETS,
+            registry=registry,
+        )
+
+    def admitted(self, outcome: str) -> None:
+        self.admissions.labels(outcome).inc()
+
+    def admission_took(self, seconds: float) -> None:
+        self.admission_latency.observe(seconds)
 
     def event_ingested(self, kind: str, seconds: float) -> None:
         self.ingested.add(kind, seconds)

@@ -17,7 +17,8 @@ class Health(Protocol):
 
     @property
     def synced(self) -> bool:
-        """Whether the policies are primed and every informer has listed once."""
+        """Whether the policies are primed, every informer has listed once, and the webhook
+        (when served) has a serving certificate."""
         ...
 
     def health_problem(self, *, now: float) -> str | None:
@@ -34,7 +35,8 @@ def build_probe_app(health: Health) -> web.Application:
 
     async def readyz(_: web.Request) -> web.Response:
         if not health.synced:
-            return web.Response(status=503, text="caches not synced\n")
+            text = "caches not synced, or the webhook has no serving certificate yet\n"
+            return web.Response(status=503, text=text)
         return web.Response(text="ok\n")
 
     app = web.Application()

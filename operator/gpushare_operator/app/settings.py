@@ -43,6 +43,22 @@ class Settings:
     lease_duration: float
     renew_deadline: float
     retry_period: float
+    webhook_port: int
+    webhook_secret: str
+    webhook_configuration: str
+    webhook_service: str
+    webhook_hosts: tuple[str, ...]
+    webhook_cert_validity: float
+
+    @property
+    def webhook_enabled(self) -> bool:
+        return self.webhook_port > 0
+
+    def webhook_names(self) -> tuple[str, ...]:
+        """The names the serving certificate is for: the Service's, as the API server calls
+        it, then ``--webhook-hosts``."""
+        service = f"{self.webhook_service}.{self.namespace}.svc"
+        return tuple(dict.fromkeys((service, f"{service}.cluster.local", *self.webhook_hosts)))
 
 
 def _env_name(flag: str) -> str:
@@ -60,6 +76,24 @@ def _boolean(text: str) -> bool:
     if lowered in ("", "0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
+def _port_or_off(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port, or 0 for off; got {text}")
+    return value
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _validity(text: str) -> float:
+    value = float(text)
+    if value < 30:
+        raise argparse.ArgumentTypeError(f"must be at least 30 seconds, got {text}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -163,6 +197,42 @@ _FLAGS: tuple[_Flag, ...] = (
         _RATE,
     ),
     _Flag("retry-period", defaults.RETRY_PERIOD, "seconds between Lease attempts", _RATE),
+    _Flag(
+        "webhook-port",
+        "9443",
+        "HTTPS port of the memory-request webhook (gpushare.dev/gpu-memory), served by every"
+        " replica; 0 turns it off",
+        _port_or_off,
+    ),
+    _Flag(
+        "webhook-secret",
+        "gpushare-webhook-tls",
+        "Secret in --namespace holding the webhook's serving certificate (made and rotated by"
+        " the leader)",
+    ),
+    _Flag(
+        "webhook-configuration",
+        "gpushare-operator",
+        "MutatingWebhookConfiguration whose caBundle the leader keeps current",
+    ),
+    _Flag(
+        "webhook-service",
+        "gpushare-operator-webhook",
+        "Service the API server calls the webhook through (in --namespace): the serving"
+        " certificate is for its DNS names",
+    ),
+    _Flag(
+        "webhook-hosts",
+        "",
+        "more names or IP addresses for the serving certificate, comma-separated",
+        _names,
+    ),
+    _Flag(
+        "webhook-cert-validity",
+        "7776000",
+        "seconds a serving certificate is valid (it is replaced after two thirds of that)",
+        _validity,
+    ),
 )
 
 
@@ -230,11 +300,20 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         lease_duration=args.lease_duration,
         renew_deadline=args.renew_deadline,
         retry_period=args.retry_period,
+        webhook_port=args.webhook_port,
+        webhook_secret=args.webhook_secret,
+        webhook_configuration=args.webhook_configuration,
+        webhook_service=args.webhook_service,
+        webhook_hosts=args.webhook_hosts,
+        webhook_cert_validity=args.webhook_cert_validity,
     )
     if not settings.retry_period < settings.renew_deadline < settings.lease_duration:
         raise ValueError("need retry-period < renew-deadline < lease-duration")
     if settings.metrics_port == settings.http_port:
         raise ValueError("metrics-port and http-port must differ: they are two servers")
+    ports = (settings.http_port, settings.metrics_port)
+    if settings.webhook_enabled and settings.webhook_port in ports:
+        raise ValueError("webhook-port must differ from http-port and metrics-port")
     if bool(settings.metrics_cert_file) != bool(settings.metrics_key_file):
         raise ValueError("give both metrics-cert-file and metrics-key-file, or neither")
     return settings

@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpushare_operator.core import quantities, slotclasses
+from gpushare_operator.core import pods, quantities, slotclasses
 from gpushare_operator.core.slotclasses import Offer
 
-REQUEST_LABEL: Final = "gpushare.dev/gpu-memory"
+REQUEST_LABEL: Final = pods.MEMORY_REQUEST_LABEL
 CONTAINER_ANNOTATION: Final = "gpushare.dev/gpu-container"
 MPS_LIMIT_ENV: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 # The smallest class that fits is preferred over bigger ones that fit too (a soft term).

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpushare_operator.core import quantities
+
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 Requests = tuple[tuple[str, int], ...]  # sorted (resource, amount) pairs, amount > 0
@@ -34,6 +36,9 @@ class PodRecord:
     created: str = ""  # metadata.creationTimestamp (RFC 3339 in UTC: sorts as it reads)
     evictable: bool = True  # False for a mirror (static) pod or a DaemonSet's pod
     terminating: bool = False  # metadata.deletionTimestamp is set: it is on its way out
+    # What its gpushare.dev/gpu-memory label asks for, in MiB; None: no (valid) label.  A
+    # change that would leave it a smaller slot is what `kubectl gpushare plan` warns of.
+    memory_mib: int | None = None
 
     @property
     def holds_slots(self) -> bool:
@@ -140,7 +145,21 @@ def project_pod(obj: Mapping[str, Any], *, tracked: Callable[[str], bool]) -> Po
         created=_intern(str(metadata.get("creationTimestamp") or "")),
         evictable=_evictable(metadata),
         terminating=bool(metadata.get("deletionTimestamp")),
+        memory_mib=_memory_request(metadata),
     )
+
+
+MEMORY_REQUEST_LABEL = "gpushare.dev/gpu-memory"  # memoryrequests.REQUEST_LABEL
+
+
+def _memory_request(metadata: Mapping[str, Any]) -> int | None:
+    text = (metadata.get("labels") or {}).get(MEMORY_REQUEST_LABEL)
+    if not isinstance(text, str):
+        return None
+    try:
+        return quantities.parse_mib(text)
+    except quantities.QuantityError:
+        return None
 
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"

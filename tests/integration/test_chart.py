@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from gpushare_operator.app import settings
+from gpushare_testing import webhooks
 from gpushare_testing.helm import INSTANCE, Helm, Manifest
 from gpushare_testing.operators import OperatorFactory
 from gpushare_testing.paths import CHART
@@ -83,7 +84,18 @@ FLAG_VALUES: dict[str, tuple[str, str]] = {
     "renew-deadline": ("operator.renewDeadline", "33"),
     "retry-period": ("operator.retryPeriod", "3.5"),
     "log-format": ("operator.logFormat", "console"),
+    "webhook-port": ("webhook.port", "9445"),
+    "webhook-secret": ("webhook.secretName", "gpu-admission-tls"),
+    "webhook-configuration": ("webhook.configurationName", "gpu-admission"),
+    "webhook-service": ("webhook.serviceName", "gpu-admission"),
+    "webhook-hosts": ("webhook.hosts", "{admission.ops.example}"),  # a list: {a,b} for --set
+    "webhook-cert-validity": ("webhook.certValidity", "86400"),
 }
+
+
+def service_names(service: str, namespace: str) -> list[str]:
+    """The DNS names the API server may call a Service by."""
+    return [f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
 
 
 def test_helm_lint_passes(helm: Helm) -> None:
@@ -106,7 +118,13 @@ def test_every_operator_flag_is_a_value_that_reaches_the_container(helm: Helm) -
 
     deployment = only(manifests, "Deployment")
     env = plain_env(deployment)
-    for flag, (_, value) in FLAG_VALUES.items():
+    expected = {flag: value for flag, (_, value) in FLAG_VALUES.items()}
+    # A list reaches the container comma-separated. With the Lease in a namespace other than the
+    # release's, the chart adds the webhook Service's names: the operator would name the Service
+    # in --namespace, and it is in the release namespace, with the pods it selects.
+    hosts = ["admission.ops.example", *service_names("gpu-admission", "gpushare-system")]
+    expected["webhook-hosts"] = ",".join(hosts)
+    for flag, value in expected.items():
         name = "GPUSHARE_" + flag.upper().replace("-", "_")
         assert env.get(name) == value, (flag, env.get(name))
     # What the chart renders is what the operator itself parses, flag for flag.
@@ -135,11 +153,20 @@ def test_every_operator_flag_is_a_value_that_reaches_the_container(helm: Helm) -
         lease_duration=44.0,
         renew_deadline=33.0,
         retry_period=3.5,
+        webhook_port=9445,
+        webhook_secret="gpu-admission-tls",
+        webhook_configuration="gpu-admission",
+        webhook_service="gpu-admission",
+        webhook_hosts=tuple(hosts),
+        webhook_cert_validity=86400.0,
     )
+    # The certificate holds the name the API server calls (the Service's, in its namespace).
+    assert "gpu-admission.gpushare-system.svc" in parsed.webhook_names()
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     assert container["ports"] == [
         {"name": "http", "containerPort": 9123, "protocol": "TCP"},
         {"name": "metrics", "containerPort": 9444, "protocol": "TCP"},
+        {"name": "webhook", "containerPort": 9445, "protocol": "TCP"},
     ]
     # The namespaced permissions follow the namespaces the flags name.
     leases = only(manifests, "Role", "-leader-election")
@@ -147,6 +174,17 @@ def test_every_operator_flag_is_a_value_that_reaches_the_container(helm: Helm) -
     config = only(manifests, "Role", "-device-plugin-config")
     assert config["metadata"]["namespace"] == "nvidia-ops"
     assert config["rules"][0]["resourceNames"] == ["sharing-configs", "mig-layouts"]
+    certificate = only(manifests, "Role", "-webhook-certificate")
+    assert certificate["metadata"]["namespace"] == "ops-leases"  # where the operator keeps it
+    assert certificate["rules"][1]["resourceNames"] == ["gpu-admission-tls"]
+    configuration = only(manifests, "MutatingWebhookConfiguration")
+    assert configuration["metadata"]["name"] == "gpu-admission"
+    [webhook] = configuration["webhooks"]
+    assert webhook["clientConfig"]["service"]["name"] == "gpu-admission"
+    assert only(manifests, "Service", "gpu-admission")["metadata"]["namespace"] == "gpushare-system"
+    rules = only(manifests, "ClusterRole", "-operator")["rules"]
+    [rule] = [r for r in rules if r.get("resourceNames")]
+    assert rule["resourceNames"] == ["gpu-admission"]
 
 
 def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
@@ -157,11 +195,15 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
         ("ClusterRole", ""),
         ("ClusterRoleBinding", ""),
         ("Deployment", "gpushare-system"),
+        ("MutatingWebhookConfiguration", ""),
         ("PodDisruptionBudget", "gpushare-system"),
         ("Role", "gpu-operator"),
         ("Role", "gpushare-system"),
+        ("Role", "gpushare-system"),
         ("RoleBinding", "gpu-operator"),
         ("RoleBinding", "gpushare-system"),
+        ("RoleBinding", "gpushare-system"),
+        ("Service", "gpushare-system"),
         ("Service", "gpushare-system"),
         ("ServiceAccount", "gpushare-system"),
         ("ValidatingAdmissionPolicy", ""),
@@ -172,11 +214,18 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
 
     deployment = only(manifests, "Deployment")
     env = container_env(deployment)
-    # Same defaults as the operator's (the pod's own name is its identity).
+    # Same defaults as the operator's (the pod's own name is its identity; the webhook's objects
+    # are named after the release, like all the chart makes).
     assert env["GPUSHARE_IDENTITY"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     chart = settings.parse_settings([], env={**plain_env(deployment), "GPUSHARE_IDENTITY": "p"})
     operator = settings.parse_settings([], env={"POD_NAMESPACE": "gpushare-system"})
-    assert chart == dataclasses.replace(operator, identity="p")
+    assert chart == dataclasses.replace(
+        operator,
+        identity="p",
+        webhook_secret="gs-gpushare-operator-webhook-tls",
+        webhook_configuration="gs-gpushare-operator",
+        webhook_service="gs-gpushare-operator-webhook",
+    )
     assert env["GPUSHARE_LOG_FORMAT"] == "json"
 
     spec = deployment["spec"]
@@ -210,13 +259,14 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
     assert container["ports"] == [
         {"name": "http", "containerPort": 8080, "protocol": "TCP"},
         {"name": "metrics", "containerPort": 8443, "protocol": "TCP"},
+        {"name": "webhook", "containerPort": 9443, "protocol": "TCP"},
     ]
     assert env["GPUSHARE_METRICS_INSECURE"] == "false"
 
     budget = only(manifests, "PodDisruptionBudget")
     assert budget["spec"]["minAvailable"] == 1
     assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
-    service = only(manifests, "Service")
+    service = only(manifests, "Service", "-metrics")
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert service["spec"]["ports"] == [
         {"name": "https-metrics", "port": 8443, "targetPort": "metrics", "protocol": "TCP"}
@@ -239,6 +289,17 @@ def test_rbac_is_least_privilege(helm: Helm) -> None:
     # Asking the API server who a /metrics caller is and what it may do: nothing is read.
     assert granted.pop(("authentication.k8s.io", "tokenreviews")) == ["create"]
     assert granted.pop(("authorization.k8s.io", "subjectaccessreviews")) == ["create"]
+    # The memory-request webhook's configuration: the leader keeps its caBundle, by name.
+    webhook_rules = [r for r in cluster["rules"] if "resourceNames" in r]
+    assert webhook_rules == [
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["mutatingwebhookconfigurations"],
+            "resourceNames": ["gs-gpushare-operator"],
+            "verbs": ["get", "list", "watch", "patch"],
+        }
+    ]
+    granted.pop(("admissionregistration.k8s.io", "mutatingwebhookconfigurations"))
     assert granted == {
         ("", "nodes"): ["get", "list", "patch", "watch"],
         ("", "pods"): ["get", "list", "watch"],
@@ -262,7 +323,28 @@ def test_rbac_is_least_privilege(helm: Helm) -> None:
         assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(
             rule["verbs"]
         )
-        assert "secrets" not in rule.get("resources", [])
+    # Secrets: the webhook's serving certificate alone, in the operator's namespace. Creating
+    # one cannot be narrowed by name (the name is in the body); the rest is by name.
+    certificate = only(manifests, "Role", "-webhook-certificate")
+    assert certificate["metadata"]["namespace"] == "gpushare-system"
+    assert certificate["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["gs-gpushare-operator-webhook-tls"],
+            "verbs": ["get", "list", "watch", "patch"],
+        },
+    ]
+    assert [
+        m["metadata"]["name"]
+        for m in manifests
+        if m["kind"] in ("Role", "ClusterRole")
+        and any("secrets" in r.get("resources", []) for r in m["rules"])
+    ] == [certificate["metadata"]["name"]]
+    binding = only(manifests, "RoleBinding", "-webhook-certificate")
+    assert binding["metadata"]["namespace"] == "gpushare-system"
+    assert binding["roleRef"]["name"] == certificate["metadata"]["name"]
     assert not [
         m for m in manifests if m["kind"] == "Role" and m["metadata"]["name"].endswith("-events")
     ], "Events are created under the ClusterRole: no Role repeats it"
@@ -290,7 +372,7 @@ def test_service_monitor_and_dashboard_are_optional(helm: Helm) -> None:
         "metricsCertSecret=metrics-tls",
     )
     monitor = only(manifests, "ServiceMonitor")
-    service = only(manifests, "Service")
+    service = only(manifests, "Service", "-metrics")
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert (
         monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
@@ -384,6 +466,14 @@ def dashboard_metrics(board: Mapping[str, Any]) -> set[str]:
         ("operator.metricsPort=8080", "must differ"),
         ("operator.metricsCertFile=/tls/c.crt", "metricsKeyFile"),
         ("operator.metricsInsecure=yes", "metricsInsecure"),
+        ("webhook.port=8080", "must differ"),
+        ("webhook.port=8443", "must differ"),
+        ("webhook.timeoutSeconds=31", "timeoutSeconds"),
+        ("webhook.certValidity=10", "certValidity"),
+        ("webhook.certValidity=12.5", "at least 30 seconds"),  # a string, for the template
+        ("webhook.hosts={a b}", "hosts"),
+        ("webhook.serviceName=9lives", "serviceName"),
+        ("webhook.enable=false", "enable"),
     ],
 )
 def test_bad_values_are_refused(helm: Helm, setting: str, complaint: str) -> None:
@@ -467,3 +557,120 @@ def test_the_node_guard_is_rendered_for_the_chart_service_account_and_can_be_tur
     assert old.returncode != 0
     assert "needs Kubernetes 1.30" in old.stderr and "nodeGuard.enabled=false" in old.stderr
     helm.render("--kube-version", "1.29.9", "--set", "nodeGuard.enabled=false")
+
+
+# The webhook's clientConfig as the chart renders it for release "gs" in gpushare-system.
+SERVICE_CONFIG: dict[str, Any] = {
+    "service": {
+        "name": "gs-gpushare-operator-webhook",
+        "namespace": "gpushare-system",
+        "path": webhooks.WEBHOOK_PATH,
+        "port": 443,
+    }
+}
+
+
+def test_the_webhook_is_the_one_the_integration_tests_call_by_url(helm: Helm) -> None:
+    manifests = helm.template(release="gs", namespace="gpushare-system")
+    configuration = only(manifests, "MutatingWebhookConfiguration")
+    assert configuration["metadata"]["name"] == "gs-gpushare-operator"
+    assert configuration["webhooks"] == [webhooks.webhook_entry(SERVICE_CONFIG)]
+    # The operator's integration tests install the same webhook calling a process by URL: what
+    # they prove of it holds for the chart's, which differs in clientConfig alone.
+    by_url = webhooks.configuration("tested", port=9443)["webhooks"]
+    assert [{**w, "clientConfig": SERVICE_CONFIG} for w in by_url] == configuration["webhooks"]
+    tuned = only(
+        helm.template("--set", "webhook.timeoutSeconds=12"), "MutatingWebhookConfiguration"
+    )
+    assert tuned["webhooks"] == [webhooks.webhook_entry(SERVICE_CONFIG, timeout=12)]
+
+    # The operator is told the names the chart gave: the configuration it keeps the caBundle
+    # of, and the Service whose names its certificate must hold, even with its Lease elsewhere.
+    service = SERVICE_CONFIG["service"]["name"]
+    for extra in ([], ["--set", "operator.namespace=ops-leases"]):
+        deployment = only(helm.template(*extra), "Deployment")
+        parsed = settings.parse_settings(
+            [], env={**plain_env(deployment), "GPUSHARE_IDENTITY": "p"}
+        )
+        assert parsed.webhook_enabled
+        assert parsed.webhook_configuration == configuration["metadata"]["name"]
+        assert parsed.webhook_service == service
+        assert set(service_names(service, "gpushare-system")) <= set(parsed.webhook_names())
+
+
+def test_the_webhook_service_sends_to_every_replica(helm: Helm) -> None:
+    manifests = helm.template(release="gs", namespace="gpushare-system")
+    service = only(manifests, "Service", "-webhook")
+    deployment = only(manifests, "Deployment")
+    assert service["metadata"]["name"] == SERVICE_CONFIG["service"]["name"]
+    assert service["metadata"]["namespace"] == "gpushare-system"
+    # Every replica, followers too: the Deployment's own selector, nothing that singles one out.
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"] == [
+        {"name": "https-webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}
+    ]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    [port] = [p for p in container["ports"] if p["name"] == "webhook"]
+    assert port == {"name": "webhook", "containerPort": 9443, "protocol": "TCP"}
+    assert plain_env(deployment)["GPUSHARE_WEBHOOK_PORT"] == "9443"
+    # Only ready replicas get calls, and /readyz waits for the serving certificate.
+    assert "publishNotReadyAddresses" not in service["spec"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    # The metrics ServiceMonitor selects its own Service, not this one.
+    assert service["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"
+
+
+def test_the_webhook_can_be_turned_off(helm: Helm) -> None:
+    on = helm.template(release="gs", namespace="gpushare-system")
+    off = helm.template("--set", "webhook.enabled=false", release="gs", namespace="gpushare-system")
+    full = "gs-gpushare-operator"
+    names = {(m["kind"], m["metadata"]["name"]) for m in on} - {
+        (m["kind"], m["metadata"]["name"]) for m in off
+    }
+    assert names == {
+        ("MutatingWebhookConfiguration", full),
+        ("Service", f"{full}-webhook"),
+        ("Role", f"{full}-webhook-certificate"),
+        ("RoleBinding", f"{full}-webhook-certificate"),
+    }
+    deployment = only(off, "Deployment")
+    env = plain_env(deployment)
+    assert {k: v for k, v in env.items() if "WEBHOOK" in k} == {"GPUSHARE_WEBHOOK_PORT": "0"}
+    assert not settings.parse_settings([], env=env).webhook_enabled
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert [p["name"] for p in container["ports"]] == ["http", "metrics"]
+    # No permission of its own: no Secret anywhere, no webhook configuration.
+    granted = granted_by(only(on, "ClusterRole", "-operator"))
+    del granted[("admissionregistration.k8s.io", "mutatingwebhookconfigurations")]
+    assert granted_by(only(off, "ClusterRole", "-operator")) == granted
+    rules = [r for m in off if m["kind"] in ("Role", "ClusterRole") for r in m["rules"]]
+    webhook_resources = {"secrets", "mutatingwebhookconfigurations"}
+    assert not [r for r in rules if webhook_resources & set(r.get("resources", []))]
+    # Nothing else of it is rendered: the variable that turns it off is all that names it.
+    assert re.findall(r"(?i)[\w.-]*webhook[\w.-]*", json.dumps(off)) == ["GPUSHARE_WEBHOOK_PORT"]
+
+
+def keys_of(value: Any) -> set[str]:
+    """Every mapping key anywhere in ``value``."""
+    if isinstance(value, dict):
+        return set(value).union(*(keys_of(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(keys_of(v) for v in value))
+    return set()
+
+
+def test_the_ca_bundle_is_never_rendered(helm: Helm) -> None:
+    """The operator's leader writes the caBundle; a rendered one (even empty) would have every
+    helm upgrade overwrite it, and the API server refuse labelled pods until the next publish."""
+    for extra in (
+        [],
+        ["--set", "webhook.timeoutSeconds=9,webhook.hosts={gpushare.example}"],
+        ["--set", "webhook.configurationName=other,operator.namespace=ops-leases"],
+    ):
+        manifests = helm.template(*extra)
+        assert any(m["kind"] == "MutatingWebhookConfiguration" for m in manifests)
+        for manifest in manifests:
+            assert "caBundle" not in keys_of(manifest), manifest["metadata"]["name"]
+    for source in sorted((CHART / "templates").iterdir()):
+        assert not re.search(r"^\s*caBundle\s*:", source.read_text(), re.M), source.name

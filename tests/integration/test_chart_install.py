@@ -1,5 +1,5 @@
 """The chart's life on a cluster, with the real ``helm``: a server-side dry run, install and
-uninstall, before the GPU Operator, upgrades.
+uninstall, before the GPU Operator, upgrades, and upgrades that keep the webhook's CA bundle.
 
 The operator runs as the chart's ServiceAccount (a token from the TokenRequest API), so what it
 can and cannot do is what the chart grants.  Without the device-plugin namespace the install
@@ -10,13 +10,18 @@ process converges.
 
 from __future__ import annotations
 
+import base64
+import datetime
 import json
 import uuid
+from typing import Any
 
 import pytest
 import yaml
 
+from gpushare_operator.core import certificates
 from gpushare_testing import apiobjects as h
+from gpushare_testing import webhooks
 from gpushare_testing.apiobjects import create_namespace
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.crdinstall import kubectl
@@ -53,7 +58,7 @@ def test_rendered_manifests_pass_server_side_dry_run(
         stdin=rendered,
     )
     applied = [line for line in out.splitlines() if line.endswith("(server dry run)")]
-    assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]) == 14, out
+    assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]) == 18, out
     # A dry run: nothing was created.
     status, _ = control_plane.request(
         "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/dry-gpushare-operator"
@@ -74,6 +79,7 @@ CHART_KINDS = [
     ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicies", False),
     ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", False),
+    ("/apis/admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations", False),
 ]
 
 
@@ -113,17 +119,21 @@ def test_install_creates_everything_and_uninstall_leaves_nothing(
                 ("deployments", release_ns, full),
                 ("serviceaccounts", release_ns, full),
                 ("services", release_ns, f"{full}-metrics"),
+                ("services", release_ns, f"{full}-webhook"),
                 ("configmaps", release_ns, f"{full}-dashboard"),
                 ("poddisruptionbudgets", release_ns, full),
                 ("roles", release_ns, f"{full}-leader-election"),
+                ("roles", release_ns, f"{full}-webhook-certificate"),
                 ("roles", plugin_ns, f"{full}-device-plugin-config"),
                 ("rolebindings", release_ns, f"{full}-leader-election"),
+                ("rolebindings", release_ns, f"{full}-webhook-certificate"),
                 ("rolebindings", plugin_ns, f"{full}-device-plugin-config"),
                 ("clusterroles", "", full),
                 ("clusterroles", "", f"{full}-metrics-reader"),
                 ("clusterrolebindings", "", full),
                 ("validatingadmissionpolicies", "", f"{full}-node-guard"),
                 ("validatingadmissionpolicybindings", "", f"{full}-node-guard"),
+                ("mutatingwebhookconfigurations", "", full),
             ]
         )
         status, raw = control_plane.request(
@@ -135,6 +145,7 @@ def test_install_creates_everything_and_uninstall_leaves_nothing(
         assert [(r["name"], r["status"]) for r in listed] == [(release, "deployed")]
         notes = helm.run("get", "notes", release, "--namespace", release_ns).stdout
         assert "devicePlugin.config.name=gpushare-device-plugin-configs" in notes
+        assert "label gpushare.dev/gpu-memory: <quantity>" in notes
     finally:
         helm.run("uninstall", release, "--namespace", release_ns, "--wait", "--timeout", "60s")
 
@@ -319,6 +330,83 @@ def test_upgrade_changes_the_release_in_place(
             (1, "superseded"),
             (2, "deployed"),
         ]
+    finally:
+        helm.run("uninstall", release, "-n", release_ns, "--wait", "--timeout", "60s")
+    assert release_objects(control_plane, release) == []
+
+
+CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+
+
+def webhook_configuration(plane: ControlPlane, name: str) -> dict[str, Any]:
+    status, raw = plane.request("GET", f"{CONFIGURATIONS}/{name}")
+    assert status == 200, raw
+    body: dict[str, Any] = json.loads(raw)
+    return body
+
+
+def test_helm_upgrade_keeps_the_ca_bundle_the_operator_published(
+    control_plane: ControlPlane, helm: Helm, namespaces: list[str]
+) -> None:
+    release_ns = create_namespace(control_plane, namespaces, "gs")
+    plugin_ns = create_namespace(control_plane, namespaces, "plugin")
+    release = h.unique("ca")
+    full = f"{release}-gpushare-operator"
+    helm.run(
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        release_ns,
+        "--set",
+        f"devicePlugin.namespace={plugin_ns}",
+    )
+    try:
+        # As rendered: the one webhook, calling the Service, with no CA bundle; the API server
+        # adds only the default it has for the field the chart leaves out.
+        service = {
+            "service": {
+                "name": f"{full}-webhook",
+                "namespace": release_ns,
+                "path": webhooks.WEBHOOK_PATH,
+                "port": 443,
+            }
+        }
+        configuration = webhook_configuration(control_plane, full)
+        [webhook] = configuration["webhooks"]
+        assert webhook.pop("namespaceSelector") == {}
+        assert configuration["webhooks"] == [webhooks.webhook_entry(service)]
+
+        # The operator's leader publishes its CA bundle so (kube.rotating): a JSON patch.
+        now = datetime.datetime.now(datetime.UTC)
+        ca = certificates.new_ca(now, datetime.timedelta(days=90))
+        bundle = base64.b64encode(certificates.dump_bundle([ca.cert]).encode()).decode()
+        patch = [
+            {"op": "test", "path": "/webhooks/0/name", "value": webhooks.WEBHOOK_NAME},
+            {"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": bundle},
+        ]
+        status, raw = control_plane.request(
+            "PATCH",
+            f"{CONFIGURATIONS}/{full}?fieldManager=gpushare-operator",
+            body=patch,
+            content_type="application/json-patch+json",
+        )
+        assert status == 200, raw
+
+        def upgrade(setting: str) -> dict[str, Any]:
+            helm.run(
+                "upgrade", release, str(CHART), "-n", release_ns, "--reuse-values", "--set", setting
+            )
+            [webhook] = webhook_configuration(control_plane, full)["webhooks"]
+            return dict(webhook)
+
+        # An upgrade that changes something else leaves the bundle as the operator wrote it...
+        webhook = upgrade("operator.writeQps=50")
+        assert webhook["clientConfig"].get("caBundle") == bundle
+        # ...and so does one that changes the webhook itself.
+        webhook = upgrade("webhook.timeoutSeconds=7")
+        assert webhook["timeoutSeconds"] == 7
+        assert webhook["clientConfig"] == {**service, "caBundle": bundle}
     finally:
         helm.run("uninstall", release, "-n", release_ns, "--wait", "--timeout", "60s")
     assert release_objects(control_plane, release) == []

@@ -89,6 +89,15 @@ noise, as strings (environment variables are strings).
 {{- if not (and (lt (float64 $o.retryPeriod) (float64 $o.renewDeadline)) (lt (float64 $o.renewDeadline) (float64 $o.leaseDuration))) }}
 {{- fail (printf "operator: need retryPeriod (%v) < renewDeadline (%v) < leaseDuration (%v)" $o.retryPeriod $o.renewDeadline $o.leaseDuration) }}
 {{- end }}
+{{- $w := .Values.webhook }}
+{{- if $w.enabled }}
+{{- if or (eq (int $w.port) (int $o.httpPort)) (eq (int $w.port) (int $o.metricsPort)) }}
+{{- fail (printf "webhook: port (%v) must differ from operator.httpPort and operator.metricsPort: they are three servers" $w.port) }}
+{{- end }}
+{{- if lt (float64 $w.certValidity) 30.0 }}
+{{- fail (printf "webhook: certValidity (%v) must be at least 30 seconds" $w.certValidity) }}
+{{- end }}
+{{- end }}
 {{- $pdb := .Values.podDisruptionBudget }}
 {{- if and $pdb.enabled (not $pdb.maxUnavailable) (not (kindIs "string" $pdb.minAvailable)) }}
 {{- if ge (int $pdb.minAvailable) (int .Values.replicaCount) }}
@@ -132,4 +141,40 @@ of kube-system, which every cluster has), in which case it is rendered as if it 
 {{/* The metrics Service port's name says its scheme (Prometheus and Istio read it so). */}}
 {{- define "gpushare-operator.metricsPortName" -}}
 {{- if .Values.operator.metricsInsecure }}http-metrics{{ else }}https-metrics{{ end }}
+{{- end }}
+
+{{/*
+The memory-request webhook's names (--webhook-service, --webhook-configuration,
+--webhook-secret): as set, else the release's full name with a suffix, like the chart's other
+objects. The configuration is cluster-scoped: two releases must not share one.
+*/}}
+{{- define "gpushare-operator.webhookServiceName" -}}
+{{- default (printf "%s-webhook" (include "gpushare-operator.fullname" .)) .Values.webhook.serviceName }}
+{{- end }}
+
+{{- define "gpushare-operator.webhookConfigurationName" -}}
+{{- default (include "gpushare-operator.fullname" .) .Values.webhook.configurationName }}
+{{- end }}
+
+{{- define "gpushare-operator.webhookSecretName" -}}
+{{- default (printf "%s-webhook-tls" (include "gpushare-operator.fullname" .)) .Values.webhook.secretName }}
+{{- end }}
+
+{{/*
+--webhook-hosts: webhook.hosts, comma-separated. The operator puts the Service's DNS names in
+its certificate as <service>.<--namespace>.svc; the Service is in the release namespace (with
+the pods it selects), so when operator.namespace names another one, the Service's real names
+are added here, or the API server would refuse the certificate.
+*/}}
+{{- define "gpushare-operator.webhookHosts" -}}
+{{- $hosts := list }}
+{{- range .Values.webhook.hosts }}
+{{- $hosts = append $hosts . }}
+{{- end }}
+{{- if ne (include "gpushare-operator.operatorNamespace" .) .Release.Namespace }}
+{{- $service := printf "%s.%s.svc" (include "gpushare-operator.webhookServiceName" .) .Release.Namespace }}
+{{- $hosts = append $hosts $service }}
+{{- $hosts = append $hosts (printf "%s.cluster.local" $service) }}
+{{- end }}
+{{- join "," $hosts }}
 {{- end }}

@@ -48,6 +48,13 @@ AUDIT_POLICY: Final[dict[str, Any]] = {
                 {"group": "gpushare.dev", "resources": ["gpusharingpolicies"]},
                 # What the disruption controller said a PDB allowed at each moment.
                 {"group": "policy", "resources": ["poddisruptionbudgets/status"]},
+                # The webhook's certificate and CA bundle as the leader wrote them (test keys
+                # only: a cluster's audit policy would log Secrets at Metadata at most).
+                {"group": "", "resources": ["secrets"]},
+                {
+                    "group": "admissionregistration.k8s.io",
+                    "resources": ["mutatingwebhookconfigurations"],
+                },
             ],
         },
         {"level": "Metadata"},

@@ -4,6 +4,7 @@ and the relaxed schema of an older release, under which objects our CRDs refuse 
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,23 @@ def kubectl(plane: ControlPlane, *args: str, stdin: str | None = None) -> str:
 def install_crds(plane: ControlPlane, path: Path = CRDS) -> None:
     """``kubectl apply`` the CRDs, and wait until the API server serves them."""
     kubectl(plane, "apply", "-f", str(path))
-    kubectl(
-        plane,
-        "wait",
-        "--for=condition=established",
-        "--timeout=60s",
-        "crd/gpusharingpolicies.gpushare.dev",
-        "crd/gpunodestates.gpushare.dev",
-    )
+    names = ("crd/gpusharingpolicies.gpushare.dev", "crd/gpunodestates.gpushare.dev")
+    deadline = time.monotonic() + 60
+    while True:
+        # kubectl wait fails at once ("accessor error: <nil>") on a CRD the API server has not
+        # yet given any condition: that is "not established yet", so ask again.
+        wait = ["wait", "--for=condition=established", "--timeout=60s", *names]
+        result = subprocess.run(
+            [str(plane.bin_dir / "kubectl"), "--kubeconfig", str(plane.admin_kubeconfig), *wait],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if result.returncode == 0:
+            return
+        assert "accessor error" in result.stderr, result.stderr
+        assert time.monotonic() < deadline, result.stderr
+        time.sleep(0.2)
 
 
 def relaxed_policy_crd() -> dict[str, Any]:

@@ -1,0 +1,229 @@
+"""The memory-request webhook through a leader's death and through certificate rotations.
+
+Every replica serves the webhook from the same caches and the same Secret, so a follower
+answers while the leader is gone; the leader rotates the serving certificate, and a certificate
+is served only once the API server could trust its issuer.  Both are checked against the real
+API server: pods created meanwhile, and the audit log of the Secret and configuration writes.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+
+from gpushare_testing import apiobjects as h
+from gpushare_testing import webhooks as wh
+from gpushare_testing.controlplane import ControlPlane, free_port
+from gpushare_testing.operators import OPERATOR_NAMESPACE, OperatorFactory, RunningOperator
+from gpushare_testing.replicas import LEASE_PATH, TIMING_FLAGS, USERS, delete_lease
+from gpushare_testing.rolloutaudit import moment
+from gpushare_testing.simulator import GpuClusterSimulator
+from gpushare_testing.waiting import eventually
+
+GPU = "nvidia.com/gpu"
+
+
+@pytest.fixture
+async def webhook_flags(sim: GpuClusterSimulator) -> AsyncIterator[wh.WebhookFlags]:
+    flags = wh.WebhookFlags(configuration=h.unique("gpu-memory"), secret=h.unique("webhook-tls"))
+    try:
+        yield flags
+    finally:
+        await wh.remove(sim, flags.configuration, secret=flags.secret, namespace=OPERATOR_NAMESPACE)
+
+
+async def mps_pool(sim: GpuClusterSimulator, policies: list[str]) -> str:
+    pool = h.unique("mps")
+    [node] = await sim.create_gpu_nodes(pool=pool, count=1, gpus=2)
+    await h.add_policy(sim, policies, h.policy(pool, pool=pool, strategy="MPS"))
+    return node
+
+
+async def wait_promised(sim: GpuClusterSimulator, node: str) -> None:
+    async def labels() -> dict[str, str]:
+        return dict((await h.node(sim.client, node))["metadata"].get("labels") or {})
+
+    await eventually(
+        labels, until=lambda found: wh.SLOT_MEMORY in found, timeout=60, what=f"{node}'s promise"
+    )
+
+
+async def ready(operator: RunningOperator) -> bool:
+    url = f"http://127.0.0.1:{operator.http_port}/readyz"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status == 200
+
+
+async def holder(sim: GpuClusterSimulator) -> str:
+    status, body = await sim.client.get(LEASE_PATH)
+    return str((body.get("spec") or {}).get("holderIdentity") or "") if status == 200 else ""
+
+
+async def create_memory_pod(sim: GpuClusterSimulator, namespace: str, name: str) -> dict[str, Any]:
+    status, body = await sim.client.post(
+        f"/api/v1/namespaces/{namespace}/pods", wh.memory_pod(name, memory="1Gi")
+    )
+    assert status == 201, (name, status, body)
+    assert body["spec"]["containers"][0]["resources"]["requests"] == {GPU: "1"}, body
+    return dict(body)
+
+
+async def test_a_follower_answers_while_the_leader_is_gone(
+    crds_installed: None,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    pods_ns: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+    webhook_flags: wh.WebhookFlags,
+    control_plane: ControlPlane,
+) -> None:
+    node = await mps_pool(sim, policies)
+    ports = {"a": free_port(), "b": free_port()}
+    await wh.install(sim, webhook_flags.configuration, port=ports["a"])
+    delete_lease(control_plane)
+    replicas: dict[str, RunningOperator] = {}
+    for identity in ("a", "b"):
+        replicas[identity] = await start_operator(
+            "--device-plugin-namespace",
+            namespace,
+            "--identity",
+            identity,
+            *TIMING_FLAGS,
+            *webhook_flags.args(port=ports[identity]),
+            user=USERS[identity],
+        )
+    await wh.wait_published(sim, webhook_flags.configuration)
+    await wait_promised(sim, node)
+    leader = await eventually(lambda: holder(sim), until=bool, what="a leader")
+    follower = "b" if leader == "a" else "a"
+    await eventually(lambda: ready(replicas[follower]), what="the follower to be ready")
+    # The configuration calls the follower from now on: it alone answers below.
+    await wh.point_at(sim, webhook_flags.configuration, port=ports[follower])
+    await create_memory_pod(sim, pods_ns, "before")
+
+    replicas[leader].proc.kill()  # SIGKILL: no lease handed back, no goodbye
+    killed = time.monotonic()
+    created, leaderless = 0, 0
+    while True:
+        now_holder = await holder(sim)
+        await create_memory_pod(sim, pods_ns, f"during-{created}")
+        created += 1
+        if now_holder == leader:
+            leaderless += 1  # the lease still names the dead replica: nobody leads
+        if now_holder == follower and created > leaderless + 2:
+            break
+        assert time.monotonic() - killed < 60, "the follower never took the lease"
+    assert leaderless >= 3, f"only {leaderless} pods were created while nobody led"
+    # Each was answered by the follower's webhook: the audit log says it mutated them all.
+    mutated = [
+        e
+        for e in control_plane.audit_events()
+        if e["verb"] == "create"
+        and e["objectRef"].get("resource") == "pods"
+        and e["objectRef"].get("namespace") == pods_ns
+        and str(e["objectRef"].get("name")).startswith("during-")
+        and not e["objectRef"].get("subresource")
+        and any(
+            wh.WEBHOOK_NAME in v and '"mutated":true' in v
+            for k, v in (e.get("annotations") or {}).items()
+            if k.startswith("mutation.webhook")
+        )
+    ]
+    assert len(mutated) == created
+
+
+def _certs(pem: str) -> list[x509.Certificate]:
+    blocks = [b for b in pem.split("-----END CERTIFICATE-----") if "BEGIN CERTIFICATE" in b]
+    return [
+        x509.load_pem_x509_certificate((b + "-----END CERTIFICATE-----\n").encode()) for b in blocks
+    ]
+
+
+def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def certificate_writes(
+    plane: ControlPlane, flags: wh.WebhookFlags, *, since: float
+) -> tuple[list[tuple[float, x509.Certificate]], list[tuple[float, list[x509.Certificate]]]]:
+    """From the audit log: (when, serving certificate) of each Secret write that changed it,
+    and (when, CA bundle) of each caBundle the operator published, in order."""
+    served: list[tuple[float, x509.Certificate]] = []
+    bundles: list[tuple[float, list[x509.Certificate]]] = []
+    for event in plane.audit_events():
+        ref, body = event["objectRef"], event.get("requestObject")
+        if event["user"]["username"] != h.OPERATOR_USER or moment(event) < since:
+            continue
+        if not 200 <= event["responseStatus"]["code"] < 300:
+            continue
+        if ref.get("resource") == "secrets" and ref.get("name") in (flags.secret, None):
+            data = (body or {}).get("data") or {}
+            if "tls.crt" in data:
+                pem = base64.b64decode(data["tls.crt"]).decode()
+                cert = _certs(pem)[0]
+                if not served or served[-1][1] != cert:
+                    served.append((moment(event), cert))
+        elif ref.get("resource") == "mutatingwebhookconfigurations":
+            for op in body or ():
+                if str(op.get("path", "")).endswith("/caBundle"):
+                    pem = base64.b64decode(op["value"]).decode()
+                    bundles.append((moment(event), _certs(pem)))
+                    break
+    return served, bundles
+
+
+async def test_the_certificate_rotates_and_is_served_only_once_its_issuer_is_trusted(
+    crds_installed: None,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    pods_ns: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+    control_plane: ControlPlane,
+) -> None:
+    flags = wh.WebhookFlags(
+        configuration=h.unique("gpu-memory"), secret=h.unique("webhook-tls"), validity=30
+    )
+    since = time.time()
+    node = await mps_pool(sim, policies)
+    port = free_port()
+    await wh.install(sim, flags.configuration, port=port)
+    try:
+        await start_operator("--device-plugin-namespace", namespace, *flags.args(port=port))
+        await wh.wait_published(sim, flags.configuration)
+        await wait_promised(sim, node)
+        # Pods created through two rotations (every 20 s: two thirds of 30 s) are all admitted,
+        # and the certificate the webhook presents changes twice.
+        seen: list[str] = []
+        started, created = time.monotonic(), 0
+        while len(seen) < 3:
+            fingerprint = wh.fingerprint(wh.served_certificate(port))
+            if not seen or seen[-1] != fingerprint:
+                seen.append(fingerprint)
+            await create_memory_pod(sim, pods_ns, f"p-{created}")
+            created += 1
+            assert time.monotonic() - started < 90, f"served {len(seen)} certificates in 90 s"
+        served, bundles = certificate_writes(control_plane, flags, since=since)
+    finally:
+        await wh.remove(sim, flags.configuration, secret=flags.secret, namespace=OPERATOR_NAMESPACE)
+    assert len(served) >= 3, served
+    assert {wh.fingerprint(cert) for _, cert in served} >= set(seen)
+    for when, cert in served[1:]:  # the first was issued before any bundle could name it
+        trusted = [b for at, b in bundles if at < when]
+        assert trusted, f"{cert.serial_number} written before any bundle was published"
+        assert any(_issued_by(cert, ca) for ca in trusted[-1]), (
+            "a certificate was written to the Secret before the configuration trusted its issuer"
+        )
+    assert all(len(bundle) <= 5 for _, bundle in bundles)

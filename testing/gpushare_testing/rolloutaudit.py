@@ -48,20 +48,53 @@ def label_writes(
     key: str | None = None,
     users: Collection[str] = USERS,
 ) -> list[tuple[float, str, str | None]]:
-    """(when, node, config key written; None for a removal) of each label apply, in order."""
+    """(when, node, config key written; None for a removal) of each label apply that changes
+    a node's config, in order: not those that only add or remove its slot labels
+    (``config_applies``)."""
     found = []
-    for event in _ours(plane, since, users):
+    for event in config_applies(_ours(plane, since, users), nodes):
+        body = event["requestObject"]
+        labels = (body.get("metadata") or {}).get("labels") or {}
+        written = labels.get(h.CONFIG_LABEL)
+        if key is None or written == key:
+            found.append((moment(event), str(event["objectRef"]["name"]), written))
+    return sorted(found)
+
+
+SLOT_PREFIX = "gpushare.dev/slot-"
+_CONFIG_KEYS = (h.CONFIG_LABEL, h.POLICY_LABEL, "nvidia.com/mig.config")
+
+
+def config_applies(
+    events: Iterable[Mapping[str, Any]], nodes: Collection[str] | None = None
+) -> list[Mapping[str, Any]]:
+    """The label applies among ``events`` (in log order) that change a node's config labels.
+
+    A Verified node's slot labels come in an apply of their own that restates its config
+    labels unchanged, and go (Degraded, say) in another: neither is a config change.  An apply
+    that carries slot labels is one of the first kind; one that restates exactly the config
+    labels of the node's last apply, of the second."""
+    last: dict[str, tuple[str | None, ...]] = {}
+    found = []
+    for event in events:
         ref = event["objectRef"]
-        if ref.get("resource") != "nodes" or ref.get("name") not in nodes or ref.get("subresource"):
+        name = ref.get("name")
+        if ref.get("resource") != "nodes" or ref.get("subresource"):
+            continue
+        if nodes is not None and name not in nodes:
             continue
         body = event.get("requestObject") or {}
         if not isinstance(body, dict) or body.get("kind") != "Node":
             continue  # a taint patch (JSON patch, a list) is no label write
         labels = (body.get("metadata") or {}).get("labels") or {}
-        written = labels.get(h.CONFIG_LABEL)
-        if key is None or written == key:
-            found.append((moment(event), str(ref["name"]), written))
-    return sorted(found)
+        config = tuple(labels.get(k) for k in _CONFIG_KEYS)
+        slots = any(str(k).startswith(SLOT_PREFIX) for k in labels)
+        previous = last.get(str(name))
+        last[str(name)] = config
+        if slots or previous == config:
+            continue
+        found.append(event)
+    return found
 
 
 def status_writes(

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from gpushare_testing import apiobjects as h
+from gpushare_testing import rolloutaudit
 from gpushare_testing.auditlog import AuditEvent, describe, write_key
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.crdinstall import install_crds
@@ -300,7 +301,7 @@ async def test_apiserver_restart_reconnects_converges_and_writes_nothing_twice(
     report = "\n".join(describe(writes))
     counts = collections.Counter(map(write_key, writes))
     # The moved node: its two labels, applied once, naming pool B's policy and config.
-    label_writes = [e for e in writes if write_key(e) == ("nodes", moved, "")]
+    label_writes = rolloutaudit.config_applies(writes, [moved])  # (not its slot labels)
     assert len(label_writes) == 1, report
     [label_write] = label_writes
     assert label_write["verb"] == "patch"
@@ -482,7 +483,7 @@ async def test_operator_killed_mid_burst_converges_with_no_label_lost_or_doubled
     writes = [e for e in plane.audit_events()[mark:end] if is_change(e)]
     report = "\n".join(describe(writes))
     label_writes = collections.Counter(
-        e["objectRef"]["name"] for e in writes if write_key(e)[0] == "nodes"
+        e["objectRef"]["name"] for e in rolloutaudit.config_applies(writes)
     )
     assert label_writes == collections.Counter(n for n in names if n not in before), report
     creates = collections.Counter(

@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gpushare_testing import apiobjects as h
+from gpushare_testing import rolloutaudit
 from gpushare_testing.auditlog import describe, is_lease, received, seconds, succeeded
 from gpushare_testing.operators import OPERATOR_NAMESPACE
 from gpushare_testing.replicas import (
@@ -159,13 +160,9 @@ async def test_sigkill_follower_takes_over_and_finishes_pending_work(
     takeover = replicas.lease_wins(follower)[0]
     taken = received(takeover)
     new_writes = replicas.writes(follower)
-    label_writes = [
-        e
-        for e in new_writes
-        if e["objectRef"].get("resource") == "nodes"
-        and e["objectRef"].get("name") in (f.spare, f.members[0])
-        and succeeded(e)
-    ]
+    label_writes = rolloutaudit.config_applies(
+        [e for e in new_writes if succeeded(e)], (f.spare, f.members[0])
+    )
     assert {e["objectRef"]["name"] for e in label_writes} == {f.spare, f.members[0]}
     finished = max(received(e) for e in label_writes)
     takeover_s, finished_s = seconds(taken, frozen_at), seconds(finished, frozen_at)

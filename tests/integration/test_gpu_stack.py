@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from gpushare_testing import apiobjects as h
-from gpushare_testing import bodies
+from gpushare_testing import bodies, rolloutaudit
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.demo import POOLS, _create_pools
 from gpushare_testing.operators import OperatorFactory
@@ -36,7 +36,8 @@ async def _phase_is(sim: GpuClusterSimulator, node: str, phase: str, timeout: fl
 
 
 def _label_writes(plane: ControlPlane, node: str) -> int:
-    return len(h.writes_to(h.operator_writes(plane), resource="nodes", name=node))
+    """Config changes applied to ``node`` (its slot labels' own applies are not)."""
+    return len(rolloutaudit.config_applies(h.operator_writes(plane), [node]))
 
 
 async def _product_of(sim: GpuClusterSimulator, node: str) -> str:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import datetime
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpushare_testing import apiobjects as h
+from gpushare_testing import rolloutaudit
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.operators import OperatorFactory
 from gpushare_testing.paths import CRDS
@@ -33,8 +35,9 @@ def _status_writes(plane: ControlPlane, node: str) -> list[dict[str, Any]]:
     return [e for e in writes if e["objectRef"].get("subresource") == "status"]
 
 
-def _label_writes(plane: ControlPlane, node: str) -> list[dict[str, Any]]:
-    return h.writes_to(h.operator_writes(plane), resource="nodes", name=node)
+def _label_writes(plane: ControlPlane, node: str) -> list[Mapping[str, Any]]:
+    """The config changes applied to ``node`` (a Verified node's slot labels come apart)."""
+    return rolloutaudit.config_applies(h.operator_writes(plane), [node])
 
 
 def _configmap_writes(plane: ControlPlane, namespace: str) -> list[dict[str, Any]]:

@@ -4,10 +4,11 @@ Steps: read the manifests; dry-run each through the API server (any refusal: exi
 API server's words); read the cluster into the operator's state; forecast with the operator's
 planner and rollout book (``kubectl.forecast``); when it foresees evictions (podPolicy Evict),
 read the PodDisruptionBudgets that would refuse them now; report.  Exit 2 when the plan would
-leave a node overcommitted or Unsupported, or a node that must be drained cannot be, so that a
-pipeline can stop there; 0 otherwise.  An eviction is no overcommit: a node drained for its
-change does not make the exit status 2, whatever its budgets say now (they may allow it later;
-the operator retries until eviction.timeout).
+leave a node overcommitted or Unsupported, or a node that must be drained cannot be, or take
+from a pod that asked for GPU memory the slot class that holds its request
+(``kubectl.memoryplan``), so that a pipeline can stop there; 0 otherwise.  An eviction is no
+overcommit: a node drained for its change does not make the exit status 2, whatever its
+budgets say now (they may allow it later; the operator retries until eviction.timeout).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, TextIO
 
 from gpushare_operator.core import defaults
 from gpushare_operator.core.policies import CompiledPolicy
-from gpushare_operator.kubectl import cluster, disruptions, manifests
+from gpushare_operator.kubectl import cluster, disruptions, manifests, memoryplan
 from gpushare_operator.kubectl.evictions import NodeEvictions
 from gpushare_operator.kubectl.forecast import Forecast, Forecaster
 from gpushare_operator.kubectl.output import Trace
@@ -89,7 +90,9 @@ async def make_plan(options: PlanOptions, *, errors: TextIO = sys.stderr) -> dic
             f"read {len(cache.nodes)} GPU nodes, {len(cache.node_states)} GPUNodeStates,"
             f" {len(cache.usage.pods)} pods asking for GPU slots"
         )
+        snapshot = memoryplan.Snapshot.take(cache)  # before the forecast settles any node
         forecast = forecaster.run(bodies)
+        memory = memoryplan.find(forecast, snapshot, before=current, after=dict(cache.policies))
         trace.mark(
             f"forecast: {len(forecast.changes)} node(s) change, {len(forecast.batches)} batches"
         )
@@ -105,6 +108,7 @@ async def make_plan(options: PlanOptions, *, errors: TextIO = sys.stderr) -> dic
         options=options,
         budgets=budgets,
         details=forecaster.pod_details,
+        memory=memory,
     )
 
 
@@ -120,9 +124,11 @@ def report(
     options: PlanOptions,
     budgets: Sequence[Mapping[str, Any]] = (),
     details: Mapping[str, disruptions.PodDetails] | None = None,
+    memory: Sequence[memoryplan.MemoryMisfit] = (),
 ) -> dict[str, Any]:
     by_name = {p.name: p for p in planned}
-    problems = _problems(forecast)
+    memory_requests = memoryplan.as_dicts(memory)
+    problems = _problems(forecast) + memoryplan.problems(memory_requests)
     evicted = {
         node: _evictions(e, budgets, details or {}) for node, e in forecast.evictions.items()
     }
@@ -145,6 +151,7 @@ def report(
             for c in forecast.changes
         ],
         "overcommitted": _misfits(forecast),
+        "memoryRequests": memory_requests,
         "unsupported": [
             {
                 "node": c.name,

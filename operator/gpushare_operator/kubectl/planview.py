@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpushare_operator.kubectl import memoryplan
 from gpushare_operator.kubectl.output import Style, duration, names, plural, table
 
 _ACTIONS = {
@@ -34,6 +35,9 @@ def render(report: Mapping[str, Any], style: Style) -> str:
     others = [m for m in report["overcommitted"] if m not in waits]
     if others:
         parts.append(_overcommitted(others, style))
+    memory = memoryplan.render(report.get("memoryRequests") or [], style)
+    if memory:
+        parts.append(memory)
     if report["unsupported"]:
         rows = [
             (u["node"], u["pool"], u["policy"], u.get("reason") or "-", u["why"])

@@ -1,0 +1,199 @@
+"""The plan's memory requests: pods that asked for GPU memory and whose slot the change would
+take away or shrink under their request.
+
+A pod created with ``gpushare.dev/gpu-memory`` was given a slot of an enforced class (the
+operator's webhook, ``core.memoryrequests``); its record keeps the request
+(``PodRecord.memory_mib``).  For each such pod on a node, the node's slot classes before and
+after the planned change come from ``core.slotclasses`` with the policy governing it in the
+forecast's standings, and ``core.slotchanges.judge`` says what the pod loses.  Any such pod
+makes the plan exit 2, as an overcommit does: its promise would not hold.
+
+The node's records are taken before the forecast settles them (``Snapshot``): the forecast
+rewrites some GPU Feature Discovery labels as the agents would, but not the memory ones, so the
+classes after are worked out from the node as it is, except that a change of single-strategy
+MIG layout drops ``nvidia.com/gpu.memory`` (the slice's memory, which GFD rewrites for the new
+profile: NVIDIA's tables say it meanwhile).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpushare_operator.cache.cluster import ClusterCache
+from gpushare_operator.core import migphases, quantities, slotchanges, slotclasses
+from gpushare_operator.core.migspec import MigStrategy
+from gpushare_operator.core.nodes import GPU_MEMORY, NodeRecord
+from gpushare_operator.core.pods import MEMORY_REQUEST_LABEL, PodRecord
+from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.slotchanges import SlotChange
+from gpushare_operator.core.slotclasses import SlotClass
+from gpushare_operator.kubectl.forecast import Forecast
+from gpushare_operator.kubectl.output import Style, table
+from gpushare_operator.kubectl.standings import GOVERNED, NodeStanding
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The nodes and the memory-requesting pods on them, before the forecast runs."""
+
+    records: Mapping[str, NodeRecord]
+    pods: tuple[PodRecord, ...]
+
+    @classmethod
+    def take(cls, cache: ClusterCache) -> Snapshot:
+        pods = tuple(
+            sorted(
+                (p for p in cache.usage if p.memory_mib is not None and p.holds_slots),
+                key=lambda p: (p.namespace, p.name),
+            )
+        )
+        return cls(records=dict(cache.nodes), pods=pods)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryMisfit:
+    """A pod whose slot would no longer hold its memory request."""
+
+    pod: PodRecord
+    node: str
+    pool: str
+    policy_before: str | None
+    policy_after: str | None
+    change: SlotChange
+
+
+def find(
+    forecast: Forecast,
+    snapshot: Snapshot,
+    *,
+    before: Mapping[str, CompiledPolicy],
+    after: Mapping[str, CompiledPolicy],
+) -> list[MemoryMisfit]:
+    """The pods of ``snapshot`` whose slot the forecast's change removes or shrinks below
+    their request; ``before`` and ``after`` are the policies as they are and as planned."""
+    found = []
+    for pod in snapshot.pods:
+        node, request = pod.node, pod.memory_mib
+        record = snapshot.records.get(node or "")
+        if node is None or request is None or record is None:
+            continue
+        was, now = forecast.before.get(node), forecast.after.get(node)
+        old, new = _governing(was, before), _governing(now, after)
+        classes_before = slotclasses.classes(record, old) if old is not None else ()
+        classes_after = slotclasses.classes(_after_view(record, old, new), new) if new else ()
+        held = [resource for resource, _ in pod.requests]
+        change = slotchanges.judge(request, held, classes_before, classes_after)
+        if change is not None:
+            pool = forecast.pools.get(node, "-")
+            found.append(MemoryMisfit(pod, node, pool, _name(old), _name(new), change))
+    return found
+
+
+def _governing(
+    standing: NodeStanding | None, policies: Mapping[str, CompiledPolicy]
+) -> CompiledPolicy | None:
+    if standing is None or standing.standing != GOVERNED or standing.policy is None:
+        return None
+    return policies.get(standing.policy)
+
+
+def _name(policy: CompiledPolicy | None) -> str | None:
+    return policy.name if policy is not None else None
+
+
+def _after_view(record: NodeRecord, old: CompiledPolicy | None, new: CompiledPolicy) -> NodeRecord:
+    """The node as its memory will read under ``new``: a new single-strategy MIG layout makes
+    GFD relabel ``nvidia.com/gpu.memory`` with the new slice's memory, so the old value (the
+    whole GPU's, or another slice's) is left out and NVIDIA's tables speak for the slice."""
+    mig = new.mig
+    if mig is None or mig.strategy is not MigStrategy.SINGLE or GPU_MEMORY not in record.labels:
+        return record
+    if old is not None and migphases.layout_name(record, old) == migphases.layout_name(record, new):
+        return record
+    labels = {k: v for k, v in record.labels.items() if k != GPU_MEMORY}
+    return dataclasses.replace(record, labels=labels)
+
+
+# -- the report -----------------------------------------------------------------------------------
+
+
+def class_dict(slot: SlotClass | None) -> dict[str, Any] | None:
+    if slot is None:
+        return None
+    shown: dict[str, Any] = {"resource": slot.resource, "isolation": str(slot.isolation)}
+    if slot.enforced:
+        shown["memoryMiB"] = slot.memory_mib
+    return shown
+
+
+def as_dicts(misfits: Sequence[MemoryMisfit]) -> list[dict[str, Any]]:
+    """``memoryRequests`` in the plan's JSON."""
+    return [
+        {
+            "namespace": m.pod.namespace,
+            "name": m.pod.name,
+            "node": m.node,
+            "pool": m.pool,
+            "requestMiB": m.change.request_mib,
+            "resource": m.change.resource,
+            "loss": str(m.change.loss),
+            "before": {"policy": m.policy_before, "class": class_dict(m.change.before)},
+            "after": {
+                "policy": m.policy_after,
+                "class": class_dict(m.change.after),
+                "classes": [class_dict(s) for s in m.change.others],
+            },
+            "why": m.change.describe(),
+        }
+        for m in misfits
+    ]
+
+
+def problems(items: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [
+        f"pod {i['namespace']}/{i['name']} on node {i['node']} would lose the slot its GPU"
+        f" memory request holds: {i['why']}"
+        for i in items
+    ]
+
+
+def _cell(side: Mapping[str, Any]) -> str:
+    shown = side.get("class")
+    if shown is None:
+        others = side.get("classes") or []
+        text = ", ".join(_short(c) for c in others) if others else "no slot class"
+    else:
+        text = _short(shown)
+    return f"{text} ({side['policy']})" if side.get("policy") else text
+
+
+def _short(shown: Mapping[str, Any]) -> str:
+    memory = shown.get("memoryMiB")
+    if memory is None:
+        return f"{shown['resource']} {shown['isolation']}: no memory enforced"
+    return f"{memory} MiB {shown['isolation']}"
+
+
+def render(items: Sequence[Mapping[str, Any]], style: Style) -> str:
+    """The plan's section on them (empty when there are none)."""
+    if not items:
+        return ""
+    heading = style.heading(
+        f"Pods whose GPU memory request ({MEMORY_REQUEST_LABEL}) their node's slot would no"
+        " longer hold:"
+    )
+    rows = [
+        (
+            f"{i['namespace']}/{i['name']}",
+            quantities.describe_mib(i["requestMiB"]),
+            i["node"],
+            _cell(i["before"]),
+            _cell(i["after"]),
+        )
+        for i in items
+    ]
+    headers = ("POD", "REQUEST", "NODE", "SLOT BEFORE", "SLOT AFTER")
+    return heading + "\n" + table(headers, rows, indent="  ")

@@ -1,0 +1,203 @@
+"""The plugin's part of memory requests, without an API: what a change takes from a pod's slot
+(core.slotchanges, kubectl.memoryplan)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gpushare_operator.core import slotchanges, slotclasses
+from gpushare_operator.core.nodes import project_node
+from gpushare_operator.core.policies import CompiledPolicy, compile_policy
+from gpushare_operator.core.slotchanges import Loss
+from gpushare_operator.core.slotclasses import Isolation, SlotClass
+from gpushare_operator.kubectl import manifests, memoryplan, output, planview
+from gpushare_operator.kubectl.forecast import Forecaster
+from gpushare_operator.kubectl.plan import PlanOptions, report
+from gpushare_operator.kubectl.standings import RolloutPace, settled_body
+from gpushare_testing.builders import config_texts, node, pod, policy
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+H100_MIB = 81559
+MEMORY = {"nvidia.com/gpu.memory": str(H100_MIB), "nvidia.com/gpu.product": H100}
+GPU = "nvidia.com/gpu"
+GIB20 = 20480
+STYLE = output.Style()
+
+
+def mps(memory: int | None) -> SlotClass:
+    return SlotClass(GPU, Isolation.MPS, memory)
+
+
+SLICED = SlotClass(GPU, Isolation.NONE, None)
+
+
+# -- core.slotchanges: what a change takes from a pod --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "loss"),
+    [
+        ([mps(20389)], [mps(10194)], Loss.SHRINKS),  # MPS 4 -> 8 replicas under 20Gi
+        ([mps(20389)], [mps(40779)], None),  # 4 -> 2: it holds 20Gi now
+        ([mps(20389)], [mps(20389)], None),  # unchanged
+        ([mps(40779)], [mps(20389)], Loss.SHRINKS),  # 2 -> 4: smaller, and under 20Gi
+        ([mps(81559)], [mps(40779)], None),  # smaller, but it still holds 20Gi
+        ([mps(10194)], [mps(20389)], None),  # still under 20Gi, but no worse than before
+        ([mps(20389)], [], Loss.REMOVED),  # released, or Unsupported
+        ([mps(20389)], [SlotClass("nvidia.com/gpu.shared", Isolation.MPS, 40779)], Loss.RESOURCE),
+        ([mps(20389)], [SLICED], Loss.UNENFORCED),  # to time-slicing
+        ([SLICED], [mps(10194)], Loss.SHRINKS),  # a cap appears under the request
+        ([SLICED], [mps(40779)], None),
+        ([SLICED], [], None),  # nothing enforced was taken from it
+        ([], [mps(10194)], Loss.SHRINKS),  # an unmanaged whole GPU capped under the request
+    ],
+)
+def test_a_change_takes_a_pods_slot_when_it_removes_or_shrinks_it_under_the_request(
+    before: list[SlotClass], after: list[SlotClass], loss: Loss | None
+) -> None:
+    change = slotchanges.judge(GIB20, [GPU], before, after)
+    assert (change.loss if change else None) == loss
+    if change is not None:
+        assert change.describe()
+
+
+def test_the_reason_names_both_classes_and_the_request() -> None:
+    change = slotchanges.judge(GIB20, [GPU], [mps(20389)], [mps(10194)])
+    assert change is not None and change.describe() == (
+        "its slot shrinks from 20389 MiB mps to 10194 MiB mps, under the 20Gi (20480 MiB) it"
+        " asked for"
+    )
+    moved = slotchanges.judge(
+        GIB20, [GPU], [mps(20389)], [SlotClass("nvidia.com/mig-3g.40gb", Isolation.MIG, 40960)]
+    )
+    assert moved is not None and moved.describe() == (
+        "the node's slots become 40960 MiB mig: no slot of nvidia.com/gpu any more"
+    )
+
+
+# -- kubectl.memoryplan: the plan lists them and exits 2 -----------------------------------------
+
+
+def mps_fleet(replicas: int = 4) -> tuple[Forecaster, dict[str, CompiledPolicy]]:
+    """Nodes n0 and n1 (2 H100s each) Verified on MPS policy p; a 20Gi pod on n0 and a pod
+    without a memory request on n1."""
+    forecaster = Forecaster(max_unavailable="100%", pace=RolloutPace())
+    cache = forecaster.cache
+    cache.upsert_policy(policy("p", strategy="MPS", replicas=replicas))
+    cache.set_config_data(config_texts(cache), initial=True)
+    for name in ("n0", "n1"):
+        cache.upsert_node(node(name, count="2", **MEMORY))
+        cache.upsert_node(settled_body(cache.nodes[name], cache.policies["p"]))
+    cache.upsert_pod(memory_pod("train-0", "n0", "20Gi"))
+    cache.upsert_pod(pod("plain", "n1", 1))
+    return forecaster, dict(cache.policies)
+
+
+def memory_pod(name: str, node_name: str, request: str) -> dict[str, Any]:
+    body = pod(name, node_name, 1)
+    body["metadata"]["labels"] = {"gpushare.dev/gpu-memory": request}
+    return body
+
+
+def plan_of(edited: dict[str, Any], *, replicas: int = 4) -> dict[str, Any]:
+    forecaster, current = mps_fleet(replicas)
+    snapshot = memoryplan.Snapshot.take(forecaster.cache)
+    forecast = forecaster.run([edited])
+    after = dict(forecaster.cache.policies)
+    memory = memoryplan.find(forecast, snapshot, before=current, after=after)
+    old = policy("p", strategy="MPS", replicas=replicas)
+    planned = manifests.Planned("p", "update", old, edited)
+    return report(
+        forecast=forecast,
+        planned=[planned],
+        current=current,
+        after=after,
+        options=PlanOptions(),
+        memory=memory,
+    )
+
+
+def test_more_mps_replicas_shrink_the_slot_under_a_20gi_request_and_the_plan_exits_2() -> None:
+    plan = plan_of(policy("p", strategy="MPS", replicas=8, generation=2))
+    [item] = plan["memoryRequests"]
+    assert item == {
+        "namespace": "ns",
+        "name": "train-0",
+        "node": "n0",
+        "pool": "a",
+        "requestMiB": GIB20,
+        "resource": GPU,
+        "loss": "shrinks",
+        "before": {
+            "policy": "p",
+            "class": {"resource": GPU, "isolation": "mps", "memoryMiB": 20389},
+        },
+        "after": {
+            "policy": "p",
+            "class": {"resource": GPU, "isolation": "mps", "memoryMiB": H100_MIB // 8},
+            "classes": [],
+        },
+        "why": item["why"],
+    }
+    assert plan["exitCode"] == 2 and not plan["overcommitted"]
+    assert plan["problems"] == [
+        "pod ns/train-0 on node n0 would lose the slot its GPU memory request holds: " + item["why"]
+    ]
+    text = planview.render(plan, STYLE)
+    assert "Pods whose GPU memory request (gpushare.dev/gpu-memory)" in text
+    row = next(line for line in text.splitlines() if line.startswith("  ns/train-0"))
+    assert row.split() == [
+        "ns/train-0", "20Gi", "(20480", "MiB)", "n0", "20389", "MiB", "mps", "(p)",
+        "10194", "MiB", "mps", "(p)",
+    ]  # fmt: skip
+    assert "Result: blocked (exit 2)" in text
+    json.dumps(plan)
+
+
+def test_fewer_replicas_hold_the_request_and_the_plan_is_clean() -> None:
+    plan = plan_of(policy("p", strategy="MPS", replicas=2, generation=2))
+    assert plan["memoryRequests"] == [] and plan["exitCode"] == 0
+    assert "GPU memory request" not in planview.render(plan, STYLE)
+
+
+def test_time_slicing_and_a_deletion_take_the_promise_away() -> None:
+    sliced = plan_of(policy("p", strategy="TimeSlicing", replicas=4, generation=2))
+    [item] = sliced["memoryRequests"]
+    assert item["loss"] == "unenforced" and item["after"]["class"]["isolation"] == "none"
+    assert sliced["exitCode"] == 2
+    gone = policy("p", strategy="MPS", replicas=4, generation=2)
+    gone["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    deleted = plan_of(gone)
+    [item] = deleted["memoryRequests"]
+    assert item["loss"] == "removed" and item["after"] == {
+        "policy": None,
+        "class": None,
+        "classes": [],
+    }
+    assert "no slot class" in planview.render(deleted, STYLE)
+
+
+def test_a_new_single_mig_layout_reads_the_slice_from_the_tables_not_the_old_gfd_label() -> None:
+    """Under single, GFD's nvidia.com/gpu.memory is the slice's: the old one's until GFD
+    relabels, so the plan's class after a re-layout is NVIDIA's table for the new profile."""
+    labels = {
+        "nvidia.com/gpu.product": f"{H100}-MIG-1g.10gb",
+        "nvidia.com/gpu.memory": "9984",
+        "nvidia.com/mig.capable": "true",
+    }
+    record = project_node(node("n", count="14", **labels))
+    old, new = mig_policy("1g.10gb"), mig_policy("3g.40gb")
+    assert slotclasses.promise(record, old) == SlotClass(GPU, Isolation.MIG, 9984)
+    viewed = memoryplan._after_view(record, old, new)
+    assert slotclasses.promise(viewed, new) == SlotClass(GPU, Isolation.MIG, 40960)
+    assert memoryplan._after_view(record, old, old) is record
+
+
+def mig_policy(profile: str | None = None, **mig: Any) -> CompiledPolicy:
+    block = {"profile": profile, "migStrategy": "single"} if profile else mig
+    spec = policy("m", strategy="MIG", mig=block)["spec"]
+    del spec["replicas"]
+    return compile_policy(name="m", uid="uid-m", generation=1, spec=spec)

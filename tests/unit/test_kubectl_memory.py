@@ -1,5 +1,6 @@
 """The plugin's part of memory requests, without an API: what a change takes from a pod's slot
-(core.slotchanges, kubectl.memoryplan)."""
+(core.slotchanges, kubectl.memoryplan) and the free slots per class of ``status``
+(kubectl.freeslots)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ from typing import Any
 
 import pytest
 
+from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import slotchanges, slotclasses
 from gpushare_operator.core.nodes import project_node
 from gpushare_operator.core.policies import CompiledPolicy, compile_policy
 from gpushare_operator.core.slotchanges import Loss
 from gpushare_operator.core.slotclasses import Isolation, SlotClass
-from gpushare_operator.kubectl import manifests, memoryplan, output, planview
+from gpushare_operator.kubectl import freeslots, manifests, memoryplan, output, planview
 from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_operator.kubectl.plan import PlanOptions, report
 from gpushare_operator.kubectl.standings import RolloutPace, settled_body
+from gpushare_operator.kubectl.status import new_planner
 from gpushare_testing.builders import config_texts, node, pod, policy
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -201,3 +204,83 @@ def mig_policy(profile: str | None = None, **mig: Any) -> CompiledPolicy:
     spec = policy("m", strategy="MIG", mig=block)["spec"]
     del spec["replicas"]
     return compile_policy(name="m", uid="uid-m", generation=1, spec=spec)
+
+
+# -- kubectl.freeslots: free slots per class ------------------------------------------------------
+
+
+def cluster() -> ClusterCache:
+    """Policy p (MPS 4, pool a): n0 Verified and labelled, n1 Verified without labels yet, n2
+    not configured yet; policy t (time-slicing 4, pool b): t0 Verified and labelled."""
+    cache = ClusterCache()
+    cache.upsert_policy(policy("p", strategy="MPS", replicas=4))
+    cache.upsert_policy(policy("t", pool="b", replicas=4))
+    cache.set_config_data(config_texts(cache), initial=True)
+    verified(cache, "n0", "p")
+    verified(cache, "n1", "p", labelled=False)
+    cache.upsert_node(node("n2", count="2", **MEMORY))
+    verified(cache, "t0", "t", pool="b")
+    cache.upsert_pod(memory_pod("train-0", "n0", "20Gi"))
+    cache.upsert_pod(pod("t-pod", "t0", 3))
+    return cache
+
+
+def verified(
+    cache: ClusterCache, name: str, policy_name: str, *, pool: str = "a", labelled: bool = True
+) -> None:
+    cache.upsert_node(node(name, pool=pool, count="2", **MEMORY))
+    record, compiled = cache.nodes[name], cache.policies[policy_name]
+    body = settled_body(record, compiled)
+    if labelled:
+        wanted = slotclasses.labels(slotclasses.promise(record, compiled))
+        body["metadata"]["labels"].update({k: v for k, v in wanted.items() if v is not None})
+    cache.upsert_node(body)
+
+
+def test_status_counts_free_slots_per_class_on_the_nodes_whose_labels_offer_it() -> None:
+    classes = freeslots.slot_classes(new_planner(cluster()))
+    enforced, sliced = classes
+    assert enforced == {
+        "resource": GPU,
+        "isolation": "mps",
+        "enforced": True,
+        "memoryMiB": 20389,
+        "policies": ["p"],
+        "nodes": 1,
+        "capacity": 8,
+        "allocated": 1,
+        "free": 7,
+        "notOffered": {
+            "nodes": 2,
+            "capacity": 16,
+            "allocated": 0,
+            "why": {
+                "Pending: slot labels are written once it is Verified": 1,
+                "Verified, its slot labels not written yet": 1,
+            },
+        },
+    }
+    # Time-slicing: slots, and never memory.
+    assert "memoryMiB" not in sliced and not sliced["enforced"]
+    assert (sliced["nodes"], sliced["allocated"], sliced["free"]) == (1, 3, 5)
+    text = freeslots.render(classes, STYLE)
+    rows = [line.split() for line in text.splitlines()[1:4]]
+    assert rows == [
+        ["RESOURCE", "ISOLATION", "MEMORY/SLOT", "POLICIES", "NODES", "SLOTS", "FREE"],
+        [GPU, "mps", "20389", "MiB", "p", "1", "1/8", "7"],
+        [GPU, "none", "no", "memory", "enforced", "t", "1", "3/8", "5"],
+    ]
+    assert "not offered: nvidia.com/gpu mps 20389 MiB on 2 nodes (16 slots)" in text
+
+
+def test_a_layout_of_several_profiles_is_not_offered_one_label_cannot_speak_for_it() -> None:
+    labels = {"nvidia.com/gpu.product": H100, "nvidia.com/mig.capable": "true"}
+    record = project_node(node("n", count="1", **labels))
+    mixed = mig_policy(devices={"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 1}, migStrategy="mixed")
+    found = freeslots.node_slots(record, mixed, phase="Verified")
+    assert [(s.resource, s.memory_mib, n) for s, n in found.classes] == [
+        ("nvidia.com/mig-1g.10gb", 10240, 1),
+        ("nvidia.com/mig-2g.20gb", 20480, 1),
+        ("nvidia.com/mig-3g.40gb", 40960, 1),
+    ]
+    assert not found.offered and found.why_not == freeslots.SEVERAL

@@ -1,4 +1,5 @@
-"""``kubectl gpushare status``: every policy's standing, and with ``--policy`` its nodes.
+"""``kubectl gpushare status``: every policy's standing, the free slots of each slot class
+(``kubectl.freeslots``), and with ``--policy`` the policy's nodes.
 
 The counts are worked out now, from the cluster as it is, by the operator's own code
 (``Planner.tally`` over the same slim records, the same usage ledger); the rollout's progress is
@@ -13,7 +14,7 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core.policies import CompiledPolicy
-from gpushare_operator.kubectl import cluster
+from gpushare_operator.kubectl import cluster, freeslots
 from gpushare_operator.kubectl.forecast import KEY_GRACE_PERIOD, MISMATCH_TIMEOUT
 from gpushare_operator.kubectl.output import Style, slots, table
 from gpushare_operator.kubectl.standings import POOL_LABELS, pool_of, standing_of
@@ -49,7 +50,8 @@ async def make_status(
         "policies": [
             _policy(planner, p, published.get(name, {}), deleting=name in cache.deleting)
             for name, p in sorted(cache.policies.items())
-        ]
+        ],
+        "slotClasses": freeslots.slot_classes(planner),
     }
     if policy is not None:
         report["nodes"] = _nodes(planner, policy)
@@ -179,6 +181,8 @@ def render(report: Mapping[str, Any], style: Style) -> str:
         "SLOTS",
     )
     text = table(headers, rows) if rows else "No GPUSharingPolicies."
+    if rows:
+        text += "\n\n" + freeslots.render(report["slotClasses"], style)
     if "nodes" in report:
         text += "\n\n" + _render_nodes(report["nodes"], style)
     return text + "\n"

@@ -1,6 +1,6 @@
 """The plugin's part of memory requests, without an API: what a change takes from a pod's slot
-(core.slotchanges, kubectl.memoryplan) and the free slots per class of ``status``
-(kubectl.freeslots)."""
+(core.slotchanges, kubectl.memoryplan), the free slots per class of ``status``
+(kubectl.freeslots) and the slot promise of ``explain node`` (kubectl.promises)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from gpushare_operator.core.nodes import project_node
 from gpushare_operator.core.policies import CompiledPolicy, compile_policy
 from gpushare_operator.core.slotchanges import Loss
 from gpushare_operator.core.slotclasses import Isolation, SlotClass
-from gpushare_operator.kubectl import freeslots, manifests, memoryplan, output, planview
+from gpushare_operator.kubectl import freeslots, manifests, memoryplan, output, planview, promises
 from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_operator.kubectl.plan import PlanOptions, report
 from gpushare_operator.kubectl.standings import RolloutPace, settled_body
@@ -284,3 +284,68 @@ def test_a_layout_of_several_profiles_is_not_offered_one_label_cannot_speak_for_
         ("nvidia.com/mig-3g.40gb", 40960, 1),
     ]
     assert not found.offered and found.why_not == freeslots.SEVERAL
+
+
+# -- kubectl.promises: explain node ---------------------------------------------------------------
+
+
+def promise_of(cache: ClusterCache, name: str) -> dict[str, Any]:
+    record = cache.nodes[name]
+    decision = new_planner(cache).decide(record)
+    return promises.explain(record, decision, phase=str(decision.phase))
+
+
+def test_explain_says_what_an_mps_slot_enforces_where_it_comes_from_and_its_labels() -> None:
+    cache = cluster()
+    shown = promise_of(cache, "n0")
+    assert shown["promise"] == "each slot enforces 20389 MiB (nvidia.com/gpu, mps)"
+    [entry] = shown["classes"]
+    assert entry["why"].startswith(
+        "MPS, floor(81559 MiB / 4 replicas), the MPS control daemon's per-client pinned memory"
+        " limit; the GPU's memory: GPU Feature Discovery's label nvidia.com/gpu.memory=81559"
+    )
+    assert shown["labels"]["offered"]
+    assert shown["labels"]["state"] == (
+        "labelled gpushare.dev/slot-memory-mib=20389, gpushare.dev/slot-isolation=mps,"
+        " gpushare.dev/slot-resource=nvidia.com_gpu"
+    )
+    text = promises.render(shown, STYLE)
+    assert (
+        text.splitlines()[0] == "Slot promise: each slot enforces 20389 MiB (nvidia.com/gpu, mps)"
+    )
+    assert "requests of up to 20389 MiB" in text
+
+
+def test_explain_says_why_a_node_carries_no_slot_labels() -> None:
+    cache = cluster()
+    pending = promise_of(cache, "n2")["labels"]["state"]
+    assert pending.startswith(
+        "not labelled yet: the node is Pending (slot labels are written once it is Verified"
+    )
+    sliced = promise_of(cache, "t0")
+    assert sliced["promise"] == "no memory enforced (nvidia.com/gpu, isolation none)"
+    assert sliced["classes"][0]["why"].startswith("time-slicing shares the whole GPU")
+    assert "requests of up to" not in promises.render(sliced, STYLE)
+    cache.upsert_node(node("free", pool="z", count="2", **MEMORY))
+    assert promise_of(cache, "free") == {
+        "classes": [],
+        "promise": "no slot promise: no policy governs the node",
+    }
+
+
+def test_explain_lists_each_class_of_a_mixed_layout_and_says_none_is_labelled() -> None:
+    cache = ClusterCache()
+    body = policy("m", strategy="MIG", mig={"devices": {"3g.40gb": 1, "1g.10gb": 1}})
+    del body["spec"]["replicas"]
+    body["spec"]["mig"]["migStrategy"] = "mixed"
+    cache.upsert_policy(body)
+    labels = {"nvidia.com/gpu.product": H100, "nvidia.com/mig.capable": "true"}
+    cache.upsert_node(node("n", count="1", **labels, **{"nvidia.com/mig-1g.10gb.memory": "9984"}))
+    section = promise_of(cache, "n")
+    small, large = section["classes"]
+    assert small["memoryMiB"] == 9984 and "GPU Feature Discovery's" in small["why"]
+    assert "lower than NVIDIA's tables' 10240 MiB" in small["why"]
+    assert large["memoryMiB"] == 40960 and "NVIDIA's tables" in large["why"]
+    text = promises.render(section, STYLE)
+    assert "Slot promise: 2 slot classes, one per resource" in text
+    assert "no slot labels: one label cannot speak for several classes" in text

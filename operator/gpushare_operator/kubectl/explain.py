@@ -5,8 +5,9 @@ governs it and why (``nodephases.choose``: the first usable by rank that can wor
 phase and conditions as the operator published them, and recent Events about it; the config
 key it carries and that key's content in the device-plugin ConfigMap; for MIG its layout (as
 published in ``status.mig``, and as the policies as they are would have it, with the reason a
-MIG policy cannot work there: ``kubectl.migexplanations``); and which pods hold its slots, from the
-same usage ledger the operator keeps.
+MIG policy cannot work there: ``kubectl.migexplanations``); what its slots promise of GPU
+memory, where the figure comes from and the slot labels that say it (``kubectl.promises``); and
+which pods hold its slots, from the same usage ledger the operator keeps.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from gpushare_operator.core import nodephases, resolution
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.kube import objectpaths, reading
-from gpushare_operator.kubectl import cluster, migexplanations
+from gpushare_operator.kubectl import cluster, migexplanations, promises
 from gpushare_operator.kubectl.output import Style, slots, table
 from gpushare_operator.kubectl.standings import POOL_LABELS, pool_of, standing_of
 from gpushare_operator.kubectl.status import eviction_line, eviction_of, new_planner
@@ -69,6 +70,9 @@ async def explain_node(cluster_ref: cluster.ClusterRef, name: str) -> dict[str, 
         "events": _events(events),
         "config": _config(cache, record, decision.policy),
         "mig": migexplanations.explain(cache, record, decision, published=published),
+        "slotPromise": promises.explain(
+            record, decision, phase=str(published.get("phase") or decision.phase)
+        ),
         "slots": _slots(cache, name, target_now.resource, target_now.capacity),
     }
 
@@ -212,6 +216,8 @@ def render(report: Mapping[str, Any], style: Style) -> str:
     parts.append(_render_config(report["config"], style))
     if report.get("mig"):
         parts.append(migexplanations.render(report["mig"], style))
+    if report.get("slotPromise"):
+        parts.append(promises.render(report["slotPromise"], style))
     parts.append(_render_slots(report["slots"], style))
     return "\n\n".join(parts) + "\n"
 

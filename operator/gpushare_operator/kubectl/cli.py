@@ -3,8 +3,9 @@
 Installed with the package as the console script ``kubectl-gpushare``: with it on PATH,
 ``kubectl gpushare ...`` runs it.  It reads the cluster as kubectl does (--kubeconfig, else
 $KUBECONFIG, else ~/.kube/config; --context) and works everything out with the operator's own
-code.  Exit status: 0 done (for plan: a clean plan), 2 a plan that would overcommit a node or
-leave one Unsupported, 1 any error.
+code.  Exit status: 0 done (for plan: a clean plan), 2 a plan that would overcommit a node,
+leave one Unsupported, or take from a pod the slot that holds its GPU memory request, 1 any
+error.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ EPILOG = """\
 examples:
   kubectl gpushare plan -f policies.yaml          what applying the file would change
   kubectl gpushare plan --delete batch -o json    what deleting a policy would release
-  kubectl gpushare status                         every policy, counted now
+  kubectl gpushare status                         every policy and slot class, counted now
   kubectl gpushare status --policy inference      and the nodes of one
   kubectl gpushare explain node gpu-a-0           why a node is configured as it is
 
 exit status: 0 done (plan: clean; evictions under podPolicy Evict are no overcommit), 2 the
-plan would overcommit a node, leave one Unsupported or need to drain one that cannot be
-drained, 1 an error (an object the API server refused, an unreadable file, no cluster)."""
+plan would overcommit a node, leave one Unsupported, need to drain one that cannot be drained
+or take from a pod the slot class that holds its GPU memory request (gpushare.dev/gpu-memory),
+1 an error (an object the API server refused, an unreadable file, no cluster)."""
 
 
 def _connection_options(*, suppress: bool) -> argparse.ArgumentParser:
@@ -93,8 +95,9 @@ def _add_plan(commands: Any, common: argparse.ArgumentParser) -> None:
         description="Validate each policy with a server-side dry run, then print what the"
         " operator would do: per policy and pool the nodes gained, lost and changed, slot"
         " capacity before -> after, pods that would no longer fit (under podPolicy Evict: the"
-        " pods it would evict, and the PodDisruptionBudgets that refuse them now), the config"
-        " keys written, and the rollout batches with an estimated duration.",
+        " pods it would evict, and the PodDisruptionBudgets that refuse them now), pods whose"
+        " GPU memory request their node's slot would no longer hold, the config keys written,"
+        " and the rollout batches with an estimated duration.",
     )
     plan.add_argument(
         "-f",
@@ -160,11 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_plan(commands, common)
     show = commands.add_parser(
-        "status", parents=[common], help="every policy's standing; --policy NAME for its nodes"
+        "status",
+        parents=[common],
+        help="every policy's standing and each slot class's free slots; --policy NAME for its"
+        " nodes",
     )
     show.add_argument("--policy", metavar="NAME", help="also list the nodes this policy selects")
     why = commands.add_parser(
-        "explain", parents=[common], help="explain node NAME: why a node is configured as it is"
+        "explain",
+        parents=[common],
+        help="explain node NAME: why a node is configured as it is, and what its slots promise",
     )
     why.add_argument("kind", choices=["node"], help="what to explain (node)")
     why.add_argument("name", help="the node's name")

@@ -2,7 +2,8 @@
 
 The chart is installed with the real ``helm``; a token for its ServiceAccount is minted with
 the TokenRequest API; the operator process runs with that token through the whole reconcile and
-usage scenario.  Then the same identity is shown to be refused what it must never do.
+usage scenario, with the memory-request webhook on (its Secret made, the configuration's
+caBundle published).  Then the same identity is shown to be refused what it must never do.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 import pytest
 
 from gpushare_testing import apiobjects as h
-from gpushare_testing import podbodies
-from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing import podbodies, webhooks
+from gpushare_testing.controlplane import ControlPlane, free_port
 from gpushare_testing.helm import Helm
 from gpushare_testing.operators import OperatorFactory, RunningOperator
 from gpushare_testing.simulator import GpuClusterSimulator, RawClient
@@ -38,6 +39,9 @@ ALLOWED_WRITES = {
     ("pods", "eviction", "create"),  # podPolicy Evict: never a delete
     ("leases", "", "create"),
     ("leases", "", "update"),
+    ("secrets", "", "create"),  # the webhook's serving certificate, then patched by name
+    ("secrets", "", "patch"),
+    ("mutatingwebhookconfigurations", "", "patch"),  # its caBundle
 }
 
 
@@ -94,6 +98,17 @@ async def test_operator_runs_as_the_chart_service_account_and_can_do_nothing_els
                 plugin_namespace,
                 "--config-propagation-delay",
                 "1",
+                # The webhook, named as the chart names it (127.0.0.1: no Service here).
+                "--webhook-port",
+                str(free_port()),
+                "--webhook-hosts",
+                "127.0.0.1",
+                "--webhook-secret",
+                f"{account}-webhook-tls",
+                "--webhook-configuration",
+                account,
+                "--webhook-service",
+                f"{account}-webhook",
                 kubeconfig=kubeconfig,
                 user=username,
             )
@@ -122,6 +137,14 @@ async def test_operator_runs_as_the_chart_service_account_and_can_do_nothing_els
             data = await h.config_data(admin, plugin_namespace)
             assert data is not None
             assert body["status"]["configKey"] in data
+
+            # The webhook's certificate: its Secret made, and the chart's configuration given
+            # the CA bundle, with the chart's permissions alone.
+            assert await webhooks.wait_published(sim, account)
+            secret = await h.ok(
+                admin, "GET", f"/api/v1/namespaces/{namespace}/secrets/{account}-webhook-tls"
+            )
+            assert secret["type"] == "kubernetes.io/tls"
 
             # Leadership and Events, in the namespaces the chart's Roles cover.
             lease = await h.ok(
@@ -162,7 +185,15 @@ async def test_operator_runs_as_the_chart_service_account_and_can_do_nothing_els
                 e["involvedObject"]["name"] for e in evicted["items"] if e["reason"] == "Evicted"
             } == {name for name, _, _ in pods}
 
-            await assert_refused(as_operator, admin, namespace, plugin_namespace, nodes[0])
+            await assert_refused(
+                as_operator,
+                admin,
+                namespace,
+                plugin_namespace,
+                nodes[0],
+                secret=f"{account}-webhook-tls",
+                configuration=account,
+            )
 
             logs = operator.logs()
             # A refusal would log its status code; a timestamp's microseconds may hold "403".
@@ -188,6 +219,7 @@ async def test_operator_runs_as_the_chart_service_account_and_can_do_nothing_els
     }
     assert done <= ALLOWED_WRITES, done - ALLOWED_WRITES
     assert {("nodes", "", "patch"), ("configmaps", "", "patch"), ("leases", "", "create")} <= done
+    assert {("secrets", "", "create"), ("mutatingwebhookconfigurations", "", "patch")} <= done
     # Patching a policy itself is allowed only for our finalizer: every such patch is a JSON
     # patch of /metadata/finalizers and nothing else.
     policy_patches = [
@@ -204,7 +236,14 @@ async def test_operator_runs_as_the_chart_service_account_and_can_do_nothing_els
 
 
 async def assert_refused(
-    client: RawClient, admin: RawClient, namespace: str, plugin_namespace: str, node: str
+    client: RawClient,
+    admin: RawClient,
+    namespace: str,
+    plugin_namespace: str,
+    node: str,
+    *,
+    secret: str,
+    configuration: str,
 ) -> None:
     """The operator's identity is refused (403) everything it has no business doing."""
     # Sanity: the token works, and it does get what it needs.
@@ -213,6 +252,10 @@ async def assert_refused(
     status, _ = await client.get(
         f"/api/v1/namespaces/{plugin_namespace}/configmaps/gpushare-device-plugin-configs"
     )
+    assert status == 200
+    status, _ = await client.get(f"/api/v1/namespaces/{namespace}/secrets/{secret}")
+    assert status == 200
+    status, _ = await client.get(f"{webhooks.CONFIGURATIONS}/{configuration}")
     assert status == 200
 
     other = {"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "v"}}
@@ -233,11 +276,24 @@ async def assert_refused(
         ("DELETE", f"/api/v1/nodes/{node}", None, dry, MERGE),
         ("PUT", f"/api/v1/nodes/{node}", current, dry, "application/json"),
         ("PATCH", f"/api/v1/nodes/{node}/status", {"status": {"phase": "x"}}, dry, MERGE),
-        # Secrets: never, anywhere.
+        # Secrets: the webhook's own alone, by name, never deleted; no other, anywhere.
         ("GET", "/api/v1/secrets", None, {}, MERGE),
         ("GET", f"/api/v1/namespaces/{namespace}/secrets", None, {}, MERGE),
+        ("GET", f"/api/v1/namespaces/{namespace}/secrets/other-tls", None, {}, MERGE),
+        ("DELETE", f"/api/v1/namespaces/{namespace}/secrets/{secret}", None, dry, MERGE),
         ("GET", f"/api/v1/namespaces/{plugin_namespace}/secrets", None, {}, MERGE),
         ("GET", "/api/v1/namespaces/kube-system/secrets", None, {}, MERGE),
+        # Webhook configurations: its caBundle alone; never another one, never created.
+        ("GET", webhooks.CONFIGURATIONS, None, {}, MERGE),
+        ("GET", f"{webhooks.CONFIGURATIONS}/other", None, {}, MERGE),
+        ("DELETE", f"{webhooks.CONFIGURATIONS}/{configuration}", None, dry, MERGE),
+        (
+            "POST",
+            webhooks.CONFIGURATIONS,
+            webhooks.configuration("rbac-probe", port=1),
+            dry,
+            "application/json",
+        ),
         # ConfigMaps outside the device plugin's namespace, or another name inside it.
         (
             "POST",

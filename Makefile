@@ -104,8 +104,11 @@ dev-cluster: venv controlplane ## Start the local control plane in the backgroun
 dev-cluster-down: venv ## Stop the background control plane.
 	$(VPY) -m gpushare_testing.devcluster down --dir $(DEV_DIR)
 
-RUN_FLAGS ?= --config-propagation-delay 5 --config-key-grace-period 60 --metrics-insecure
+RUN_FLAGS ?= --config-propagation-delay 5 --config-key-grace-period 60 --metrics-insecure \
+	--webhook-hosts 127.0.0.1,localhost
 NAMESPACE ?= gpushare-system
+# CLUSTER=current runs with the memory-request webhook off (--webhook-port 0): your cluster's
+# API server cannot call a webhook on this machine.  CURRENT_RUN_FLAGS may turn it back on.
 CURRENT_RUN_FLAGS ?=
 
 ifeq ($(CLUSTER),current)
@@ -134,7 +137,7 @@ ifeq ($(CLUSTER),current)
 	$(RUN_KUBECTL) wait --for=condition=established --timeout=60s \
 		crd/gpusharingpolicies.gpushare.dev crd/gpunodestates.gpushare.dev >/dev/null || exit 1; \
 	exec $(VPY) -m gpushare_operator run --log-format console --namespace $(NAMESPACE) \
-		$(CURRENT_RUN_FLAGS)
+		--webhook-port 0 $(CURRENT_RUN_FLAGS)
 else
 	@$(MAKE) --no-print-directory dev-cluster
 	@$(KUBECTL) --kubeconfig $(DEV_KUBECONFIG) apply -f crds/ >/dev/null

@@ -14,7 +14,7 @@ import signal
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpushare_testing import bodies, podbodies
+from gpushare_testing import bodies, podbodies, webhooks
 from gpushare_testing.simulator import GpuClusterSimulator
 
 logger = logging.getLogger("gpushare.demo")
@@ -91,6 +91,23 @@ async def _create_sample_pods(sim: GpuClusterSimulator) -> None:
     logger.info("sample pods created in namespace %s", DEMO_NAMESPACE)
 
 
+# The operator's own defaults (``--webhook-port``, ``--webhook-configuration``); make run adds
+# 127.0.0.1 to its certificate (``--webhook-hosts``), since there is no Service here to call.
+WEBHOOK_PORT = 9443
+WEBHOOK_CONFIGURATION = "gpushare-operator"
+
+
+async def ensure_webhook(
+    sim: GpuClusterSimulator, *, port: int = WEBHOOK_PORT, name: str = WEBHOOK_CONFIGURATION
+) -> None:
+    """The memory-request webhook's configuration, as the chart's but calling 127.0.0.1: the
+    operator publishes its CA bundle (examples/pods/memory-request.yaml is then admitted)."""
+    status, _ = await sim.client.get(f"{webhooks.CONFIGURATIONS}/{name}")
+    if status == 404:
+        await sim.client.post(webhooks.CONFIGURATIONS, webhooks.configuration(name, port=port))
+        logger.info("memory-request webhook configured: https://127.0.0.1:%d", port)
+
+
 async def run(*, kubeconfig: Path, namespace: str, namespaces: Sequence[str]) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -103,6 +120,7 @@ async def run(*, kubeconfig: Path, namespace: str, namespaces: Sequence[str]) ->
             await _ensure_namespace(sim, name)
         await _create_pools(sim)
         await _create_sample_pods(sim)
+        await ensure_webhook(sim)
         await stop.wait()
 
 

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from gpushare_testing import apiobjects as h
-from gpushare_testing import bodies, rolloutaudit
-from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing import bodies, demo, rolloutaudit, webhooks
+from gpushare_testing.controlplane import ControlPlane, free_port
 from gpushare_testing.demo import POOLS, _create_pools
-from gpushare_testing.operators import OperatorFactory
+from gpushare_testing.operators import OPERATOR_NAMESPACE, OperatorFactory
 from gpushare_testing.paths import ROOT
 from gpushare_testing.quiet import quiet
 from gpushare_testing.simulator import GpuClusterSimulator
@@ -26,6 +26,7 @@ pytestmark = pytest.mark.usefixtures("crds_installed")
 
 PRODUCT = "nvidia.com/gpu.product"
 SAMPLES = ROOT / "examples" / "policies.yaml"
+MEMORY_REQUEST = ROOT / "examples" / "pods" / "memory-request.yaml"
 
 
 _phase = h.phase_of
@@ -321,12 +322,17 @@ async def test_the_make_run_samples_converge_with_gfd_rewriting_the_product(
     ) as sim:
         await _create_pools(sim)
         names = [f"gpu-{pool}-{i}" for pool, count, *_ in POOLS for i in range(count)]
-        created = []
+        created: list[str] = []
+        webhook: list[webhooks.WebhookFlags] = []
         try:
             for sample in samples:
                 await h.create_policy(sim.client, sample)
                 created.append(sample["metadata"]["name"])
-            await start_operator("--device-plugin-namespace", namespace)
+            # As make run: the webhook's configuration, and 127.0.0.1 in its certificate.
+            port, flags = free_port(), webhooks.WebhookFlags(h.unique("gpu"), h.unique("tls"))
+            webhook.append(flags)
+            await demo.ensure_webhook(sim, port=port, name=flags.configuration)
+            await start_operator("--device-plugin-namespace", namespace, *flags.args(port=port))
             for node in names:
                 await _phase_is(sim, node, "Verified", timeout=120)
             for policy in by_product:
@@ -341,7 +347,24 @@ async def test_the_make_run_samples_converge_with_gfd_rewriting_the_product(
                     until=lambda b, n=count: (b.get("status") or {}).get("verifiedNodes") == n,
                     what=f"{policy} counting its verified nodes",
                 )
+            # The README's memory request lands on a batch node's MPS slot (5120 MiB).
+            pod = yaml.safe_load(MEMORY_REQUEST.read_text())
+            pod["metadata"]["namespace"] = namespace
+            await h.ok(sim.client, "POST", f"/api/v1/namespaces/{namespace}/pods", pod)
+            placed = await eventually(
+                lambda: h.ok(sim.client, "GET", f"/api/v1/namespaces/{namespace}/pods/llm-small"),
+                until=lambda p: bool(p["spec"].get("nodeName")),
+                timeout=60,
+                what="the example memory request placed",
+            )
+            assert placed["spec"]["nodeName"].startswith("gpu-batch-")
+            limits = placed["spec"]["containers"][0]["resources"]["limits"]
+            assert limits == {"nvidia.com/gpu.shared": "1"}
         finally:
+            for flags in webhook:
+                await webhooks.remove(
+                    sim, flags.configuration, secret=flags.secret, namespace=OPERATOR_NAMESPACE
+                )
             for name in created:
                 await h.delete_policy(sim.client, name)
             for node in names:

@@ -353,3 +353,51 @@ async def test_an_mps_pool_from_4_to_8_replicas_is_relabelled_only_once_verified
         f"/api/v1/namespaces/{pods_ns}/pods", wh.memory_pod("old-size", memory="20Gi")
     )
     assert status == 403 and "the largest is 10194 MiB of nvidia.com/gpu (mps)" in body["message"]
+
+
+async def test_a_mig_slice_is_a_slot_class_of_its_own_resource(
+    crds_installed: None,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    pods_ns: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+    webhook_flags: wh.WebhookFlags,
+) -> None:
+    """A MIG pool (mixed, 2g.20gb: three per H100) promises the slice's memory from NVIDIA's
+    tables, as its own resource; a time-sliced MIG pool promises nothing."""
+    pool, shared = h.unique("mig"), h.unique("migts")
+    [node] = await sim.create_gpu_nodes(
+        pool=pool, count=1, product="NVIDIA-H100-80GB-HBM3", gpus=1, mig_preset=False
+    )
+    [sliced] = await sim.create_gpu_nodes(
+        pool=shared, count=1, product="NVIDIA-H100-80GB-HBM3", gpus=1, mig_preset=False
+    )
+    for name, replicas in ((pool, None), (shared, 2)):
+        mig: dict[str, Any] = {"profile": "2g.20gb", "migStrategy": "mixed"}
+        if replicas:
+            mig["replicas"] = replicas
+        body = h.policy(name, pool=name, strategy="MIG", mig=mig)
+        del body["spec"]["replicas"]
+        await h.add_policy(sim, policies, body)
+    port = free_port()
+    await wh.install(sim, webhook_flags.configuration, port=port)
+    await start_webhook_operator(start_operator, sim, namespace, webhook_flags, port=port)
+    await wait_slot_memory(sim, node, "20480")  # go-nvml's 2g.20gb on the H100
+    assert await slot_labels(sim, node) == {
+        wh.SLOT_MEMORY: "20480",
+        wh.SLOT_ISOLATION: "mig",
+        wh.SLOT_RESOURCE: "nvidia.com_mig-2g.20gb",
+    }
+    await wait_slot_memory(sim, sliced, None)
+    assert (await slot_labels(sim, sliced))[wh.SLOT_ISOLATION] == "none"
+
+    await create(sim, pods_ns, wh.memory_pod("slice", memory="20Gi"))
+    pod = await wait_bound(sim, pods_ns, "slice")
+    assert pod["spec"]["nodeName"] == node
+    resource = "nvidia.com/mig-2g.20gb"
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {resource: "1"}
+    status, body = await sim.client.post(
+        f"/api/v1/namespaces/{pods_ns}/pods", wh.memory_pod("too-big", memory="21Gi")
+    )
+    assert status == 403 and "20480 MiB of nvidia.com/mig-2g.20gb (mig)" in body["message"]

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from gpushare_testing import apiobjects as h
+from gpushare_testing import webhooks
 from gpushare_testing.apiobjects import create_namespace
 from gpushare_testing.controlplane import ControlPlane, free_port
 from gpushare_testing.helm import Helm
@@ -137,7 +138,8 @@ async def test_the_image_runs_the_operator(
     )
     token = control_plane.service_account_token(namespace=release_ns, name=account)
     kubeconfig = token_kubeconfig(control_plane, token, tmp_path / "kubeconfig")
-    http_port, metrics_port = free_port(), free_port()
+    http_port, metrics_port, webhook_port = free_port(), free_port(), free_port()
+    configuration = account  # the chart names its webhook objects after the release
     env = {
         "KUBECONFIG": "/etc/gpushare/kubeconfig",
         "GPUSHARE_NAMESPACE": release_ns,
@@ -146,6 +148,12 @@ async def test_the_image_runs_the_operator(
         "GPUSHARE_HTTP_PORT": str(http_port),
         "GPUSHARE_METRICS_PORT": str(metrics_port),
         "GPUSHARE_CONFIG_PROPAGATION_DELAY": "1",
+        # The chart's webhook names (its RBAC names them), and 127.0.0.1: no Service here.
+        "GPUSHARE_WEBHOOK_PORT": str(webhook_port),
+        "GPUSHARE_WEBHOOK_SECRET": f"{account}-webhook-tls",
+        "GPUSHARE_WEBHOOK_CONFIGURATION": configuration,
+        "GPUSHARE_WEBHOOK_SERVICE": f"{account}-webhook",
+        "GPUSHARE_WEBHOOK_HOSTS": "127.0.0.1",
     }
     config = json.loads(buildah("inspect", "--type", "image", IMAGE))["OCIv1"]["config"]
     assert config["User"] == "65532:65532"
@@ -209,6 +217,17 @@ async def test_the_image_runs_the_operator(
             assert (await fetch(metrics_port, "/metrics"))[0] == 401
             assert (await fetch(metrics_port, "/metrics", token=token))[0] == 403
             assert await fetch(http_port, "/readyz", scheme="http") == (200, "ok\n")
+            # The image serves the memory-request webhook with the certificate it made: called
+            # on 127.0.0.1 (the chart's configuration calls a Service; no kube-proxy here), it
+            # answers a request no time-sliced node can enforce with its refusal.
+            await webhooks.wait_published(sim, configuration)
+            await webhooks.point_at(sim, configuration, port=webhook_port)
+            status, body = await sim.client.post(
+                f"/api/v1/namespaces/{plugin_ns}/pods",
+                webhooks.memory_pod("asks", memory="1Gi"),
+            )
+            assert status == 403, body
+            assert "no node gpushare governs offers a slot that enforces" in body["message"]
         finally:
             # SIGTERM to the operator itself, as the kubelet sends it to the container's main
             # process: buildah run, signalled, would kill its child without a graceful stop.

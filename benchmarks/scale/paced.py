@@ -23,7 +23,9 @@ log) against the minimum; the leader's CPU over the rollout.
 
 Minimum writes, per rollout node (N of them, C canaries):
 
-- one label write (the config label, with the policy label, in one apply);
+- two label writes: the config label, with the policy label, in one apply (which also takes the
+  node's slot labels away: they spoke for the old config); and once the node is Verified, its
+  slot labels (``gpushare.dev/slot-*``: what a slot of the new config enforces);
 - the status writes it must pass through, each a state that lasts and that the node's status
   must say: ``Pending`` with ``configReadyAt`` (the propagation wait, said once, as the time it
   ends); ``Pending/RolloutWaiting`` once the wait is over and its turn has not come within
@@ -39,9 +41,9 @@ that keeps ``kubectl get gsp``'s Rollout column live during a long rollout.  No 
 status changes.  The operator runs with ``--config-key-grace-period 3600``, as in the delayed
 rollout: the old key's removal is a later, separate write that must not land inside the window.
 
-Time budget: the propagation delay, plus the writes after it at the write QPS (label, Applied
-and Verified per node, RolloutWaiting for all but the canaries), plus one responder answer
-(``gfd.REALISTIC``'s 4 s at most, and 1 s of watch round trips) per batch: the canaries, then
+Time budget: the propagation delay, plus the writes after it at the write QPS (label, Applied,
+slot labels and Verified per node, RolloutWaiting for all but the canaries), plus one responder
+answer (``gfd.REALISTIC``'s 4 s at most, and 1 s of watch round trips) per batch: the canaries, then
 ceil((N - C) / budget) batches.  The writer and the agents overlap in practice, so a healthy
 rollout stays well inside the sum.
 """
@@ -94,14 +96,14 @@ def minimum_writes(*, nodes: int, canary: int, changing_s: float) -> dict[str, i
         "patch configmaps": 1,
         "patch gpunodestates/status": 4 * nodes - min(canary, nodes),
         "patch gpusharingpolicies/status": 2 + reports,
-        "patch nodes": nodes,
+        "patch nodes": 2 * nodes,
     }
 
 
 def time_budget(*, nodes: int, canary: int, allowed: int, delay: float, qps: float) -> float:
     """The module docstring's time budget, in seconds."""
     canary = min(canary, nodes)
-    after_wait = 3 * nodes + (nodes - canary)
+    after_wait = 4 * nodes + (nodes - canary)
     batches = (1 if canary else 0) + math.ceil((nodes - canary) / max(allowed, 1))
     return delay + after_wait / qps + batches * (gfd.REALISTIC[1] + 1.0)
 

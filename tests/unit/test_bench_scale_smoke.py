@@ -287,11 +287,11 @@ def test_paced_rollout_minimum_budget_and_rows() -> None:
         # Pending, RolloutWaiting (all but the canary), Applied, Verified
         "patch gpunodestates/status": 9999,
         "patch gpusharingpolicies/status": 4,  # generation, 2 progress reports, completion
-        "patch nodes": 2500,
+        "patch nodes": 5000,  # the config change, then the slot labels once Verified
     }
-    # 75 s wait + 9,999 writes at 100 QPS + 11 batches (canary, then 10 of 250) x 5 s
+    # 75 s wait + 12,499 writes at 100 QPS + 11 batches (canary, then 10 of 250) x 5 s
     assert paced.time_budget(nodes=2500, canary=1, allowed=250, delay=75, qps=100) == pytest.approx(
-        75 + 99.99 + 55
+        75 + 124.99 + 55
     )
     result = {
         "nodes": 2500,

@@ -272,6 +272,11 @@ async def test_a_request_above_every_slot_is_refused_naming_the_largest(setup: S
     missing = wh.memory_pod("missing", memory="1Gi", gpu_container="cuda")
     status, body = await sim.client.post(f"/api/v1/namespaces/{setup.namespace}/pods", missing)
     assert status == 400 and "'cuda', which the pod does not have" in body["message"], body
+    # The operator counts what it answered: four refusals, nothing mutated.
+    metrics = await setup.operator.metrics()
+    assert metrics["gpushare_webhook_admissions_total{outcome=refused}"] == 4
+    assert metrics["gpushare_webhook_admissions_total{outcome=mutated}"] == 0
+    assert metrics["gpushare_webhook_admission_seconds_count"] >= 4
 
 
 async def test_with_gpushare_stopped_labelled_pods_are_refused_and_others_admitted(

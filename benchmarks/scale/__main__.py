@@ -46,6 +46,12 @@ simulated H100s Verified on one mixed MIG layout under ``podPolicy: Evict`` and
 against the minimum.  ``--skip mig-relayout`` leaves it out; ``--only mig-relayout`` runs it
 alone (results in ``.bench/scale-mig.json``).
 
+And on yet another control plane, the *memory-request webhook* (``webhook.py``): its admission
+latency as the API server measures it, with ``--webhook-nodes`` nodes Verified and offering slot
+classes, at ``--webhook-rate`` labelled pod creates per second for ``--webhook-seconds``, against
+the same pods unlabelled; ``--skip webhook`` leaves it out, ``--only webhook`` runs it alone
+(results in ``.bench/scale-webhook.json``; with ``--quick``, 500 nodes for 20 s).
+
 Results: ``.bench/scale.json`` (everything, with RSS/CPU series), ``.bench/scale.png`` and a
 Markdown table on stdout.  Exits 0 when the run completed, whatever the budgets said.
 """
@@ -66,7 +72,17 @@ from typing import Any
 
 import orjson
 
-from benchmarks.scale import cluster, delayed, migrelayout, paced, plot, relist, run, stats
+from benchmarks.scale import (
+    cluster,
+    delayed,
+    migrelayout,
+    paced,
+    plot,
+    relist,
+    run,
+    stats,
+    webhook,
+)
 from gpushare_operator.app import settings
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.rawclient import RawClient
@@ -132,9 +148,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--skip",
         default="",
-        help="comma-separated extra phases to skip: relist,delayed,paced,mig-relayout",
+        help="comma-separated extra phases to skip: relist,delayed,paced,mig-relayout,webhook",
     )
-    parser.add_argument("--only", choices=["mig-relayout"], help="run this phase alone")
+    parser.add_argument("--only", choices=["mig-relayout", "webhook"], help="run this phase alone")
     parser.add_argument("--mig-nodes", type=int, default=500, help="MIG re-layout's H100 nodes")
     parser.add_argument(
         "--mig-pod-every", type=int, default=5, help="a GPU pod on every N-th MIG node"
@@ -142,10 +158,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--mig-apply-seconds", type=float, default=0.2, help="the simulated MIG manager's apply"
     )
+    parser.add_argument(
+        "--webhook-nodes", type=int, help="webhook phase's nodes (5,000; 500 with --quick)"
+    )
+    parser.add_argument(
+        "--webhook-rate", type=float, default=100.0, help="webhook phase's pod creates per second"
+    )
+    parser.add_argument(
+        "--webhook-seconds", type=float, help="each webhook window's length (60 s; 20 with --quick)"
+    )
+    parser.add_argument(
+        "--webhook-profile", type=Path, help="py-spy's raw stacks of the operator, webhook window"
+    )
     parser.add_argument("--out", type=Path, default=Path(".bench") / "scale.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.nodes, args.pods = 500, 5000
+    if args.webhook_nodes is None:
+        args.webhook_nodes = 500 if args.quick else webhook.BUDGET_NODES
+    if args.webhook_seconds is None:
+        args.webhook_seconds = 20.0 if args.quick else webhook.BUDGET_SECONDS
     return args
 
 
@@ -331,11 +363,47 @@ def main_mig_only(args: argparse.Namespace) -> int:
     return 0
 
 
+def webhook_admission(args: argparse.Namespace) -> dict[str, Any]:
+    log(
+        f"== gpushare: memory-request webhook, {args.webhook_nodes:,} nodes,"
+        f" {args.webhook_rate:g} pod creates/s for {args.webhook_seconds:g} s, own control plane"
+    )
+    result = webhook.run_alone(
+        nodes=args.webhook_nodes,
+        rate=args.webhook_rate,
+        seconds=args.webhook_seconds,
+        out_dir=args.out.parent,
+        log=log,
+        apiserver_args=APISERVER_ARGS,
+        profile=args.webhook_profile,
+    )
+    log(f"  [webhook] budget: {result['budget']}")
+    return result
+
+
+def main_webhook_only(args: argparse.Namespace) -> int:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    row = webhook_admission(args)
+    result = {
+        "benchmark": "scale-webhook",
+        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "webhook": row,
+    }
+    out = args.out.with_name("scale-webhook.json")
+    out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
+    print()
+    print(webhook.render(row))
+    print(f"results: {out}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.only == "mig-relayout":
         return main_mig_only(args)
+    if args.only == "webhook":
+        return main_webhook_only(args)
     log(f"scale benchmark: {args.nodes:,} nodes, {args.pods:,} pods, write QPS {args.write_qps}")
     started = time.monotonic()
     # No kube-scheduler: every pod here is created bound, and its informers (50,000 pods, every
@@ -353,6 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = report(args, outcome)
     if "mig-relayout" not in set(args.skip.split(",")):
         result["mig_relayout"] = mig_relayout(args)
+    if "webhook" not in set(args.skip.split(",")):
+        result["webhook"] = webhook_admission(args)
     args.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
     png = plot.draw(result["variants"], args.out.with_suffix(".png"))
     print()
@@ -392,6 +462,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
     if result.get("mig_relayout"):
         print(migrelayout.render(result["mig_relayout"]))
+        print()
+    if result.get("webhook"):
+        print(webhook.render(result["webhook"]))
         print()
     print(f"setup: {result['setup']}")
     for name, variant in result["variants"].items():

@@ -99,9 +99,15 @@ async def install(sim: GpuClusterSimulator, name: str, *, port: int) -> None:
 
 
 async def point_at(sim: GpuClusterSimulator, name: str, *, port: int) -> None:
-    """Call the replica on ``port`` from now on (the caBundle kept)."""
-    url = f"https://127.0.0.1:{port}{WEBHOOK_PATH}"
-    patch = [{"op": "replace", "path": "/webhooks/0/clientConfig/url", "value": url}]
+    """Call the replica on ``port`` from now on, by URL (the caBundle kept; a chart's service
+    reference replaced: there is no kube-proxy here to reach a Service)."""
+    status, body = await sim.client.get(f"{CONFIGURATIONS}/{name}")
+    assert status == 200, body
+    client = {"url": f"https://127.0.0.1:{port}{WEBHOOK_PATH}"}
+    bundle = body["webhooks"][0]["clientConfig"].get("caBundle")
+    if bundle:
+        client["caBundle"] = bundle
+    patch = [{"op": "replace", "path": "/webhooks/0/clientConfig", "value": client}]
     status, body = await sim.client.patch(
         f"{CONFIGURATIONS}/{name}", patch, content_type="application/json-patch+json"
     )

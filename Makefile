@@ -64,9 +64,15 @@ fmt: venv ## Format and auto-fix with ruff.
 unit: venv ## Unit tests only (no control plane).
 	$(VPY) -m pytest tests/unit $(PYTEST_ARGS)
 
+# Integration tests mostly wait on the control plane: three pytest-xdist workers, each with a
+# control plane of its own on free ports, share the files out (tests/conftest.py says how).
+# TEST_WORKERS=0 runs them in this process, one after another.
+TEST_WORKERS ?= 3
+
 .PHONY: test
-test: venv controlplane lint ## Every check and every test, against a real local control plane.
-	$(VPY) -m pytest --durations=30 $(PYTEST_ARGS)
+test: venv controlplane lint ## Every check and every test, against a real local control plane (3 workers).
+	$(VPY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30 \
+		$(PYTEST_ARGS)
 
 BENCH_ARGS ?=
 

@@ -1,4 +1,5 @@
-"""Fixtures shared by every test: the real local control plane and asyncio hygiene."""
+"""Fixtures shared by every test: the real local control plane and asyncio hygiene; and how
+``make test`` shares the tests out between its workers (pytest-xdist)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -20,9 +22,30 @@ settings.register_profile("gpushare", deadline=None)
 settings.load_profile("gpushare")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Whole files to each worker, as ``--dist loadfile`` does (module fixtures, such as a
+    module's own control plane or the node guard, are set up once), except that the files
+    marked ``xdist_group(name)`` go to one worker as one unit, one after the other (the heaviest
+    load tests, so that no two of them run at once); with ``--dist loadgroup``, which marks
+    their test ids with the group.  Files go out in collection order with
+    ``--no-loadscope-reorder``: integration tests first, the many short unit files last, to
+    even out the end."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrGroup(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            if "@" in nodeid:
+                return nodeid.rsplit("@", 1)[-1]
+            return nodeid.split("::", 1)[0]
+
+    return FileOrGroup(config, log)
+
+
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
-    """One etcd + kube-apiserver (+ controller manager, scheduler) for the session, RBAC on."""
+    """One etcd + kube-apiserver (+ controller manager, scheduler) for the session, RBAC on:
+    under ``make test``, one per xdist worker, each on free ports and a directory of its own."""
     plane = ControlPlane()
     plane.start()  # logs its own startup time
     try:

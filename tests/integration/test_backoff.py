@@ -23,7 +23,8 @@ from gpushare_testing.operators import OperatorFactory
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
 
-pytestmark = pytest.mark.usefixtures("crds_installed")
+# One of the load tests that `make test` runs one at a time (tests/conftest.py).
+pytestmark = [pytest.mark.usefixtures("crds_installed"), pytest.mark.xdist_group("load")]
 
 NODES = 500
 CAP = 60.0  # --write-backoff-cap for this test (300 s by default)

@@ -52,7 +52,8 @@ from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.tokenflood import FloodResult, parse
 from gpushare_testing.waiting import eventually
 
-pytestmark = pytest.mark.usefixtures("crds_installed")
+# One of the load tests that `make test` runs one at a time (tests/conftest.py).
+pytestmark = [pytest.mark.usefixtures("crds_installed"), pytest.mark.xdist_group("load")]
 
 FLOOD_REQUESTS, FLOOD_SECONDS, FLOOD_CONCURRENCY = 10_000, 60.0, 32
 # A rollout that outlasts the warm-up, the baseline and the flood: two nodes at a time, each

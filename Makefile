@@ -66,13 +66,15 @@ unit: venv ## Unit tests only (no control plane).
 
 # Integration tests mostly wait on the control plane: three pytest-xdist workers, each with a
 # control plane of its own on free ports, share the files out (tests/conftest.py says how).
-# TEST_WORKERS=0 runs them in this process, one after another.
+# TEST_WORKERS=0 runs them in this process, one after another.  Bytecode is written even where
+# PYTHONDONTWRITEBYTECODE is set: every operator and plugin process a test starts would compile
+# the package again (half a second of CPU each, hundreds of times).
 TEST_WORKERS ?= 3
 
 .PHONY: test
 test: venv controlplane lint ## Every check and every test, against a real local control plane (3 workers).
-	$(VPY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30 \
-		$(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(VPY) -m pytest -n $(TEST_WORKERS) --dist loadgroup \
+		--no-loadscope-reorder --durations=30 $(PYTEST_ARGS)
 
 BENCH_ARGS ?=
 

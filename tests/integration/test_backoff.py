@@ -1,10 +1,19 @@
 """Refused writes back off instead of looping: RBAC for node patches revoked mid-rollout.
 
-The operator runs as the chart's ServiceAccount.  Halfway through a rollout over 500 nodes the
-chart's ClusterRole loses ``patch`` on nodes; every label write is then answered 403.  Counted
-in the API server's audit log: the refused writes thin out window by window (the per-object
+The operator runs as the chart's ServiceAccount.  Early in a rollout over 250 nodes the chart's
+ClusterRole loses ``patch`` on nodes; every label write is then answered 403.  Counted in the
+API server's audit log: the refused writes thin out window by window (the per-object
 back-off), the ConfigMap and the policies' statuses keep being written, the Lease keeps its
 holder, and once the permission is back every node converges within one back-off cap.
+
+The sizes keep the shape of the case (first the refusals fill the write budget, --write-qps,
+100/s; then each node's back-off thins them out towards one refusal per half cap) in 60 s of
+counted windows rather than 100: half the nodes and half the cap of the first version (500,
+60 s) keep what the refusals take at first over what they take at the end,
+``QPS * CAP / (2 * NODES)``, at 6.  The budget stays full for about 30 s (each node is refused
+once per ``NODES / QPS`` seconds until its back-off outgrows that), so the last window, 48 s
+after the revocation, is well into the thinning (the first version's began at 80 s, its budget
+full for about 65 s).
 """
 
 from __future__ import annotations
@@ -26,9 +35,9 @@ from gpushare_testing.waiting import eventually
 # One of the load tests that `make test` runs one at a time (tests/conftest.py).
 pytestmark = [pytest.mark.usefixtures("crds_installed"), pytest.mark.xdist_group("load")]
 
-NODES = 500
-CAP = 60.0  # --write-backoff-cap for this test (300 s by default)
-WINDOW = 20.0  # seconds per window of counted writes
+NODES = 250
+CAP = 30.0  # --write-backoff-cap for this test (300 s by default)
+WINDOW = CAP / 2.5  # seconds per window of counted writes
 WINDOWS = 5  # the last window starts a full cap after the revocation
 RBAC = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{}/leases/gpushare-operator"
@@ -103,7 +112,7 @@ async def test_refused_node_writes_back_off_and_recover(
             await h.patch_policy(sim.client, rolled, {"replicas": 4})  # the second one
             await eventually(
                 lambda: asyncio.sleep(0, len(_writes(control_plane, user, "nodes")) - first),
-                until=lambda count: count >= 50,
+                until=lambda count: count >= NODES // 10,
                 timeout=60,
                 what="the second rollout under way",
             )

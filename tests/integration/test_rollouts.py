@@ -42,7 +42,7 @@ async def reasons(sim: GpuClusterSimulator, name: str) -> list[tuple[str, str]]:
     return [(e["type"], e["reason"]) for e in await h.events_about(sim.client, name)]
 
 
-async def test_forty_nodes_change_canary_first_then_never_more_than_four_at_once(
+async def test_twenty_nodes_change_canary_first_then_never_more_than_four_at_once(
     control_plane: ControlPlane,
     sim: GpuClusterSimulator,
     namespace: str,
@@ -50,7 +50,9 @@ async def test_forty_nodes_change_canary_first_then_never_more_than_four_at_once
     start_operator: OperatorFactory,
 ) -> None:
     pool = h.unique("fleet")
-    nodes = await sim.create_gpu_nodes(pool=pool, count=40, gpus=2)
+    # The canary alone, then nineteen nodes under a budget of four: enough to use the budget
+    # and show it is never exceeded (forty nodes proved the same in twice the time).
+    nodes = await sim.create_gpu_nodes(pool=pool, count=20, gpus=2)
     name = h.unique("fleet")
     await h.add_policy(sim, policies, paced(name, pool=pool, maxUnavailable=4, canary=1))
     await start_operator("--device-plugin-namespace", namespace, "--max-unavailable", "100%")
@@ -72,9 +74,9 @@ async def test_forty_nodes_change_canary_first_then_never_more_than_four_at_once
     assert all(w.start >= canary.end for w in rest), "the canary changes alone, first"
     rollout = await rollout_state(sim, name, "Complete")
     assert (rollout["updatedNodes"], rollout["totalNodes"], rollout["progress"]) == (
-        40,
-        40,
-        "40/40",
+        20,
+        20,
+        "20/20",
     )
     assert rollout["generation"] == 2 and rollout["completedAt"] >= rollout["startedAt"]
     seen = await reasons(sim, name)

@@ -96,8 +96,9 @@ bench-plugin: venv controlplane ## `kubectl gpushare plan` on the scale cluster 
 	$(VPY) -m benchmarks.plugin_plan $(BENCH_PLUGIN_ARGS)
 
 .PHONY: soak
-soak: venv controlplane ## Full-size soaks: Lease renewals under load (3,400 nodes, 50,000 pods), 5,000 nodes and 200 policies created and deleted 3 times (memory back to baseline), and 10 minutes of random rollout sequences (the promise from the audit log).
-	GPUSHARE_SOAK=1 $(VPY) -m pytest tests/integration/test_lease_load.py tests/unit/test_soak.py tests/integration/test_promise_property.py $(PYTEST_ARGS)
+soak: venv controlplane ## Full-size soaks: Lease renewals under load (3,400 nodes, 50,000 pods), 5,000 nodes and 200 policies created and deleted 3 times (memory back to baseline), 10 minutes of random rollout sequences (the promise from the audit log), and the whole 60 s /metrics token flood.
+	GPUSHARE_SOAK=1 $(VPY) -m pytest tests/integration/test_lease_load.py tests/unit/test_soak.py \
+		tests/integration/test_promise_property.py tests/integration/test_metrics_flood.py $(PYTEST_ARGS)
 
 .PHONY: crds
 crds: venv ## Regenerate crds/ and the chart's crds/ from the pydantic models.

@@ -21,8 +21,10 @@ the operator's own account:
 Without the guard (every token reviewed, on the operator's main client), this machine's writer
 kept its pace all the same at this rate: the review counts and the user agent are what fail.
 
-``make test`` floods at the issue's rate, 10,000 requests in 60 s (~170 a second), which this
-2-core machine sustains next to the control plane, the simulator and the operator.
+The issue's case is 10,000 requests in 60 s (~170 a second), which this 2-core machine sustains
+next to the control plane, the simulator and the operator.  ``make test`` floods at that rate
+for 30 s (5,000 requests: every bound above scales with the flood's length); ``make soak``
+(``GPUSHARE_SOAK=1``) for the whole 60 s.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import collections
 import contextlib
 import itertools
 import math
+import os
 import sys
 import time
 from collections.abc import Collection, Iterable
@@ -55,7 +58,9 @@ from gpushare_testing.waiting import eventually
 # One of the load tests that `make test` runs one at a time (tests/conftest.py).
 pytestmark = [pytest.mark.usefixtures("crds_installed"), pytest.mark.xdist_group("load")]
 
-FLOOD_REQUESTS, FLOOD_SECONDS, FLOOD_CONCURRENCY = 10_000, 60.0, 32
+SOAK = os.environ.get("GPUSHARE_SOAK") == "1"
+FLOOD_REQUESTS, FLOOD_SECONDS = (10_000, 60.0) if SOAK else (5_000, 30.0)  # the same rate
+FLOOD_CONCURRENCY = 32
 # A rollout that outlasts the warm-up, the baseline and the flood: two nodes at a time, each
 # ~3 s from its label to GFD's confirmation (the simulator's plugin restart window is 2 s).
 NODES, MAX_UNAVAILABLE = 80, 2

@@ -7,6 +7,7 @@ no event at all, and every event a run leaves is a read or carries ``dryRun=All`
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from gpushare_testing.waiting import eventually
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
 FINALIZER = "gpushare.dev/release-nodes"
+PLUGINS_AT_ONCE = 3  # plugin processes run side by side by hostile_runs
 READS = frozenset({"get", "list", "watch"})
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 CONFIGMAP = "gpushare-device-plugin-configs"
@@ -129,19 +131,27 @@ async def ours(sim: GpuClusterSimulator, node: str) -> dict[str, str | None]:
 async def hostile_runs(
     kubeconfig: Path, *, policy: str, node: str, pool: str, tmp_path: Path, common: Sequence[str]
 ) -> list[Hostile]:
-    """``plan --delete``, ``plan -f`` and ``explain node`` with every hostile name."""
-    runs = []
+    """``plan --delete``, ``plan -f`` and ``explain node`` with every hostile name.
+
+    A few runs at a time: each is a process of its own, and one costs seconds of start-up;
+    what any of them sends is judged from the audit log once they have all ended."""
+    commands = []
     for index, hostile in enumerate(HOSTILE):
         bad_policy, bad_node = hostile(policy), hostile(node)
         manifest = tmp_path / f"hostile-{index}.yaml"
         manifest.write_text(yaml.safe_dump(h.policy(bad_policy, pool=pool, replicas=2)))
-        for args, name in (
+        commands += [
             (("plan", "--delete", bad_policy), bad_policy),
             (("plan", "-f", str(manifest)), bad_policy),
             (("explain", "node", bad_node), bad_node),
-        ):
-            runs.append(Hostile(args, name, await plugin(kubeconfig, *args, *common)))
-    return runs
+        ]
+    at_once = asyncio.Semaphore(PLUGINS_AT_ONCE)
+
+    async def run(args: tuple[str, ...], name: str) -> Hostile:
+        async with at_once:
+            return Hostile(args, name, await plugin(kubeconfig, *args, *common))
+
+    return list(await asyncio.gather(*(run(args, name) for args, name in commands)))
 
 
 async def test_hostile_names_are_refused_before_any_request_and_the_policy_keeps_its_nodes(

@@ -73,7 +73,7 @@ TEST_WORKERS ?= 3
 
 .PHONY: test
 test: venv controlplane lint ## Every check and every test, against a real local control plane (3 workers).
-	PYTHONDONTWRITEBYTECODE= $(VPY) -m pytest -n $(TEST_WORKERS) --dist loadgroup \
+	PYTHONDONTWRITEBYTECODE= $(VPY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		--no-loadscope-reorder --durations=30 $(PYTEST_ARGS)
 
 BENCH_ARGS ?=

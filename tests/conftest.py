@@ -22,22 +22,37 @@ settings.register_profile("gpushare", deadline=None)
 settings.load_profile("gpushare")
 
 
+# Files that share one xdist worker under `make test`, one after another (see the scheduler
+# below), by the group they are in.
+SHARED_WORKERS = {
+    # The heaviest load tests: no two of them run at once.
+    "tests/integration/test_backoff.py": "load",
+    "tests/integration/test_lease_load.py": "load",
+    "tests/integration/test_metrics_flood.py": "load",
+    # They build the wheel from the source tree: `pip wheel` writes build/ and the egg-info
+    # there, and two builds at once could mix their files.
+    "tests/integration/test_mig_tables.py": "in-tree-build",
+    "tests/integration/test_packaging.py": "in-tree-build",
+    "tests/unit/test_layout.py": "in-tree-build",
+}
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Whole files to each worker, as ``--dist loadfile`` does (module fixtures, such as a
-    module's own control plane or the node guard, are set up once), except that the files
-    marked ``xdist_group(name)`` go to one worker as one unit, one after the other (the heaviest
-    load tests, so that no two of them run at once); with ``--dist loadgroup``, which marks
-    their test ids with the group.  Files go out in collection order with
-    ``--no-loadscope-reorder``: integration tests first, the many short unit files last, to
-    even out the end."""
+    module's own control plane or the node guard, are set up once), except that the files of
+    one group of ``SHARED_WORKERS`` go to one worker as one unit.  Files (and groups, where
+    their first file stands) go out in collection order with ``--no-loadscope-reorder``:
+    integration tests first, the many short unit files last, to even out the end.
+
+    By path, not by ``xdist_group`` marks: ``--dist loadgroup`` reads those from suffixes it
+    adds to the test ids, which the ids do not keep under pytest 9."""
     from xdist.scheduler import LoadScopeScheduling
 
     class FileOrGroup(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            if "@" in nodeid:
-                return nodeid.rsplit("@", 1)[-1]
-            return nodeid.split("::", 1)[0]
+            path = nodeid.split("::", 1)[0]
+            return SHARED_WORKERS.get(path, path)
 
     return FileOrGroup(config, log)
 

@@ -32,8 +32,7 @@ from gpushare_testing.operators import OperatorFactory
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
 
-# One of the load tests that `make test` runs one at a time (tests/conftest.py).
-pytestmark = [pytest.mark.usefixtures("crds_installed"), pytest.mark.xdist_group("load")]
+pytestmark = pytest.mark.usefixtures("crds_installed")
 
 NODES = 250
 CAP = 30.0  # --write-backoff-cap for this test (300 s by default)

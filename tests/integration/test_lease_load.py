@@ -43,8 +43,6 @@ USER = USERS["a"]
 LATE_RESOURCE = "nvidia.com/a100"
 LATE_EVERY = 5
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{cluster.OPERATOR_NAMESPACE}/leases"
-# One of the load tests that `make test` runs one at a time (tests/conftest.py).
-pytestmark = pytest.mark.xdist_group("load")
 
 
 def stamp(text: str) -> float:

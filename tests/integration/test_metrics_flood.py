@@ -55,8 +55,7 @@ from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.tokenflood import FloodResult, parse
 from gpushare_testing.waiting import eventually
 
-# One of the load tests that `make test` runs one at a time (tests/conftest.py).
-pytestmark = [pytest.mark.usefixtures("crds_installed"), pytest.mark.xdist_group("load")]
+pytestmark = pytest.mark.usefixtures("crds_installed")
 
 SOAK = os.environ.get("GPUSHARE_SOAK") == "1"
 FLOOD_REQUESTS, FLOOD_SECONDS = (10_000, 60.0) if SOAK else (5_000, 30.0)  # the same rate

@@ -54,9 +54,10 @@ The figures:
 - CPU of the operator, the API server, etcd and this loader over each window, and how busy the
   machine was (``/proc/stat``) with the share of it taken by processes outside this phase.
 
-``--webhook-profile PATH`` records the operator with py-spy (``--nonblocking``: never paused)
-over the webhook window, as raw collapsed stacks; a profiled run's figures are not the ones to
-quote.
+``--webhook-profile PATH`` records the operator with py-spy (native frames, 100 Hz) over the
+webhook window, as raw collapsed stacks; py-spy pauses it for each sample, so a profiled run's
+figures are not the ones to quote.  Each window also samples the operator's own event-loop lag
+(``gpushare_event_loop_lag_seconds``, its worst timer lateness over 10 s) every 2 s.
 """
 
 from __future__ import annotations
@@ -550,15 +551,17 @@ class CpuWindow:
 
 @contextlib.contextmanager
 def profiled(pid: int, out: Path | None) -> Iterator[None]:
-    """py-spy over the block, if asked (``--nonblocking``: the operator is never paused)."""
+    """py-spy over the block, if asked, with native frames (CPython's garbage collector, TLS,
+    the loop): it pauses the operator for each sample, so a profiled run's latencies are not
+    the ones to quote."""
     if out is None:
         yield
         return
     beside = Path(sys.executable).parent / "py-spy"
     spy_bin = str(beside) if beside.exists() else "py-spy"
-    command = [spy_bin, "record", "--pid", str(pid), "--rate", "200", "--format", "raw"]
+    command = [spy_bin, "record", "--pid", str(pid), "--rate", "100", "--format", "raw"]
     spy = subprocess.Popen(
-        [*command, "--nonblocking", "--output", str(out)],
+        [*command, "--native", "--output", str(out)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -642,6 +645,31 @@ def _window(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, An
             "gpushare_webhook_admissions_total", ("outcome",), side="operator"
         ),
         "operator_writes": changed("gpushare_writes_total", ("kind", "outcome"), side="operator"),
+    }
+
+
+async def sample_loop_lag(
+    session: aiohttp.ClientSession, port: int, into: list[float], *, every: float = 2.0
+) -> None:
+    """The operator's own loop lag (the worst timer lateness of its last 10 s) every ``every``
+    seconds: what stalls its loop between reading a review and answering it, or before."""
+    while True:
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+                text = await response.text()
+            samples = relevant(text, ("gpushare_event_loop_lag_seconds",))
+            into.append(stats.metric_sum(samples, "gpushare_event_loop_lag_seconds"))
+        await asyncio.sleep(every)
+
+
+def lag_summary(lags: Sequence[float]) -> dict[str, float | None]:
+    """The worst and the median of the sampled 10-s worsts, in ms."""
+    if not lags:
+        return {"max_ms": None, "median_ms": None, "samples": 0}
+    return {
+        "max_ms": round(max(lags) * 1000, 1),
+        "median_ms": round(stats.percentile(lags, 50) * 1000, 1),
+        "samples": len(lags),
     }
 
 
@@ -846,18 +874,24 @@ async def measure(
                 log(f"  [webhook] {name}: {rate:g} pod creates/s for {seconds:g} s")
                 before = await _scrape(admin, session, metrics_port)
                 cpu = CpuWindow(watched)
+                lags: list[float] = []
                 with profiled(proc.pid, profile if name == "webhook" else None):
-                    load = await paced_creates(
-                        loader,
-                        prefix=prefix,
-                        rate=rate,
-                        seconds=seconds,
-                        size_of=size_of,
-                        classes=classes,
-                    )
+                    async with cluster.background(sample_loop_lag(session, metrics_port, lags)):
+                        load = await paced_creates(
+                            loader,
+                            prefix=prefix,
+                            rate=rate,
+                            seconds=seconds,
+                            size_of=size_of,
+                            classes=classes,
+                        )
                 used = cpu.result()
                 after = await _scrape(admin, session, metrics_port)
-                windows[name] = {"load": load.summary(), "cpu": used} | _window(before, after)
+                windows[name] = {
+                    "load": load.summary(),
+                    "cpu": used,
+                    "operator_loop_lag": lag_summary(lags),
+                } | _window(before, after)
                 log(f"  [webhook] {name}: {_brief(windows[name])}")
             peak_rss = _peak_rss_mib(proc.pid)
     return {
@@ -920,6 +954,7 @@ def _brief(window: Mapping[str, Any]) -> dict[str, Any]:
         "admission_p99_ms": window["admission"]["p99_ms"],
         "cpu": window["cpu"]["cpu_s"],
         "machine_busy": window["cpu"]["machine_busy_share"],
+        "loop_lag": window["operator_loop_lag"],
     }
 
 
@@ -1008,6 +1043,11 @@ def render(result: Mapping[str, Any]) -> str:
         f" {_fmt(base['pod_create_server']['p99_ms'])} →"
         f" {_fmt(hook['pod_create_server']['p50_ms'])} /"
         f" {_fmt(hook['pod_create_server']['p99_ms'])} | | |",
+        f"| operator's event-loop lag, worst / median of 10-s worsts (ms): without / with |"
+        f" {_fmt(base['operator_loop_lag']['max_ms'])} /"
+        f" {_fmt(base['operator_loop_lag']['median_ms'])} →"
+        f" {_fmt(hook['operator_loop_lag']['max_ms'])} /"
+        f" {_fmt(hook['operator_loop_lag']['median_ms'])} | | |",
         f"| creates sent per second, achieved (asked {result['rate_per_s']:g}): without / with;"
         " latest send after its due time (ms) |"
         f" {_fmt(base['load']['achieved_per_s'])} / {_fmt(load['achieved_per_s'])};"

@@ -197,6 +197,12 @@ def test_every_node_is_expected_under_its_pools_policy() -> None:
 
 
 def test_ratios_and_latency_summaries() -> None:
+    assert webhook.lag_summary([0.001, 0.250, 0.004]) == {
+        "max_ms": 250.0,
+        "median_ms": 4.0,
+        "samples": 3,
+    }
+    assert webhook.lag_summary([])["max_ms"] is None
     assert webhook.ratio(30.0, 10.0) == 3.0
     assert webhook.ratio(None, 10.0) is None and webhook.ratio(3.0, 0.0) is None
     summary = webhook.latency_summary([0.010] * 99 + [0.110])

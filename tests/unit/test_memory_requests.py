@@ -264,3 +264,72 @@ def test_merging_keeps_each_term_and_adds_ours_to_each(terms: list[dict[str, Any
     assert len(merged) == max(1, len(terms))
     for before, after in zip(terms or [{}], merged, strict=True):
         assert after["matchExpressions"] == [*before.get("matchExpressions", []), *OURS]
+
+
+# -- the view kopf diffs -------------------------------------------------------------------------
+
+ENV = st.lists(
+    st.fixed_dictionaries(
+        {"name": st.sampled_from(["A", "B", memoryrequests.MPS_LIMIT_ENV, "PATH"])},
+        optional={"value": st.text(max_size=5), "valueFrom": st.just({"fieldRef": {"x": 1}})},
+    ),
+    max_size=4,
+)
+CONTAINER = st.fixed_dictionaries(
+    {"name": st.sampled_from(["a", "b", "c"]), "image": st.just("img")},
+    optional={
+        "env": ENV,
+        "resources": st.sampled_from(
+            [{}, {"requests": {"cpu": "1"}}, {"limits": {"memory": "1Gi"}, "requests": {}}]
+        ),
+        "ports": st.just([{"containerPort": 80}]),
+        "volumeMounts": st.just([{"name": "v", "mountPath": "/v"}]),
+    },
+)
+EXISTS = {"matchExpressions": [{"key": "z", "operator": "Exists"}]}
+AFFINITY = st.sampled_from(
+    [
+        None,
+        {"podAntiAffinity": {"x": 1}},
+        {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+        {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "z", "operator": "Exists"}]}
+                    ]
+                }
+            }
+        },
+    ]
+)
+
+
+@given(
+    containers=st.lists(CONTAINER, min_size=1, max_size=3),
+    affinity=AFFINITY,
+    memory=st.sampled_from(["1Gi", "10Gi", "20Gi", "40Gi"]),
+    extra=st.booleans(),
+)
+def test_kopfs_patch_of_the_view_does_to_the_whole_pod_what_apply_does(
+    containers: list[dict[str, Any]], affinity: dict[str, Any] | None, memory: str, extra: bool
+) -> None:
+    import jsonpatch  # kopf's own dependency: what it answers the API server with
+    from kopf._cogs.structs import bodies, patches
+
+    body = pod(memory, containers=containers)
+    if affinity is not None:
+        body["spec"]["affinity"] = copy.deepcopy(affinity)
+    if extra:
+        body["spec"]["volumes"] = [{"name": "v", "emptyDir": {}}]
+        body["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+        body["status"] = {"phase": "Pending"}
+    view = memoryrequests.admission_view(body)
+    placement = memoryrequests.place(view, offers=OFFERS, is_gpu_resource=known)
+    assert placement == memoryrequests.place(body, offers=OFFERS, is_gpu_resource=known)
+    patch = patches.Patch(body=bodies.Body(view))
+    patch.fns.append(lambda raw: memoryrequests.apply(raw, placement))
+    answered = jsonpatch.apply_patch(body, patch.as_json_patch())
+    expected = copy.deepcopy(body)
+    memoryrequests.apply(expected, placement)
+    assert answered == expected

@@ -192,6 +192,35 @@ def _add_affinity(spec: dict[str, Any], placement: Placement) -> None:
     }
 
 
+def admission_view(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a pod that ``place`` reads and ``apply`` changes, and nothing else.
+
+    kopf builds a mutating webhook's answer by deep-copying the object it was given and diffing
+    it whole against the copy its handler changed (``Patch.as_json_patch``): on a realistic pod
+    that is 2 ms of CPU per admission, 60 times the decision itself.  Given this view instead, it
+    diffs a few hundred bytes, and the JSON patch it answers with is the same: its paths are
+    absolute, and every list it indexes into (containers, their env) keeps its length and
+    order here (env entries keep only their names, which is all ``apply`` looks at).
+    """
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    view_spec: dict[str, Any] = {}
+    for kind in ("containers", "initContainers"):
+        if kind in spec:
+            view_spec[kind] = [_container_view(c) for c in spec[kind] or []]
+    if "affinity" in spec:
+        view_spec["affinity"] = spec["affinity"]
+    kept = ("name", "generateName", "namespace", "uid", "labels", "annotations")
+    return {"metadata": {k: metadata[k] for k in kept if k in metadata}, "spec": view_spec}
+
+
+def _container_view(container: Mapping[str, Any]) -> dict[str, Any]:
+    view = {k: container[k] for k in ("name", "resources") if k in container}
+    if "env" in container:
+        view["env"] = [{"name": entry.get("name")} for entry in container["env"] or []]
+    return view
+
+
 def is_gpu_resource(name: str, *, known: frozenset[str] | set[str]) -> bool:
     """Whether a pod's request of ``name`` is a GPU resource: anything of nvidia.com, or a
     resource some policy advertises."""

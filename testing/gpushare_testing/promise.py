@@ -26,6 +26,7 @@ from gpushare_testing.agents import REPLICAS_LABEL, TIMESTAMP_LABEL
 from gpushare_testing.apiobjects import CONFIG_LABEL, POLICY_LABEL
 from gpushare_testing.bodyparts import GPU_RESOURCE
 from gpushare_testing.controlplane import ADMIN_USER
+from gpushare_testing.rolloutaudit import SLOT_PREFIX
 
 INF = float("inf")
 LAG = 2.0  # seconds in which the operator may still act on a budget the spec has just changed
@@ -85,7 +86,24 @@ def node_events(
         parsed = _parse(event, operators=operators, simulator=simulator)
         if parsed is not None:
             found.append(replace(parsed, when=moment(event), order=order, node=str(name)))
-    return sorted(found, key=lambda e: (e.when, e.order))
+    return _changes_only(sorted(found, key=lambda e: (e.when, e.order)))
+
+
+def _changes_only(events: Sequence[NodeEvent]) -> list[NodeEvent]:
+    """Without the label applies that restate a node's config unchanged (the one that takes a
+    Degraded node's slot labels away, say): they change nothing the promise speaks of."""
+    last: dict[str, tuple[str | None, str | None]] = {}
+    kept = []
+    for event in events:
+        if event.kind in ("created", "deleted"):
+            last.pop(event.node, None)  # a node of that name anew: its first label counts
+        if event.kind == "label":
+            labels = (event.key, event.policy)
+            if last.get(event.node) == labels:
+                continue
+            last[event.node] = labels
+        kept.append(event)
+    return kept
 
 
 def _parse(event: Event, *, operators: Collection[str], simulator: str) -> NodeEvent | None:
@@ -102,6 +120,8 @@ def _parse(event: Event, *, operators: Collection[str], simulator: str) -> NodeE
     if not isinstance(body, dict):
         return None  # a JSON patch (taints): no label, no status
     if user in operators and not subresource and body.get("kind") == "Node":
+        if any(str(k).startswith(SLOT_PREFIX) for k in labels):
+            return None  # a Verified node's slot labels: no change of its config
         key, policy = labels.get(CONFIG_LABEL), labels.get(POLICY_LABEL)
         return NodeEvent(0.0, 0, "", "label", key=key, policy=policy)
     if user != simulator:

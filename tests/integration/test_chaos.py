@@ -50,6 +50,8 @@ IDENTITY = "chaos-operator"
 FAST_LEASE = ("--lease-duration", "4", "--renew-deadline", "2", "--retry-period", "0.5")
 DOWN_FOR = 3.0
 
+SLOTS_OF_TIME_SLICING = ("gpushare.dev/slot-isolation", "gpushare.dev/slot-resource")
+
 
 # -- the module's own control plane ------------------------------------------------------------
 
@@ -182,6 +184,14 @@ def changes_since(plane: ControlPlane, mark: int) -> list[AuditEvent]:
 # -- cluster state -------------------------------------------------------------------------------
 
 
+def shows(actual: Any, expected: Any) -> bool:
+    """``actual`` equals ``expected``; for a mapping, on the keys ``expected`` names (slots
+    are compared by their totals: their per-class breakdown is another test's)."""
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        return all(actual.get(k) == v for k, v in expected.items())
+    return bool(actual == expected)
+
+
 async def wait_state(
     sim: GpuClusterSimulator, node: str, timeout: float = 60, **expected: Any
 ) -> dict[str, Any]:
@@ -189,7 +199,7 @@ async def wait_state(
 
     def matches(state: dict[str, Any] | None) -> bool:
         status = (state or {}).get("status") or {}
-        return all(status.get(k) == v for k, v in expected.items())
+        return all(shows(status.get(k), v) for k, v in expected.items())
 
     state = await eventually(
         lambda: h.node_state(sim.client, node),
@@ -206,7 +216,7 @@ async def wait_policy(
 ) -> dict[str, Any]:
     def matches(body: dict[str, Any]) -> bool:
         status = body.get("status") or {}
-        return all(status.get(k) == v for k, v in expected.items())
+        return all(shows(status.get(k), v) for k, v in expected.items())
 
     return await eventually(
         lambda: h.get_policy(sim.client, name),
@@ -469,13 +479,15 @@ async def test_operator_killed_mid_burst_converges_with_no_label_lost_or_doubled
         node = await h.node(sim.client, name)
         labels = node["metadata"]["labels"]
         assert (labels.get(h.CONFIG_LABEL), labels.get(h.POLICY_LABEL)) == (key, policy), name
-        # One field manager entry for the operator, an Apply owning exactly its two labels:
+        # One field manager entry for the operator, an Apply owning exactly its labels (its
+        # two, and the slot labels of a Verified time-sliced node: isolation and resource):
         # neither process left a second entry or a stray field behind.
         ours = [m for m in node["metadata"]["managedFields"] if m["manager"] == "gpushare-operator"]
         assert len(ours) == 1, (name, ours)
         assert ours[0]["operation"] == "Apply", (name, ours)
+        owned = (h.CONFIG_LABEL, h.POLICY_LABEL, *SLOTS_OF_TIME_SLICING)
         assert ours[0]["fieldsV1"] == {
-            "f:metadata": {"f:labels": {f"f:{h.CONFIG_LABEL}": {}, f"f:{h.POLICY_LABEL}": {}}}
+            "f:metadata": {"f:labels": {f"f:{label}": {} for label in owned}}
         }, (name, ours)
 
     # The restarted operator applied labels exactly to the nodes the first one had not reached,

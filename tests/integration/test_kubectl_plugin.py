@@ -470,7 +470,8 @@ async def test_status_and_explain_say_what_the_operator_published(
     report = run.json()
     shown = {p["name"]: p for p in report["policies"]}
     status = published_status["status"]
-    assert shown[narrow]["slots"] == status["slots"] == {"allocated": 3, "capacity": 16}
+    assert shown[narrow]["slots"] == {"allocated": 3, "capacity": 16}
+    assert (status["slots"]["allocated"], status["slots"]["capacity"]) == (3, 16)
     assert (shown[narrow]["matched"], shown[narrow]["verified"]) == (2, 2)
     assert (shown[wide]["matched"], shown[wide]["conflicting"], shown[wide]["governed"]) == (
         2,

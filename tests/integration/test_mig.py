@@ -59,22 +59,19 @@ def label_applies(
     since: float,
     users: Collection[str] = audit.USERS,
 ) -> list[tuple[float, str, dict[str, str]]]:
-    """(when, node, labels applied) of each label apply gpushare made, in order."""
+    """(when, node, labels applied) of each label apply gpushare made that changed a node's
+    config, in order (a Verified node's slot labels come in applies of their own)."""
+    ours = [
+        e
+        for e in plane.audit_events()
+        if e["user"]["username"] in users
+        and audit.moment(e) >= since
+        and 200 <= int(e["responseStatus"]["code"]) < 300
+    ]
     found = []
-    for event in plane.audit_events():
-        ref = event["objectRef"]
-        body = event.get("requestObject")
-        if event["user"]["username"] not in users or ref.get("resource") != "nodes":
-            continue
-        if (
-            ref.get("name") not in nodes
-            or not isinstance(body, dict)
-            or audit.moment(event) < since
-        ):
-            continue
-        if body.get("kind") == "Node" and 200 <= int(event["responseStatus"]["code"]) < 300:
-            labels = (body.get("metadata") or {}).get("labels") or {}
-            found.append((audit.moment(event), str(ref["name"]), dict(labels)))
+    for event in audit.config_applies(ours, nodes):
+        labels = (event["requestObject"].get("metadata") or {}).get("labels") or {}
+        found.append((audit.moment(event), str(event["objectRef"]["name"]), dict(labels)))
     return sorted(found, key=lambda item: item[0])
 
 

@@ -19,6 +19,13 @@ from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
 
+# What a Verified node's slots enforce: ours too, written with the other two.
+SLOT_LABELS = (
+    "gpushare.dev/slot-memory-mib",
+    "gpushare.dev/slot-isolation",
+    "gpushare.dev/slot-resource",
+)
+
 
 phase_of = h.phase_of
 wait_phase = h.wait_phase
@@ -59,7 +66,8 @@ async def test_policies_converge_to_verified_nodes(
     body = await wait_policy(sim, ts, matchedNodes=2, appliedNodes=2, verifiedNodes=2)
     status = body["status"]
     assert status["gpus"] == 16
-    assert status["slots"] == {"capacity": 64, "allocated": 0}
+    slots = status["slots"]
+    assert (slots["capacity"], slots["allocated"]) == (64, 0)
     assert status["observedGeneration"] == 1
     assert h.condition(status, "Ready")["status"] == "True"
     key = status["configKey"]
@@ -88,7 +96,7 @@ async def test_policies_converge_to_verified_nodes(
     assert shared["metadata"]["labels"]["nvidia.com/gpu.sharing-strategy"] == "mps"
 
 
-async def test_only_our_two_labels_ever_change(
+async def test_only_our_own_labels_ever_change(
     control_plane: ControlPlane,
     sim: GpuClusterSimulator,
     namespace: str,
@@ -122,6 +130,7 @@ async def test_only_our_two_labels_ever_change(
     labels = after["metadata"]["labels"]
     assert h.CONFIG_LABEL not in labels
     assert h.POLICY_LABEL not in labels
+    assert not set(SLOT_LABELS) & set(labels)  # they went with our config
     # Everything else is as it was, except what the simulated GFD itself rewrote.
     gfd = {
         "nvidia.com/gpu.replicas",
@@ -144,7 +153,7 @@ async def test_only_our_two_labels_ever_change(
         assert "subresource" not in event["objectRef"], event  # never node status
         assert "fieldManager=gpushare-operator" in event["requestURI"]
         labels_written = (event.get("requestObject") or {}).get("metadata", {}).get("labels", {})
-        assert set(labels_written) <= {h.CONFIG_LABEL, h.POLICY_LABEL}
+        assert set(labels_written) <= {h.CONFIG_LABEL, h.POLICY_LABEL, *SLOT_LABELS}
         assert set(event["requestObject"]["metadata"]) <= {"name", "uid", "labels"}
 
 

@@ -15,12 +15,17 @@ import yaml
 from kubernetes_asyncio import client
 
 from gpushare_operator.kube import connection
-from gpushare_testing import nodeguard
+from gpushare_testing import nodeguard, webhooks
 from gpushare_testing.apiobjects import OPERATOR_USER, create_namespace, unique
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.crdinstall import install_crds, kubectl, relaxed_policy_crd
 from gpushare_testing.helm import Helm
-from gpushare_testing.operators import OperatorFactory, RunningOperator, spawn
+from gpushare_testing.operators import (
+    OPERATOR_NAMESPACE,
+    OperatorFactory,
+    RunningOperator,
+    spawn,
+)
 from gpushare_testing.paths import CHART, CRDS
 from gpushare_testing.replicas import TIMING_FLAGS, USERS, Replicas, delete_lease
 from gpushare_testing.scraping import Scraper, bind_metrics_reader, unbind_metrics_reader
@@ -246,3 +251,16 @@ def metrics_reader(control_plane: ControlPlane, namespace: str) -> Iterator[Scra
         yield scraper
     finally:
         unbind_metrics_reader(control_plane, role)
+
+
+@pytest.fixture
+async def webhook_flags(sim: GpuClusterSimulator) -> AsyncIterator[webhooks.WebhookFlags]:
+    """Names for one test's memory-request webhook (its configuration and Secret), deleted
+    afterwards, so that no later test's labelled pod meets a webhook whose operator is gone."""
+    flags = webhooks.WebhookFlags(configuration=unique("gpu-memory"), secret=unique("webhook-tls"))
+    try:
+        yield flags
+    finally:
+        await webhooks.remove(
+            sim, flags.configuration, secret=flags.secret, namespace=OPERATOR_NAMESPACE
+        )

@@ -222,10 +222,15 @@ async def test_the_image_runs_the_operator(
             # answers a request no time-sliced node can enforce with its refusal.
             await webhooks.wait_published(sim, configuration)
             await webhooks.point_at(sim, configuration, port=webhook_port)
-            status, body = await sim.client.post(
-                f"/api/v1/namespaces/{plugin_ns}/pods",
-                webhooks.memory_pod("asks", memory="1Gi"),
-            )
+
+            async def ask() -> tuple[int, Any]:
+                return await sim.client.post(
+                    f"/api/v1/namespaces/{plugin_ns}/pods",
+                    webhooks.memory_pod("asks", memory="1Gi"),
+                )
+
+            # (500 "failed calling webhook" until the API server has seen the new URL)
+            status, body = await eventually(ask, until=lambda answer: answer[0] != 500)
             assert status == 403, body
             assert "no node gpushare governs offers a slot that enforces" in body["message"]
         finally:

@@ -13,7 +13,6 @@ objects or the API server's audit log.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +23,7 @@ from gpushare_testing import rolloutaudit
 from gpushare_testing import webhooks as wh
 from gpushare_testing.controlplane import ControlPlane, free_port
 from gpushare_testing.gpupods import create, read
-from gpushare_testing.operators import OPERATOR_NAMESPACE, OperatorFactory, RunningOperator
+from gpushare_testing.operators import OperatorFactory, RunningOperator
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
 
@@ -88,17 +87,6 @@ async def start_webhook_operator(
     )
     await wh.wait_published(sim, flags.configuration)
     return operator
-
-
-@pytest.fixture
-async def webhook_flags(sim: GpuClusterSimulator) -> AsyncIterator[wh.WebhookFlags]:
-    """This test's configuration and Secret names; both deleted afterwards, so that no later
-    test's labelled pod meets a webhook whose operator is gone."""
-    flags = wh.WebhookFlags(configuration=h.unique("gpu-memory"), secret=h.unique("webhook-tls"))
-    try:
-        yield flags
-    finally:
-        await wh.remove(sim, flags.configuration, secret=flags.secret, namespace=OPERATOR_NAMESPACE)
 
 
 async def make_pools(sim: GpuClusterSimulator, created: list[str]) -> Pools:

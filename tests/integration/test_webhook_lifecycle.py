@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import pytest
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
@@ -28,15 +26,7 @@ from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
 
 GPU = "nvidia.com/gpu"
-
-
-@pytest.fixture
-async def webhook_flags(sim: GpuClusterSimulator) -> AsyncIterator[wh.WebhookFlags]:
-    flags = wh.WebhookFlags(configuration=h.unique("gpu-memory"), secret=h.unique("webhook-tls"))
-    try:
-        yield flags
-    finally:
-        await wh.remove(sim, flags.configuration, secret=flags.secret, namespace=OPERATOR_NAMESPACE)
+MUTATED = "gpushare_webhook_admissions_total{outcome=mutated}"
 
 
 async def mps_pool(sim: GpuClusterSimulator, policies: list[str]) -> str:
@@ -105,9 +95,18 @@ async def test_a_follower_answers_while_the_leader_is_gone(
     leader = await eventually(lambda: holder(sim), until=bool, what="a leader")
     follower = "b" if leader == "a" else "a"
     await eventually(lambda: ready(replicas[follower]), what="the follower to be ready")
-    # The configuration calls the follower from now on: it alone answers below.
+    # The configuration calls the follower from now on: it alone answers below, once the API
+    # server has seen the change (the follower counts the admissions it answered).
     await wh.point_at(sim, webhook_flags.configuration, port=ports[follower])
-    await create_memory_pod(sim, pods_ns, "before")
+    probes = 0
+
+    async def follower_answers() -> float:
+        nonlocal probes
+        await create_memory_pod(sim, pods_ns, f"before-{probes}")
+        probes += 1
+        return (await replicas[follower].metrics())[MUTATED]
+
+    await eventually(follower_answers, until=lambda count: count > 0, what="the follower called")
 
     replicas[leader].proc.kill()  # SIGKILL: no lease handed back, no goodbye
     killed = time.monotonic()

@@ -255,6 +255,7 @@ class Assembly:
         )
         self.cache.settle_initial_keys()
         heap.release_free_heap()
+        heap.freeze_survivors()
         self._spawn("elector", self.gate.run())
         self._spawn("policy-resync", self._resync_policies())
         await self.writer.run()

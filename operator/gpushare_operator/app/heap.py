@@ -24,3 +24,12 @@ def release_free_heap() -> bool:
         return False
     trim(0)
     return True
+
+
+def freeze_survivors() -> None:
+    """Move what the first sync left (the caches' records, the modules) out of the collector's
+    sight: a full collection would otherwise walk every cached node and pod each time, and the
+    webhook's and the informers' short-lived allocations trigger collections often (a profile
+    of 100 admissions a second over 5,000 cached nodes spent 3.6% of the loop in them).  The
+    records hold no reference cycles: when one is replaced, reference counting frees it."""
+    gc.freeze()

@@ -85,7 +85,7 @@ bench: venv controlplane ## Ingest micro-benchmarks, and the operator process's 
 BENCH_SCALE_ARGS ?=
 
 .PHONY: bench-scale
-bench-scale: venv controlplane ## Scale benchmark on a local control plane: 5,000 nodes, 50,000 pods, gpushare vs kopf-native (~30 min; JSON + PNG in .bench/; --skip relist,delayed,paced leaves those out). BENCH_SCALE_ARGS=--quick: 500 nodes.
+bench-scale: venv controlplane ## Scale benchmark on a local control plane: 5,000 nodes, 50,000 pods, gpushare vs kopf-native (~40 min; JSON + PNG in .bench/; --skip relist,delayed,paced,webhook leaves those out). BENCH_SCALE_ARGS=--quick: 500 nodes; '--only webhook': the memory-request webhook's admission latency alone (~12 min).
 	$(VPY) -m pip install --quiet -e '.[bench]'
 	$(VPY) -m benchmarks.scale $(BENCH_SCALE_ARGS)
 

@@ -46,6 +46,7 @@ class NodeEvent:
     policy: str | None = None  # label: the policy label written
     allocatable: int | None = None  # allocatable and created: of nvidia.com/gpu
     replicas: int | None = None  # gfd and created: GFD's nvidia.com/gpu.replicas label
+    slots: bool = False  # label: the apply also carried a Verified node's slot labels
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,18 +91,22 @@ def node_events(
 
 
 def _changes_only(events: Sequence[NodeEvent]) -> list[NodeEvent]:
-    """Without the label applies that restate a node's config unchanged (the one that takes a
-    Degraded node's slot labels away, say): they change nothing the promise speaks of."""
-    last: dict[str, tuple[str | None, str | None]] = {}
+    """Without the label applies that only add or take away a Verified node's slot labels (the
+    config restated beside them): they change nothing the promise speaks of.  An apply that
+    restates the config with no slot labels before or after is kept: that is a rewrite."""
+    last: dict[str, NodeEvent] = {}
     kept = []
     for event in events:
         if event.kind in ("created", "deleted"):
             last.pop(event.node, None)  # a node of that name anew: its first label counts
         if event.kind == "label":
-            labels = (event.key, event.policy)
-            if last.get(event.node) == labels:
+            before = last.get(event.node)
+            last[event.node] = event
+            if before is None and event.slots:  # the log began after this config was written
                 continue
-            last[event.node] = labels
+            same = before is not None and (before.key, before.policy) == (event.key, event.policy)
+            if same and (event.slots or (before is not None and before.slots)):
+                continue
         kept.append(event)
     return kept
 
@@ -120,10 +125,9 @@ def _parse(event: Event, *, operators: Collection[str], simulator: str) -> NodeE
     if not isinstance(body, dict):
         return None  # a JSON patch (taints): no label, no status
     if user in operators and not subresource and body.get("kind") == "Node":
-        if any(str(k).startswith(SLOT_PREFIX) for k in labels):
-            return None  # a Verified node's slot labels: no change of its config
+        slots = any(str(k).startswith(SLOT_PREFIX) for k in labels)
         key, policy = labels.get(CONFIG_LABEL), labels.get(POLICY_LABEL)
-        return NodeEvent(0.0, 0, "", "label", key=key, policy=policy)
+        return NodeEvent(0.0, 0, "", "label", key=key, policy=policy, slots=slots)
     if user != simulator:
         return None
     if subresource == "status":

@@ -39,6 +39,14 @@ def label(when: float, node: str, key: str | None, policy: str = "p") -> dict[st
     return event(when, node, user=OPERATOR, body=body)
 
 
+def slot_label(when: float, node: str, key: str | None, memory: str | None) -> dict[str, Any]:
+    """Our apply that restates ``key`` and adds the slot labels (``memory``) or takes them away."""
+    body = label(when, node, key)
+    if memory is not None:
+        body["requestObject"]["metadata"]["labels"]["gpushare.dev/slot-memory-mib"] = memory
+    return body
+
+
 def gfd(when: float, node: str, replicas: int | None) -> dict[str, Any]:
     labels = {"nvidia.com/gfd.timestamp": "1"}
     if replicas is not None:
@@ -167,3 +175,24 @@ def test_a_node_labelled_twice_for_one_generation_is_a_rewrite() -> None:
     recreated = [created(0, "a"), label(1, "a", "k4"), created(5, "a"), label(6, "a", "k4")]
     parsed = promise.node_events(recreated, nodes={"a"}, operators=[OPERATOR])
     assert promise.rewrites(parsed, ledger, replicas_of=REPLICAS) == []
+
+
+def test_applies_that_add_or_take_away_slot_labels_are_no_rewrite_but_a_bare_restatement_is() -> (
+    None
+):
+    ledger = promise.Ledger()
+    ledger.record("p", at=1_800_000_000.0, replicas=4)
+    events = [created(0, "a"), label(1, "a", "k4"), slot_label(3, "a", "k4", "20389")]
+    events += [slot_label(5, "a", "k4", None), slot_label(7, "a", "k4", "20389")]
+    parsed = promise.node_events(events, nodes={"a"}, operators=[OPERATOR])
+    assert [e.kind for e in parsed] == ["created", "label"]
+    assert promise.rewrites(parsed, ledger, replicas_of=REPLICAS) == []
+    events += [slot_label(9, "a", "k4", None), label(11, "a", "k4")]
+    parsed = promise.node_events(events, nodes={"a"}, operators=[OPERATOR])
+    [problem] = promise.rewrites(parsed, ledger, replicas_of=REPLICAS)
+    assert problem.startswith("a labelled k4 again") and "generation 1" in problem
+    # A log that begins after the config was written: its first apply, with slot labels, is none.
+    late = promise.node_events(
+        [slot_label(1, "a", "k4", "20389")], nodes={"a"}, operators=[OPERATOR]
+    )
+    assert late == []

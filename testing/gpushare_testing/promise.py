@@ -102,10 +102,12 @@ def _changes_only(events: Sequence[NodeEvent]) -> list[NodeEvent]:
         if event.kind == "label":
             before = last.get(event.node)
             last[event.node] = event
-            if before is None and event.slots:  # the log began after this config was written
-                continue
-            same = before is not None and (before.key, before.policy) == (event.key, event.policy)
-            if same and (event.slots or (before is not None and before.slots)):
+            if before is None:  # with slot labels: the log began after this config was written
+                slots_only = event.slots
+            else:
+                restated = (before.key, before.policy) == (event.key, event.policy)
+                slots_only = restated and (event.slots or before.slots)
+            if slots_only:
                 continue
         kept.append(event)
     return kept

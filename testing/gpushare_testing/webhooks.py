@@ -30,6 +30,7 @@ CONFIGURATIONS: Final = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookco
 SLOT_MEMORY: Final = "gpushare.dev/slot-memory-mib"
 SLOT_ISOLATION: Final = "gpushare.dev/slot-isolation"
 SLOT_RESOURCE: Final = "gpushare.dev/slot-resource"
+SLOT_LABELS: Final = (SLOT_MEMORY, SLOT_ISOLATION, SLOT_RESOURCE)
 
 
 def webhook_entry(client_config: Mapping[str, Any], *, timeout: int = 5) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import pytest
 
 from gpushare_testing import apiobjects as h
 from gpushare_testing import rolloutaudit
+from gpushare_testing import webhooks as wh
 from gpushare_testing.auditlog import AuditEvent, describe, write_key
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.crdinstall import install_crds
@@ -50,7 +51,7 @@ IDENTITY = "chaos-operator"
 FAST_LEASE = ("--lease-duration", "4", "--renew-deadline", "2", "--retry-period", "0.5")
 DOWN_FOR = 3.0
 
-SLOTS_OF_TIME_SLICING = ("gpushare.dev/slot-isolation", "gpushare.dev/slot-resource")
+SLOTS_OF_TIME_SLICING = (wh.SLOT_ISOLATION, wh.SLOT_RESOURCE)
 
 
 # -- the module's own control plane ------------------------------------------------------------

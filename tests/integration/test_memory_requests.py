@@ -58,7 +58,7 @@ class Setup:
 
 async def slot_labels(sim: GpuClusterSimulator, node: str) -> dict[str, str]:
     labels = (await h.node(sim.client, node))["metadata"].get("labels") or {}
-    return {k: v for k, v in labels.items() if k.startswith("gpushare.dev/slot-")}
+    return {k: v for k, v in labels.items() if k.startswith(rolloutaudit.SLOT_PREFIX)}
 
 
 async def wait_slot_memory(sim: GpuClusterSimulator, node: str, memory: str | None) -> None:
@@ -328,7 +328,7 @@ async def test_an_mps_pool_from_4_to_8_replicas_is_relabelled_only_once_verified
     changed, relabelled = applies[0], applies[-1]
     # The config change takes the old promise away in the same apply ...
     assert changed[1][h.CONFIG_LABEL] != "" and wh.SLOT_MEMORY not in changed[1], applies
-    assert not any(k.startswith("gpushare.dev/slot-") for k in changed[1]), applies
+    assert not any(k.startswith(rolloutaudit.SLOT_PREFIX) for k in changed[1]), applies
     # ... nothing in between promises anything, and the new one comes only after the node's
     # own agents showed 8 replicas (GFD's label write: allocatable was written before it).
     assert all(wh.SLOT_MEMORY not in labels for _, labels in applies[1:-1]), applies

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpushare_testing import apiobjects as h
+from gpushare_testing import webhooks as wh
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.operators import OperatorFactory
 from gpushare_testing.quiet import quiet
@@ -18,14 +19,6 @@ from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
-
-# What a Verified node's slots enforce: ours too, written with the other two.
-SLOT_LABELS = (
-    "gpushare.dev/slot-memory-mib",
-    "gpushare.dev/slot-isolation",
-    "gpushare.dev/slot-resource",
-)
-
 
 phase_of = h.phase_of
 wait_phase = h.wait_phase
@@ -130,7 +123,7 @@ async def test_only_our_own_labels_ever_change(
     labels = after["metadata"]["labels"]
     assert h.CONFIG_LABEL not in labels
     assert h.POLICY_LABEL not in labels
-    assert not set(SLOT_LABELS) & set(labels)  # they went with our config
+    assert not set(wh.SLOT_LABELS) & set(labels)  # they went with our config
     # Everything else is as it was, except what the simulated GFD itself rewrote.
     gfd = {
         "nvidia.com/gpu.replicas",
@@ -153,7 +146,7 @@ async def test_only_our_own_labels_ever_change(
         assert "subresource" not in event["objectRef"], event  # never node status
         assert "fieldManager=gpushare-operator" in event["requestURI"]
         labels_written = (event.get("requestObject") or {}).get("metadata", {}).get("labels", {})
-        assert set(labels_written) <= {h.CONFIG_LABEL, h.POLICY_LABEL, *SLOT_LABELS}
+        assert set(labels_written) <= {h.CONFIG_LABEL, h.POLICY_LABEL, *wh.SLOT_LABELS}
         assert set(event["requestObject"]["metadata"]) <= {"name", "uid", "labels"}
 
 

@@ -286,7 +286,6 @@ CONTAINER = st.fixed_dictionaries(
         "volumeMounts": st.just([{"name": "v", "mountPath": "/v"}]),
     },
 )
-EXISTS = {"matchExpressions": [{"key": "z", "operator": "Exists"}]}
 AFFINITY = st.sampled_from(
     [
         None,

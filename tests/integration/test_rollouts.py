@@ -79,8 +79,14 @@ async def test_twenty_nodes_change_canary_first_then_never_more_than_four_at_onc
         "20/20",
     )
     assert rollout["generation"] == 2 and rollout["completedAt"] >= rollout["startedAt"]
-    seen = await reasons(sim, name)
-    assert ("Normal", "RolloutStarted") in seen and ("Normal", "RolloutComplete") in seen
+    # The Events are posted on their own, after the status that says Complete: wait for them.
+    await eventually(
+        lambda: reasons(sim, name),
+        until=lambda seen: (
+            {("Normal", "RolloutStarted"), ("Normal", "RolloutComplete")} <= set(seen)
+        ),
+        what="RolloutStarted and RolloutComplete Events",
+    )
 
 
 async def test_a_failed_canary_halts_the_rollout_until_the_node_recovers(

@@ -18,6 +18,7 @@ from typing import Any, Final
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
+from gpushare_testing.operators import RunningOperator
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
 
@@ -28,6 +29,7 @@ WEBHOOK_NAME: Final = "gpu-memory.gpushare.dev"
 WEBHOOK_PATH: Final = "/gpu-memory"
 CONFIGURATIONS: Final = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 SLOT_MEMORY: Final = "gpushare.dev/slot-memory-mib"
+OFFER_NODES: Final = "gpushare_webhook_offer_nodes"
 SLOT_ISOLATION: Final = "gpushare.dev/slot-isolation"
 SLOT_RESOURCE: Final = "gpushare.dev/slot-resource"
 SLOT_LABELS: Final = (SLOT_MEMORY, SLOT_ISOLATION, SLOT_RESOURCE)
@@ -179,3 +181,30 @@ def memory_pod(
         },
         "spec": spec,
     }
+
+
+async def offered(operator: RunningOperator) -> dict[tuple[str, int], float]:
+    """Nodes offering each class, by (policy, memory MiB), as the replica's own node cache
+    holds them (``gpushare_webhook_offer_nodes``)."""
+    found: dict[tuple[str, int], float] = {}
+    for sample, value in (await operator.metrics()).items():
+        if sample.startswith(OFFER_NODES + "{"):
+            pairs = sample[len(OFFER_NODES) + 1 : -1].split(",")
+            labels = dict(pair.split("=", 1) for pair in pairs)
+            key = (labels["policy"], int(labels["memory_mib"]))
+            found[key] = found.get(key, 0.0) + value
+    return found
+
+
+async def wait_offered(
+    operator: RunningOperator, nodes: Mapping[tuple[str, int], int], *, timeout: float = 60
+) -> None:
+    """Until the replica's webhook can place on ``nodes`` ((policy, memory MiB) -> nodes
+    offering that class): the API server shows a label the leader wrote a moment before the
+    replica's informer takes it in, and a pod created in between is fairly refused."""
+    await eventually(
+        lambda: offered(operator),
+        until=lambda found: all(found.get(k, 0) >= n for k, n in nodes.items()),
+        timeout=timeout,
+        what=f"the webhook to offer {dict(nodes)}",
+    )

@@ -128,6 +128,16 @@ async def setup(
     await wait_slot_memory(sim, pools.mps2[0], str(H100_MIB // 2))
     await wait_slot_memory(sim, pools.whole[0], str(H100_MIB))
     await wait_slot_memory(sim, pools.sliced[0], None)  # isolation none, no memory
+    # What the API server shows, the operator's node informer takes in a moment later.
+    names = pools.policies
+    await wh.wait_offered(
+        operator,
+        {
+            (names["mps4"], H100_MIB // 4): len(pools.mps4),
+            (names["mps2"], H100_MIB // 2): 1,
+            (names["whole"], H100_MIB): 1,
+        },
+    )
     return Setup(sim, namespace, webhook_flags, port, operator, pools)
 
 
@@ -318,11 +328,14 @@ async def test_an_mps_pool_from_4_to_8_replicas_is_relabelled_only_once_verified
     await h.add_policy(sim, policies, h.policy(pool, pool=pool, strategy="MPS"))
     port = free_port()
     await wh.install(sim, webhook_flags.configuration, port=port)
-    await start_webhook_operator(start_operator, sim, namespace, webhook_flags, port=port)
+    operator = await start_webhook_operator(
+        start_operator, sim, namespace, webhook_flags, port=port
+    )
     await wait_slot_memory(sim, node, "20389")
     since = time.time()
     await h.patch_policy(sim.client, pool, {"replicas": 8})
     await wait_slot_memory(sim, node, "10194")  # floor(81559 / 8)
+    await wh.wait_offered(operator, {(pool, 10194): 1})
 
     applies = slot_applies(control_plane, node, since=since)
     changed, relabelled = applies[0], applies[-1]
@@ -375,8 +388,11 @@ async def test_a_mig_slice_is_a_slot_class_of_its_own_resource(
         await h.add_policy(sim, policies, body)
     port = free_port()
     await wh.install(sim, webhook_flags.configuration, port=port)
-    await start_webhook_operator(start_operator, sim, namespace, webhook_flags, port=port)
+    operator = await start_webhook_operator(
+        start_operator, sim, namespace, webhook_flags, port=port
+    )
     await wait_slot_memory(sim, node, "20480")  # go-nvml's 2g.20gb on the H100
+    await wh.wait_offered(operator, {(pool, 20480): 1})
     assert await slot_labels(sim, node) == {
         wh.SLOT_MEMORY: "20480",
         wh.SLOT_ISOLATION: "mig",

@@ -27,7 +27,6 @@ from gpushare_testing.waiting import eventually
 
 GPU = "nvidia.com/gpu"
 MUTATED = "gpushare_webhook_admissions_total{outcome=mutated}"
-NO_OFFER = "no node gpushare governs offers a slot that enforces GPU memory"
 
 
 async def mps_pool(sim: GpuClusterSimulator, policies: list[str]) -> str:
@@ -37,13 +36,16 @@ async def mps_pool(sim: GpuClusterSimulator, policies: list[str]) -> str:
     return node
 
 
-async def wait_promised(sim: GpuClusterSimulator, node: str) -> None:
+async def wait_promised(sim: GpuClusterSimulator, node: str) -> int:
+    """Until the node's slot labels are on it (in the API server); the MiB they promise."""
+
     async def labels() -> dict[str, str]:
         return dict((await h.node(sim.client, node))["metadata"].get("labels") or {})
 
-    await eventually(
+    found = await eventually(
         labels, until=lambda found: wh.SLOT_MEMORY in found, timeout=60, what=f"{node}'s promise"
     )
+    return int(found[wh.SLOT_MEMORY])
 
 
 async def ready(operator: RunningOperator) -> bool:
@@ -92,10 +94,13 @@ async def test_a_follower_answers_while_the_leader_is_gone(
             user=USERS[identity],
         )
     await wh.wait_published(sim, webhook_flags.configuration)
-    await wait_promised(sim, node)
+    promised = await wait_promised(sim, node)
     leader = await eventually(lambda: holder(sim), until=bool, what="a leader")
     follower = "b" if leader == "a" else "a"
     await eventually(lambda: ready(replicas[follower]), what="the follower to be ready")
+    # The leader's slot labels reach the follower's node cache a moment after the API server
+    # has them; a pod created in between would fairly be refused (no node offers a slot).
+    await wh.wait_offered(replicas[follower], {(policies[-1], promised): 1})
     # The configuration calls the follower from now on: it alone answers below, once the API
     # server has seen the change (the follower counts the admissions it answered).
     await wh.point_at(sim, webhook_flags.configuration, port=ports[follower])
@@ -103,17 +108,8 @@ async def test_a_follower_answers_while_the_leader_is_gone(
 
     async def follower_answers() -> float:
         nonlocal probes
-        name = f"before-{probes}"
+        await create_memory_pod(sim, pods_ns, f"before-{probes}")
         probes += 1
-        status, body = await sim.client.post(
-            f"/api/v1/namespaces/{pods_ns}/pods", wh.memory_pod(name, memory="1Gi")
-        )
-        # The leader's slot labels reach the follower's node cache a moment after the API
-        # server has them: until then it fairly refuses (no node offers a slot).  Any other
-        # answer is a failure; the creates during the leader's death below must all pass.
-        if status == 403 and NO_OFFER in str(body.get("message")):
-            return 0.0
-        assert status == 201, (name, status, body)
         return (await replicas[follower].metrics())[MUTATED]
 
     await eventually(follower_answers, until=lambda count: count > 0, what="the follower called")

@@ -13,7 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpushare_operator.app.assembly import Assembly, MetricsReadings
 from gpushare_operator.app.metrics import StateCollector
 from gpushare_operator.app.settings import parse_settings
+from gpushare_operator.core import slotclasses
+from gpushare_operator.core.nodes import POLICY_LABEL
 from gpushare_operator.core.rollouts import Counts
+from gpushare_operator.core.slotclasses import Isolation, Offer
 from gpushare_operator.kube.connection import ApiHandle
 
 
@@ -24,6 +27,7 @@ class ScriptedReadings:
         self.leader = False
         self.statuses: dict[str, Mapping[str, Any]] = {}
         self.counts: dict[str, Counts] = {}
+        self.offers: list[tuple[Offer, int]] = []
 
     def cache_sizes(self) -> Iterable[tuple[str, int]]:
         return (("Node", 3), ("Pod", 5))
@@ -48,6 +52,9 @@ class ScriptedReadings:
 
     def max_unavailable_nodes(self) -> int:
         return 4
+
+    def slot_offers(self) -> Iterable[tuple[Offer, int]]:
+        return self.offers
 
 
 def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -120,3 +127,40 @@ def test_the_operator_reads_its_own_parts() -> None:
     book = operator.reconciler.book
     assert readings.unavailable_nodes() == book.unavailable() == 0
     assert readings.max_unavailable_nodes() == book.cluster_budget() == 1  # at least one
+
+
+def test_the_offer_gauge_shows_each_class_this_replica_can_place() -> None:
+    readings = ScriptedReadings()
+    registry = CollectorRegistry()
+    registry.register(StateCollector(readings))
+    assert not any(name == "gpushare_webhook_offer_nodes" for name, _ in scrape(registry))
+    readings.offers = [(Offer(20389, "nvidia.com/gpu", Isolation.MPS, "mps4"), 2)]
+    key = (
+        ("isolation", "mps"),
+        ("memory_mib", "20389"),
+        ("policy", "mps4"),
+        ("resource", "nvidia.com/gpu"),
+    )
+    assert scrape(registry)[("gpushare_webhook_offer_nodes", key)] == 2
+
+
+def test_the_operator_counts_the_offers_its_node_cache_holds() -> None:
+    handle = ApiHandle(configuration=None, api=None)  # type: ignore[arg-type]  # never used here
+    operator = Assembly(settings=parse_settings([], env={}), handle=handle)
+    labels = {
+        POLICY_LABEL: "mps4",
+        slotclasses.MEMORY_LABEL: "20389",
+        slotclasses.ISOLATION_LABEL: "mps",
+        slotclasses.RESOURCE_LABEL: "nvidia.com_gpu",
+    }
+    offers = operator.cache.slot_offers
+    offers.update("n1", labels)
+    offers.update("n2", labels)
+    offers.update("n3", {**labels, slotclasses.ISOLATION_LABEL: "none"})  # promises nothing
+    [(offer, count)] = MetricsReadings(operator).slot_offers()
+    assert (offer.memory_mib, offer.resource, offer.policy, count) == (
+        20389,
+        "nvidia.com/gpu",
+        "mps4",
+        2,
+    )

@@ -20,6 +20,7 @@ from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink
 from gpushare_operator.core import models
 from gpushare_operator.core.nodes import carries_mig_config
 from gpushare_operator.core.rollouts import Counts
+from gpushare_operator.core.slotclasses import Offer
 from gpushare_operator.kube import access, connection, reading
 from gpushare_operator.kube.connection import ApiHandle
 from gpushare_operator.kube.election import LeaseElector, LeaseTimings
@@ -362,3 +363,7 @@ class MetricsReadings:
 
     def max_unavailable_nodes(self) -> int:
         return self._assembly.reconciler.book.cluster_budget()
+
+    def slot_offers(self) -> Iterable[tuple[Offer, int]]:
+        offers = self._assembly.cache.slot_offers
+        return ((offer, offers.nodes(offer)) for offer in offers.offers())

@@ -21,6 +21,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from gpushare_operator.core.rollouts import Counts
+from gpushare_operator.core.slotclasses import Offer
 
 _LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 _ADMISSION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
@@ -196,6 +197,10 @@ class Readings(Protocol):
         """The cluster-wide budget of unavailable GPU nodes (``--max-unavailable``)."""
         ...
 
+    def slot_offers(self) -> Iterable[tuple[Offer, int]]:
+        """(class, nodes offering it) in this replica's node cache: what its webhook places."""
+        ...
+
 
 class StateCollector(Collector):
     """Gauges read from the operator's state at scrape time: nothing to keep in step."""
@@ -217,6 +222,17 @@ class StateCollector(Collector):
         yield GaugeMetricFamily(
             "gpushare_leader", "1 while this replica leads", value=int(r.is_leader())
         )
+        offers = GaugeMetricFamily(
+            "gpushare_webhook_offer_nodes",
+            "Nodes whose slot labels offer a memory class, as this replica's cache holds them:"
+            " what its webhook can place (a follower shows a leader's label a moment later)",
+            labels=["policy", "resource", "isolation", "memory_mib"],
+        )
+        for offer, count in r.slot_offers():
+            offers.add_metric(
+                [offer.policy, offer.resource, offer.isolation, str(offer.memory_mib)], count
+            )
+        yield offers
         policies = sorted(r.policies())
         yield from self._policy_metrics(policies)
         yield from self._rollout_metrics(policies)

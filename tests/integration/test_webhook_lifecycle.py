@@ -206,9 +206,12 @@ async def test_the_certificate_rotates_and_is_served_only_once_its_issuer_is_tru
     port = free_port()
     await wh.install(sim, flags.configuration, port=port)
     try:
-        await start_operator("--device-plugin-namespace", namespace, *flags.args(port=port))
+        operator = await start_operator(
+            "--device-plugin-namespace", namespace, *flags.args(port=port)
+        )
         await wh.wait_published(sim, flags.configuration)
-        await wait_promised(sim, node)
+        promised = await wait_promised(sim, node)
+        await wh.wait_offered(operator, {(policies[-1], promised): 1})
         # Pods created through two rotations (every 20 s: two thirds of 30 s) are all admitted,
         # and the certificate the webhook presents changes twice.
         seen: list[str] = []

@@ -59,6 +59,17 @@ class RunningOperator:
     async def metrics(self) -> dict[str, float]:
         """Every sample of its /metrics, keyed ``name{label=value,...}`` (``name`` alone when
         it has no labels)."""
+        samples: dict[str, float] = {}
+        for name, labels, value in await self._samples():
+            pairs = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+            samples[f"{name}{{{pairs}}}" if pairs else name] = value
+        return samples
+
+    async def labelled(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """(labels, value) of each sample called ``name`` in its /metrics."""
+        return [(labels, value) for found, labels, value in await self._samples() if found == name]
+
+    async def _samples(self) -> list[tuple[str, dict[str, str], float]]:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         timeout = aiohttp.ClientTimeout(total=10)  # a frozen (SIGSTOPped) one never answers
         async with (
@@ -67,12 +78,11 @@ class RunningOperator:
         ):
             assert response.status == 200, response.status
             text = await response.text()
-        samples: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-                samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-        return samples
+        return [
+            (sample.name, dict(sample.labels), sample.value)
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        ]
 
     async def leader_gauge(self) -> float:
         """``gpushare_leader``: 1 while it leads."""
@@ -84,11 +94,8 @@ class RunningOperator:
 
     async def cached(self) -> dict[str, float]:
         """``gpushare_cache_objects`` by kind: what its caches hold right now."""
-        prefix = "gpushare_cache_objects{kind="
         return {
-            name[len(prefix) : -1]: value
-            for name, value in (await self.metrics()).items()
-            if name.startswith(prefix)
+            labels["kind"]: value for labels, value in await self.labelled("gpushare_cache_objects")
         }
 
     async def events_ingested(self, kind: str) -> float:

@@ -29,10 +29,10 @@ WEBHOOK_NAME: Final = "gpu-memory.gpushare.dev"
 WEBHOOK_PATH: Final = "/gpu-memory"
 CONFIGURATIONS: Final = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 SLOT_MEMORY: Final = "gpushare.dev/slot-memory-mib"
-OFFER_NODES: Final = "gpushare_webhook_offer_nodes"
 SLOT_ISOLATION: Final = "gpushare.dev/slot-isolation"
 SLOT_RESOURCE: Final = "gpushare.dev/slot-resource"
 SLOT_LABELS: Final = (SLOT_MEMORY, SLOT_ISOLATION, SLOT_RESOURCE)
+OFFER_NODES: Final = "gpushare_webhook_offer_nodes"
 
 
 def webhook_entry(client_config: Mapping[str, Any], *, timeout: int = 5) -> dict[str, Any]:
@@ -187,12 +187,9 @@ async def offered(operator: RunningOperator) -> dict[tuple[str, int], float]:
     """Nodes offering each class, by (policy, memory MiB), as the replica's own node cache
     holds them (``gpushare_webhook_offer_nodes``)."""
     found: dict[tuple[str, int], float] = {}
-    for sample, value in (await operator.metrics()).items():
-        if sample.startswith(OFFER_NODES + "{"):
-            pairs = sample[len(OFFER_NODES) + 1 : -1].split(",")
-            labels = dict(pair.split("=", 1) for pair in pairs)
-            key = (labels["policy"], int(labels["memory_mib"]))
-            found[key] = found.get(key, 0.0) + value
+    for labels, value in await operator.labelled(OFFER_NODES):
+        key = (labels["policy"], int(labels["memory_mib"]))
+        found[key] = found.get(key, 0.0) + value
     return found
 
 

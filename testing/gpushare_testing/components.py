@@ -83,7 +83,8 @@ def etcd_args(*, data_dir: Path, port: int, peer_port: int) -> list[str]:
 def apiserver_args(
     *, workdir: Path, etcd_port: int, port: int, audit_log: Path, extra: tuple[str, ...]
 ) -> list[str]:
-    """kube-apiserver with client-cert auth, RBAC, bound ServiceAccount tokens and an audit log."""
+    """kube-apiserver with client-cert auth, Node and RBAC authorization, bound ServiceAccount
+    tokens and an audit log."""
     pki = workdir / "pki"
     return [
         f"--etcd-servers=http://127.0.0.1:{etcd_port}",
@@ -94,7 +95,11 @@ def apiserver_args(
         f"--tls-cert-file={pki / 'apiserver.crt'}",
         f"--tls-private-key-file={pki / 'apiserver.key'}",
         f"--client-ca-file={pki / 'ca.crt'}",
-        "--authorization-mode=RBAC",
+        # As every cluster runs it: kubelets (system:node:<name>) are authorized by the Node
+        # authorizer and held to their own Node by NodeRestriction, so that what a kubelet may
+        # still do to its Node (set labels outside kubernetes.io) is what the tests meet.
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki / 'sa.pub'}",
         f"--service-account-signing-key-file={pki / 'sa.key'}",

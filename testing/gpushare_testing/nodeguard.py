@@ -1,10 +1,12 @@
-"""The chart's node guard (``templates/nodeguard.yaml``) on a local control plane.
+"""The chart's node guards (``templates/nodeguard.yaml``) on a local control plane.
 
-The guard is rendered from the chart with the real ``helm`` (never a copy), for the identities a
-test runs operators as, and applied as admin.  A ValidatingAdmissionPolicy takes effect once the
-API server's informers have seen both it and its binding, a moment after they are created, so
-``installed`` waits until a guarded identity is really refused (a dry run on a probe node of its
-own: nothing changes, no test's node is touched) and, on the way out, until it is not any more.
+The guards are rendered from the chart with the real ``helm`` (never a copy), for the
+identities a test runs operators as, with the test admin's group (``system:masters``, which the
+simulator and every test's set-up write as) exempt from the label guard, and applied as admin.
+A ValidatingAdmissionPolicy takes effect once the API server's informers have seen both it and
+its binding, a moment after they are created, so ``installed`` waits until each guard really
+refuses (dry runs on a probe node of its own, as a guarded operator and as the probe node's
+kubelet: nothing changes, no test's node is touched) and, on the way out, until neither does.
 """
 
 from __future__ import annotations
@@ -36,18 +38,41 @@ TEMPLATE = "templates/nodeguard.yaml"
 REFUSED = "gpushare node guard: "  # how every refusal's message starts
 MERGE_PATCH = "application/merge-patch+json"
 PROBE_ANNOTATION = "gpushare.dev/node-guard-probe"
+PROBE_LABEL = "gpushare.dev/node-guard-probe"  # what the label guard's probe sets
+# The group of the test admin (``ControlPlane.admin_kubeconfig``), which the simulator and every
+# test's set-up write nodes as.
+ADMIN_GROUP = "system:masters"
 PROBE_PREFIX = "guard-probe-"  # the probe nodes' names
 POLICIES = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 
 T = TypeVar("T")
 
 
-def render(helm: Helm, *, users: Sequence[str], release: str = "guard") -> str:
-    """The guard's two manifests as the chart renders them, bound to ``users`` instead of the
-    chart's ServiceAccount (``nodeGuard.users``)."""
-    users_value = f"nodeGuard.users={json.dumps(list(users))}"
-    args = ("--show-only", TEMPLATE, "--set-json", users_value)
+def render(
+    helm: Helm,
+    *,
+    users: Sequence[str],
+    exempt_groups: Sequence[str] = (ADMIN_GROUP,),
+    release: str = "guard",
+) -> str:
+    """The guards' manifests as the chart renders them, bound to ``users`` instead of the
+    chart's ServiceAccount (``nodeGuard.users``), the label guard exempting ``exempt_groups``
+    (``nodeGuard.exemptGroups``: the test admin's, whatever the chart's default)."""
+    args = (
+        "--show-only",
+        TEMPLATE,
+        "--set-json",
+        f"nodeGuard.users={json.dumps(list(users))}",
+        "--set-json",
+        f"nodeGuard.exemptGroups={json.dumps(list(exempt_groups))}",
+    )
     return helm.render(*args, release=release).stdout
+
+
+def kubelet(plane: ControlPlane, node: str) -> Path:
+    """A kubeconfig of ``node``'s kubelet: ``system:node:<node>`` in ``system:nodes``, which the
+    Node authorizer and NodeRestriction hold to that one Node, as in a cluster."""
+    return plane.kubeconfig_for_user(f"system:node:{node}", groups=("system:nodes",))
 
 
 def operator_identities(plane: ControlPlane) -> dict[str, Path]:
@@ -71,7 +96,7 @@ def installed(plane: ControlPlane, helm: Helm, identities: Mapping[str, Path]) -
         wait_enforced(plane, identities.values())
         since = time.time()
         yield rendered
-        refusals = refused_writes(plane, identities, since=since)
+        refusals = refused_writes(plane, since=since)
         assert not refusals, f"the node guard refused {len(refusals)} writes: {refusals[:5]}"
     finally:
         kubectl(plane, "delete", "--wait", "-f", "-", stdin=rendered)
@@ -86,30 +111,36 @@ def wait_enforced(
     timeout: float = 30.0,
 ) -> None:
     """Wait until each identity is refused (or, ``enforced=False``, allowed) a change to a
-    foreign annotation, a dry run on a probe node."""
+    foreign annotation, and the probe node's kubelet a gpushare.dev/ label: dry runs on a
+    probe node."""
+    state = "on" if enforced else "off"
     with probe_node(plane) as node:
         for kubeconfig in kubeconfigs:
             poll(
                 functools.partial(refused, kubeconfig, node),
                 until=lambda answer: answer == enforced,
                 timeout=timeout,
-                what=f"the node guard {'on' if enforced else 'off'} for {kubeconfig.name}",
+                what=f"the node guard {state} for {kubeconfig.name}",
             )
+        label = {"metadata": {"labels": {PROBE_LABEL: "x"}}}
+        poll(
+            functools.partial(refused, kubelet(plane, node), node, label),
+            until=lambda answer: answer == enforced,
+            timeout=timeout,
+            what=f"the node label guard {state} for the kubelet of {node}",
+        )
 
 
-def refused_writes(
-    plane: ControlPlane, users: Iterable[str], *, since: float
-) -> list[tuple[str, str, str]]:
-    """(user, node, message) of each node write of ``users`` since ``since`` that the guard
-    refused, from the audit log; the probes' refusals are not counted."""
-    wanted = set(users)
+def refused_writes(plane: ControlPlane, *, since: float) -> list[tuple[str, str, str]]:
+    """(user, node, message) of each node write since ``since`` that a guard refused, whoever
+    sent it (an operator, or a test's own set-up that the label guard would not exempt), from
+    the audit log; the probes' refusals are not counted."""
     found = []
     for event in plane.audit_events():
         answer = event.get("responseStatus") or {}
         node = str(event["objectRef"].get("name", ""))
         if (
-            event["user"]["username"] in wanted
-            and event["objectRef"].get("resource") == "nodes"
+            event["objectRef"].get("resource") == "nodes"
             and event["stage"] == "ResponseComplete"
             and answer.get("code") == 403
             and REFUSED in str(answer.get("message"))
@@ -120,9 +151,10 @@ def refused_writes(
     return found
 
 
-def refused(kubeconfig: Path, node: str) -> bool:
-    """Whether the guard refuses this identity a dry-run annotation on ``node``."""
-    patch = {"metadata": {"annotations": {PROBE_ANNOTATION: "x"}}}
+def refused(kubeconfig: Path, node: str, patch: Mapping[str, Any] | None = None) -> bool:
+    """Whether a guard refuses this identity a dry-run ``patch`` (by default, an annotation)
+    on ``node``."""
+    patch = patch or {"metadata": {"annotations": {PROBE_ANNOTATION: "x"}}}
     status, body = request_as(
         kubeconfig,
         "PATCH",
@@ -174,13 +206,23 @@ async def type_checked(plane: ControlPlane, name: str) -> dict[str, Any]:
 def node_status_granted(plane: ControlPlane, username: str) -> Iterator[None]:
     """More than the chart grants, for the block: patch on nodes/status, so that a refusal
     there is the guard's, not RBAC's."""
-    name = "node-guard-test-node-status"
+    rules = [{"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]
+    with granted(plane, username, rules, name="node-guard-test-node-status"):
+        yield
+
+
+@contextlib.contextmanager
+def granted(
+    plane: ControlPlane, username: str, rules: list[dict[str, list[str]]], *, name: str
+) -> Iterator[None]:
+    """More than the chart grants, for the block: ``rules`` in a ClusterRole ``name`` bound to
+    ``username``, so that a refusal of what they allow is a guard's, not RBAC's."""
     rbac = "/apis/rbac.authorization.k8s.io/v1"
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": {"name": name},
-        "rules": [{"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}],
+        "rules": rules,
     }
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -1,5 +1,6 @@
-"""The chart's node guard on the real API server: the operator's ServiceAccount may change on a
-Node its own labels and its own taint, and every other change is refused with the guard's message.
+"""The chart's node guards on the real API server: the operator's ServiceAccount may change on a
+Node its own labels and its own taint, and every other change is refused with the guard's message;
+and nobody else, kubelets included, may set, change or remove a gpushare.dev/ label.
 
 The chart is installed with the real ``helm``; the requests are sent with a token the
 TokenRequest API minted for the chart's ServiceAccount, so the API server authenticates,
@@ -9,7 +10,10 @@ own authorization: a real token is the faithful test.)  The guard's request bodi
 operator's own: ``core.rollouts`` builds the taint patches, the label apply is the one
 ``kube.patching`` sends.  Every refusal is also sent as admin as a dry run, which succeeds: the
 request is valid, RBAC allows it to the ServiceAccount, and only the guard stops it.  That
-nothing changed is read from the audit log.  (How the chart renders the guard: test_chart.py.)
+nothing changed is read from the audit log.  Kubelets are ``system:node:<name>`` in
+``system:nodes`` with a client certificate, authorized by the Node authorizer and held to their
+own Node by NodeRestriction, as the control plane runs them.  (How the chart renders the guards:
+test_chart.py.)
 """
 
 from __future__ import annotations
@@ -310,11 +314,13 @@ async def test_the_policy_type_checks_against_the_node_schema(
     (a wildcard version) and then reports nothing whatever the typos, so an unbound copy of the
     guard (it admits and refuses nothing) with one typo'd field shows that the check ran."""
     name = f"{release}-gpushare-operator-node-guard"
-    guard = await nodeguard.type_checked(control_plane, name)
-    assert "expressionWarnings" not in guard["status"].get("typeChecking", {}), guard["status"]
-    assert not guard["status"].get("conditions") or all(
-        c["status"] == "True" for c in guard["status"]["conditions"]
-    ), guard["status"]
+    for checked in (f"{name}-labels", name):  # the operator's guard last: copied below
+        guard = await nodeguard.type_checked(control_plane, checked)
+        typing = guard["status"].get("typeChecking", {})
+        assert "expressionWarnings" not in typing, (checked, guard["status"])
+        assert not guard["status"].get("conditions") or all(
+            c["status"] == "True" for c in guard["status"]["conditions"]
+        ), guard["status"]
 
     typo = f"{name}-typo"
     spec = copy.deepcopy(guard["spec"])
@@ -402,3 +408,173 @@ async def may(client: RawClient, verb: str, resource: str, subresource: str = ""
         client, "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review
     )
     return bool(answer["status"].get("allowed"))
+
+
+# -- the label guard: nobody else writes gpushare.dev/ labels ------------------------------------
+
+LABEL_GUARD = "gpushare node guard: only gpushare writes gpushare.dev/ labels on a Node"
+SLOT_MEMORY = "gpushare.dev/slot-memory-mib"
+SLOT_ISOLATION = "gpushare.dev/slot-isolation"
+
+
+@dataclass(frozen=True)
+class LabelRefusal:
+    """A kubelet's write that sets, changes or removes a gpushare.dev/ label on its own Node,
+    and the label the guard's message must name."""
+
+    what: str
+    body: Any
+    label: str
+    content_type: str = MERGE
+    subresource: str = ""
+
+
+def kubelet_refusals(node: str) -> list[LabelRefusal]:
+    own = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}
+    return [
+        LabelRefusal("a bigger slot advertised", label(SLOT_MEMORY, "819200"), SLOT_MEMORY),
+        LabelRefusal("a new slot label", label(SLOT_ISOLATION, "mps"), SLOT_ISOLATION),
+        LabelRefusal("the policy label changed", label(h.POLICY_LABEL, "other"), h.POLICY_LABEL),
+        LabelRefusal("the policy label removed", label(h.POLICY_LABEL, None), h.POLICY_LABEL),
+        LabelRefusal("any other gpushare.dev/ key", label("gpushare.dev/x", "1"), "gpushare.dev/x"),
+        LabelRefusal(
+            "through nodes/status",
+            label(SLOT_MEMORY, "819200"),
+            SLOT_MEMORY,
+            subresource="status",
+        ),
+        LabelRefusal(
+            "by server-side apply",
+            {**own, "metadata": {**own["metadata"], "labels": {SLOT_MEMORY: "819200"}}},
+            SLOT_MEMORY,
+            APPLY,
+        ),
+    ]
+
+
+async def test_no_one_but_gpushare_writes_gpushare_labels_kubelets_included(
+    control_plane: ControlPlane, clients: tuple[RawClient, RawClient], nodes: list[str]
+) -> None:
+    """A kubelet may label its own Node (NodeRestriction allows any key outside kubernetes.io
+    and k8s.io), but not with gpushare.dev/ keys: not when it registers, not afterwards, not
+    through nodes/status; the operator's own labels stay as it wrote them."""
+    admin, account = clients
+    node = await create_node(admin, nodes, taints=[])
+    name = node["metadata"]["name"]
+    ours = {h.POLICY_LABEL: "inference", SLOT_MEMORY: "20389"}
+    node = await allowed(account, node, label_apply(node, ours), APPLY)
+    user = f"system:node:{name}"
+    async with RawClient(kubeconfig=nodeguard.kubelet(control_plane, name)) as kubelet:
+        path = f"/api/v1/nodes/{name}"
+        dry = {"fieldManager": "kubelet", "dryRun": "All"}
+        # The kubelet's own labels, and its status, are its business.
+        status, answer = await kubelet.patch(path, label("example.com/rack", "r7"), params=dry)
+        assert status == 200, answer
+        heartbeat = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+        status, answer = await kubelet.patch(f"{path}/status", heartbeat, params=dry)
+        assert status == 200, answer
+        # The control plane holds kubelets as a cluster does: NodeRestriction keeps it to its
+        # own Node (and away from node-restriction.kubernetes.io/ keys).
+        status, answer = await kubelet.patch(
+            "/api/v1/nodes/" + h.unique("elsewhere"), label("example.com/rack", "r7"), params=dry
+        )
+        assert status in (403, 404) and "guard" not in str(answer), answer
+        restricted = label("node-restriction.kubernetes.io/pool", "a")
+        status, answer = await kubelet.patch(path, restricted, params=dry)
+        assert status == 403 and "is not allowed to modify labels" in answer["message"], answer
+
+        since = time.time()
+        cases = kubelet_refusals(name)
+        for case in cases:
+            target = path + (f"/{case.subresource}" if case.subresource else "")
+            params = {
+                "fieldManager": "kubelet",
+                **({"force": "true"} if case.content_type == APPLY else {}),
+            }
+            status, answer = await kubelet.patch(
+                target, case.body, content_type=case.content_type, params=params
+            )
+            assert status == 403, (case.what, status, answer)
+            message = str(answer["message"])
+            assert f"{LABEL_GUARD}; refused: label {case.label} by {user}" in message, (
+                case.what,
+                message,
+            )
+            # The same request is valid: as admin (a dry run) it goes through.
+            status, dry_answer = await admin.patch(
+                target, case.body, content_type=case.content_type, params={**params, **dry}
+            )
+            assert status == 200, (case.what, dry_answer)
+
+        # Registering: a Node created with a gpushare.dev/ label is refused; without, admitted.
+        joining = h.unique("joining")
+        async with RawClient(kubeconfig=nodeguard.kubelet(control_plane, joining)) as newcomer:
+            body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": joining}}
+            labelled = {**body, "metadata": {**body["metadata"], "labels": {SLOT_MEMORY: "81920"}}}
+            status, answer = await newcomer.post("/api/v1/nodes", labelled, params=dry)
+            assert status == 403, answer
+            assert f"refused: label {SLOT_MEMORY} by system:node:{joining}" in answer["message"]
+            status, answer = await newcomer.post("/api/v1/nodes", body, params=dry)
+            assert status == 201, answer
+
+    # Each refusal was authorized (by the Node authorizer) and admitted by NodeRestriction,
+    # which runs before the policies: the guard alone refused it, and nothing changed.
+    events = await eventually(
+        lambda: account_writes(control_plane, user, name, since),
+        until=lambda found: len(found) == len(cases),
+        what="every refused request in the audit log",
+    )
+    assert [e["responseStatus"]["code"] for e in events] == [403] * len(cases)
+    assert {e["annotations"]["authorization.k8s.io/decision"] for e in events} == {"allow"}
+    current = await h.ok(admin, "GET", f"/api/v1/nodes/{name}")
+    assert current["metadata"]["resourceVersion"] == node["metadata"]["resourceVersion"]
+    assert ours.items() <= current["metadata"]["labels"].items()
+
+
+async def test_exempt_groups_are_a_value(
+    control_plane: ControlPlane,
+    helm: Helm,
+    clients: tuple[RawClient, RawClient],
+    nodes: list[str],
+    namespace: str,
+    release: str,
+) -> None:
+    """By default members of system:masters (the test admin) may still write gpushare.dev/
+    labels; with nodeGuard.exemptGroups=[] nobody but the operator may."""
+    admin, _ = clients
+    node = await create_node(admin, nodes, taints=[])
+    path = f"/api/v1/nodes/{node['metadata']['name']}"
+    change = label(h.POLICY_LABEL, "by-hand")
+    dry = {"dryRun": "All"}
+    status, answer = await admin.patch(path, change, params=dry)
+    assert status == 200, answer
+
+    def upgrade(groups: str) -> None:
+        helm.run(
+            "upgrade",
+            release,
+            str(CHART),
+            "-n",
+            namespace,
+            "--reuse-values",
+            "--set-json",
+            f"nodeGuard.exemptGroups={groups}",
+        )
+
+    upgrade("[]")
+    try:
+        status, answer = await eventually(
+            lambda: admin.patch(path, change, params=dry),
+            until=lambda answer: answer[0] == 403,
+            what="the upgraded guard to refuse the admin",
+        )
+        by = "by gpushare-admin"
+        assert f"{LABEL_GUARD}; refused: label {h.POLICY_LABEL} {by}" in answer["message"], answer
+    finally:
+        # Back to the default, so that the next test's admin is exempt again from the start.
+        upgrade('["system:masters"]')
+        await eventually(
+            lambda: admin.patch(path, change, params=dry),
+            until=lambda answer: answer[0] == 200,
+            what="the admin exempt again",
+        )

@@ -47,13 +47,48 @@ mig-tables: ## Print go-nvml's MIG tables as JSON (the Go exporter in tests/migg
 	@$(MIG_TABLES_DIR)/miggeometry
 
 .PHONY: lint
-lint: venv ## ruff, mypy --strict and the import-linter layer contracts.
+lint: venv ## ruff, mypy --strict, the import-linter layer contracts and checkov on the chart.
 	$(VENV)/bin/ruff check operator testing tests benchmarks
 	$(VENV)/bin/ruff format --check operator testing tests benchmarks
 	$(VENV)/bin/mypy --strict operator/gpushare_operator
 	$(VENV)/bin/mypy --strict testing/gpushare_testing
 	$(VENV)/bin/mypy --strict benchmarks
 	$(VENV)/bin/lint-imports
+	@$(MAKE) --no-print-directory checkov
+
+# checkov pins packaging<24, and pytest 9 needs packaging>=24: in .venv it would hold pytest
+# back, so it has a venv of its own. Pinned, so that a release's new checks come in by choice.
+CHECKOV_VERSION := 3.3.30
+CHECKOV_VENV := .venv-checkov
+CHART := charts/gpushare-operator
+# The values the chart is scanned with, one --set each ("defaults" sets nothing): the defaults,
+# the monitoring objects on, the webhook off, an image by digest, plain-HTTP metrics.
+CHART_SCANS := defaults \
+	serviceMonitor.enabled=true,metricsCertSecret=metrics-tls,grafanaDashboard.enabled=true \
+	webhook.enabled=false \
+	image.digest=sha256:$(shell printf '0%.0s' $$(seq 64)) \
+	operator.metricsInsecure=true,serviceMonitor.enabled=true
+
+$(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION):
+	rm -rf $(CHECKOV_VENV)
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet --upgrade pip
+	$(CHECKOV_VENV)/bin/pip install --quiet checkov==$(CHECKOV_VERSION)
+	touch $@
+
+# One file per scan: checkov's graph checks (a pod's NetworkPolicy) would otherwise match a
+# resource of one rendering with another's.  --skip-download: nothing is fetched from its vendor.
+.PHONY: checkov
+checkov: $(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION) controlplane ## checkov (kubernetes checks) on the chart rendered with each of CHART_SCANS: no failed check; a skip says why in the object's checkov.io/skip annotation.
+	@out=$$(mktemp -d) && trap 'rm -rf "$$out"' EXIT && \
+	for values in $(CHART_SCANS); do \
+		set=$$([ "$$values" = defaults ] || echo "--set $$values"); \
+		$(CONTROLPLANE_BIN)/helm template gs $(CHART) --namespace gpushare-system \
+			--kube-version $(KUBERNETES_VERSION) $$set >"$$out/chart.yaml" || exit 1; \
+		echo "checkov: the chart with $$values"; \
+		$(CHECKOV_VENV)/bin/checkov --framework kubernetes --file "$$out/chart.yaml" \
+			--quiet --compact --skip-download || exit 1; \
+	done
 
 .PHONY: fmt
 fmt: venv ## Format and auto-fix with ruff.
@@ -205,4 +240,4 @@ image-test: venv controlplane buildah ## Run the image (buildah run, host networ
 
 .PHONY: clean
 clean: ## Remove the venv and caches (not the control-plane build).
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info testing/*.egg-info
+	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info testing/*.egg-info

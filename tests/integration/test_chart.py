@@ -15,10 +15,12 @@ import json
 import re
 import urllib.request
 from collections.abc import Mapping
+from pathlib import PurePosixPath
 from typing import Any
 
 import pytest
 import yaml
+from kubernetes_asyncio.config import incluster_config
 
 from gpushare_operator.app import settings
 from gpushare_testing import webhooks
@@ -196,6 +198,7 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
         ("ClusterRoleBinding", ""),
         ("Deployment", "gpushare-system"),
         ("MutatingWebhookConfiguration", ""),
+        ("NetworkPolicy", "gpushare-system"),
         ("PodDisruptionBudget", "gpushare-system"),
         ("Role", "gpu-operator"),
         ("Role", "gpushare-system"),
@@ -206,7 +209,11 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
         ("Service", "gpushare-system"),
         ("Service", "gpushare-system"),
         ("ServiceAccount", "gpushare-system"),
-        ("ValidatingAdmissionPolicy", ""),
+        ("ValidatingAdmissionPolicy", ""),  # the node guard
+        ("ValidatingAdmissionPolicy", ""),  # the node label guard
+        ("ValidatingAdmissionPolicy", ""),  # the webhook guard
+        ("ValidatingAdmissionPolicyBinding", ""),
+        ("ValidatingAdmissionPolicyBinding", ""),
         ("ValidatingAdmissionPolicyBinding", ""),
     ]
     for manifest in manifests:
@@ -245,6 +252,7 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
     assert pod["serviceAccountName"] == only(manifests, "ServiceAccount")["metadata"]["name"]
     [container] = pod["containers"]
     assert container["image"] == "localhost/gpushare-operator:0.1.0"  # what `make image` names
+    assert container["imagePullPolicy"] == "Always"  # a tag can move
     assert "command" not in container  # the image's entrypoint runs the operator
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True
@@ -503,11 +511,12 @@ async def test_the_dashboard_charts_metrics_the_operator_exports(
 HISTOGRAM = {"bucket", "sum", "count"}
 
 
-def guard_of(manifests: list[Manifest]) -> tuple[Manifest, Manifest]:
-    """The node guard's policy and binding among the manifests."""
-    [policy] = [m for m in manifests if m["kind"] == "ValidatingAdmissionPolicy"]
-    [binding] = [m for m in manifests if m["kind"] == "ValidatingAdmissionPolicyBinding"]
-    return policy, binding
+def guard_of(manifests: list[Manifest], suffix: str = "-node-guard") -> tuple[Manifest, Manifest]:
+    """A guard's policy and binding among the manifests (by default, the node guard)."""
+    return (
+        only(manifests, "ValidatingAdmissionPolicy", suffix),
+        only(manifests, "ValidatingAdmissionPolicyBinding", suffix),
+    )
 
 
 def test_the_node_guard_is_rendered_for_the_chart_service_account_and_can_be_turned_off(
@@ -548,7 +557,7 @@ def test_the_node_guard_is_rendered_for_the_chart_service_account_and_can_be_tur
     bad = helm.render("--set", "nodeGuard.extraLabelKeys={not a key}", check=False)
     assert bad.returncode != 0 and "extraLabelKeys" in bad.stderr, bad.stderr
 
-    # Off: nothing of it is rendered. Older than 1.30: refused unless it is off.
+    # Off: none of the guards is rendered. Older than 1.30: refused unless it is off.
     off = helm.template("--set", "nodeGuard.enabled=false")
     assert not {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} & {
         m["kind"] for m in off
@@ -557,6 +566,201 @@ def test_the_node_guard_is_rendered_for_the_chart_service_account_and_can_be_tur
     assert old.returncode != 0
     assert "needs Kubernetes 1.30" in old.stderr and "nodeGuard.enabled=false" in old.stderr
     helm.render("--kube-version", "1.29.9", "--set", "nodeGuard.enabled=false")
+
+
+def test_the_label_and_webhook_guards_are_rendered_for_the_operator(helm: Helm) -> None:
+    manifests = helm.template(release="gs", namespace="gpushare-system")
+    account = "system:serviceaccount:gpushare-system:gs-gpushare-operator"
+
+    # The label guard: everyone but the operator and the exempt groups, on create and update.
+    labels, binding = guard_of(manifests, "-node-guard-labels")
+    assert binding["spec"] == {
+        "policyName": labels["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    assert labels["spec"]["failurePolicy"] == "Fail"
+    [rule] = labels["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["operations"] == ["CREATE", "UPDATE"]
+    assert rule["apiVersions"] == ["v1"]
+    assert rule["resources"] == ["nodes", "nodes/status"]
+    conditions = {c["name"]: c["expression"] for c in labels["spec"]["matchConditions"]}
+    assert conditions["not-the-operator"] == f'!(request.userInfo.username in ["{account}"])'
+    assert 'g in ["system:masters"]' in conditions["not-exempt"]
+    nobody = guard_of(
+        helm.template("--set-json", "nodeGuard.exemptGroups=[]"), "-node-guard-labels"
+    )[0]
+    assert [c["name"] for c in nobody["spec"]["matchConditions"]] == ["not-the-operator"]
+    ops = guard_of(
+        helm.template("--set-json", 'nodeGuard.exemptGroups=["ops:admins"]'), "-node-guard-labels"
+    )[0]
+    assert 'g in ["ops:admins"]' in ops["spec"]["matchConditions"][1]["expression"]
+    # A group that would let kubelets (or everyone) through is refused.
+    for group in ("system:nodes", "system:authenticated", "system:serviceaccounts"):
+        bad = helm.render("--set-json", f'nodeGuard.exemptGroups=["{group}"]', check=False)
+        assert bad.returncode != 0 and "exemptGroups" in bad.stderr, (group, bad.stderr)
+
+    # The webhook guard: the operator's identity, on every write of webhook configurations.
+    webhook, binding = guard_of(manifests, "-webhook-guard")
+    assert binding["spec"] == {
+        "policyName": webhook["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    assert webhook["spec"]["failurePolicy"] == "Fail"
+    [rule] = webhook["spec"]["matchConstraints"]["resourceRules"]
+    assert rule == {
+        "apiGroups": ["admissionregistration.k8s.io"],
+        "apiVersions": ["v1"],  # a wildcard would turn off the type check
+        "operations": ["CREATE", "UPDATE", "DELETE"],
+        "resources": ["mutatingwebhookconfigurations"],
+    }
+    [condition] = webhook["spec"]["matchConditions"]
+    assert condition["expression"] == f'request.userInfo.username in ["{account}"]'
+    others = guard_of(helm.template("--set", "nodeGuard.users={alice}"), "-webhook-guard")[0]
+    assert others["spec"]["matchConditions"][0]["expression"] == (
+        'request.userInfo.username in ["alice"]'
+    )
+    # Without the webhook the ClusterRole grants nothing on webhook configurations: no guard.
+    for off in ("webhook.enabled=false", "nodeGuard.enabled=false"):
+        names = [m["metadata"]["name"] for m in helm.template("--set", off)]
+        assert not [n for n in names if n.endswith("-webhook-guard")], (off, names)
+
+
+def test_the_token_is_a_projected_volume_where_the_in_cluster_config_reads_it(
+    helm: Helm,
+) -> None:
+    """No automatic mount (a scanner's CKV_K8S_38): the pod mounts the token, CA and namespace
+    itself, as the automatic mount would lay them out, where the operator's in-cluster
+    configuration (kubernetes_asyncio's, which kopf's login is given) reads them."""
+    manifests = helm.template()
+    assert only(manifests, "ServiceAccount")["automountServiceAccountToken"] is False
+    pod = only(manifests, "Deployment")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    [volume] = [v for v in pod["volumes"] if "projected" in v]
+    files: dict[str, Any] = {}
+    for source in volume["projected"]["sources"]:
+        if "serviceAccountToken" in source:
+            token = source["serviceAccountToken"]
+            files[token["path"]] = token
+        for kind in ("configMap", "downwardAPI"):
+            for item in source.get(kind, {}).get("items", ()):
+                files[item["path"]] = {kind: source[kind].get("name"), **item}
+    assert files == {
+        # The lifetime the automatic mount gives; the kubelet renews it before it expires.
+        "token": {"path": "token", "expirationSeconds": 3607},
+        "ca.crt": {"configMap": "kube-root-ca.crt", "key": "ca.crt", "path": "ca.crt"},
+        "namespace": {
+            "downwardAPI": None,
+            "path": "namespace",
+            "fieldRef": {"fieldPath": "metadata.namespace"},
+        },
+    }
+    [container] = pod["containers"]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    directory = PurePosixPath(mount["mountPath"])
+    assert str(directory / "token") == incluster_config.SERVICE_TOKEN_FILENAME
+    assert str(directory / "ca.crt") == incluster_config.SERVICE_CERT_FILENAME
+
+
+def test_the_image_is_pinned_by_digest_when_one_is_given(helm: Helm) -> None:
+    digest = "sha256:" + "ab" * 32
+
+    def image(*extra: str) -> tuple[str, str, dict[str, str]]:
+        deployment = only(helm.template(*extra), "Deployment")
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        annotations = deployment["metadata"].get("annotations") or {}
+        return container["image"], container["imagePullPolicy"], annotations
+
+    # By digest: exactly that image, and no need to ask the registry again.
+    assert image("--set", f"image.digest={digest}") == (
+        f"localhost/gpushare-operator@{digest}",
+        "IfNotPresent",
+        {},
+    )
+    # By tag: the tag may move, so it is pulled each time, and the scanner is told why it is
+    # not a digest.
+    name, policy, annotations = image()
+    assert (name, policy) == ("localhost/gpushare-operator:0.1.0", "Always")
+    assert annotations["checkov.io/skip1"].startswith("CKV_K8S_43=image.digest is empty")
+    # A policy of one's own wins.
+    assert image("--set", "image.pullPolicy=IfNotPresent")[1] == "IfNotPresent"
+
+
+def test_the_network_policy_admits_the_webhook_and_metrics_and_lets_out_the_api_server(
+    helm: Helm,
+) -> None:
+    manifests = helm.template()
+    policy = only(manifests, "NetworkPolicy")
+    deployment = only(manifests, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    # In: the webhook and /metrics, by the container's port names, from anywhere (the API
+    # server's address depends on the cluster; every scrape is authenticated). Not the probes'
+    # port: traffic from the pod's own node is always allowed.
+    assert policy["spec"]["ingress"] == [
+        {"ports": [{"port": "webhook", "protocol": "TCP"}]},
+        {"ports": [{"port": "metrics", "protocol": "TCP"}]},
+    ]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert {"webhook", "metrics"} <= {p["name"] for p in container["ports"]}
+    # Out: the API server alone (before or after the kubernetes Service's translation).
+    assert policy["spec"]["egress"] == [
+        {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}
+    ]
+
+    # Narrowed by values; without the webhook, its port stays closed.
+    monitoring = {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}
+    control_plane = {"ipBlock": {"cidr": "10.0.0.10/32"}}
+    dns = {"ports": [{"port": 53, "protocol": "UDP"}]}
+    values = {
+        "apiServer": {"to": [control_plane], "ports": [6443]},
+        "metricsFrom": [monitoring],
+        "extraEgress": [dns],
+    }
+    narrowed = only(
+        helm.template(
+            "--set-json", f"networkPolicy={json.dumps(values)}", "--set", "webhook.enabled=false"
+        ),
+        "NetworkPolicy",
+    )
+    assert narrowed["spec"]["ingress"] == [
+        {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [monitoring]}
+    ]
+    assert narrowed["spec"]["egress"] == [
+        {"ports": [{"port": 6443, "protocol": "TCP"}], "to": [control_plane]},
+        dns,
+    ]
+    off = helm.template("--set", "networkPolicy.enabled=false")
+    assert not [m for m in off if m["kind"] == "NetworkPolicy"]
+
+
+def test_every_scanner_skip_says_why_and_holds_only_where_its_reason_does(helm: Helm) -> None:
+    """A checkov skip is an annotation with the check and why; each is rendered only where
+    the chart makes its reason true."""
+    digest = "image.digest=sha256:" + "0" * 64
+    for extra in ([], ["--set", "webhook.enabled=false"], ["--set", "nodeGuard.enabled=false"]):
+        for pinned in ([], ["--set", digest]):
+            manifests = helm.template(*extra, *pinned)
+            skips = {
+                (m["kind"], value.split("=", 1)[0])
+                for m in manifests
+                for key, value in (m["metadata"].get("annotations") or {}).items()
+                if key.startswith("checkov.io/skip")
+                and re.fullmatch(r"CKV2?_K8S_\d+=\S.{40,}", value)
+            }
+            every = [
+                key
+                for m in manifests
+                for key in m["metadata"].get("annotations") or {}
+                if key.startswith("checkov.io/")
+            ]
+            assert len(every) == len(skips), (extra, pinned, every)
+            guarded = any(m["metadata"]["name"].endswith("-webhook-guard") for m in manifests)
+            expected = {("ClusterRole", "CKV_K8S_155")} if guarded else set()
+            if not pinned:
+                expected.add(("Deployment", "CKV_K8S_43"))
+            assert skips == expected, (extra, pinned)
 
 
 # The webhook's clientConfig as the chart renders it for release "gs" in gpushare-system.
@@ -633,6 +837,8 @@ def test_the_webhook_can_be_turned_off(helm: Helm) -> None:
         ("Service", f"{full}-webhook"),
         ("Role", f"{full}-webhook-certificate"),
         ("RoleBinding", f"{full}-webhook-certificate"),
+        ("ValidatingAdmissionPolicy", f"{full}-webhook-guard"),
+        ("ValidatingAdmissionPolicyBinding", f"{full}-webhook-guard"),
     }
     deployment = only(off, "Deployment")
     env = plain_env(deployment)

@@ -58,7 +58,7 @@ def test_rendered_manifests_pass_server_side_dry_run(
         stdin=rendered,
     )
     applied = [line for line in out.splitlines() if line.endswith("(server dry run)")]
-    assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]) == 18, out
+    assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]) == 23, out
     # A dry run: nothing was created.
     status, _ = control_plane.request(
         "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/dry-gpushare-operator"
@@ -73,6 +73,7 @@ CHART_KINDS = [
     ("/api/v1", "services", True),
     ("/api/v1", "configmaps", True),
     ("/apis/policy/v1", "poddisruptionbudgets", True),
+    ("/apis/networking.k8s.io/v1", "networkpolicies", True),
     ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
     ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
     ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
@@ -122,6 +123,7 @@ def test_install_creates_everything_and_uninstall_leaves_nothing(
                 ("services", release_ns, f"{full}-webhook"),
                 ("configmaps", release_ns, f"{full}-dashboard"),
                 ("poddisruptionbudgets", release_ns, full),
+                ("networkpolicies", release_ns, full),
                 ("roles", release_ns, f"{full}-leader-election"),
                 ("roles", release_ns, f"{full}-webhook-certificate"),
                 ("roles", plugin_ns, f"{full}-device-plugin-config"),
@@ -133,6 +135,10 @@ def test_install_creates_everything_and_uninstall_leaves_nothing(
                 ("clusterrolebindings", "", full),
                 ("validatingadmissionpolicies", "", f"{full}-node-guard"),
                 ("validatingadmissionpolicybindings", "", f"{full}-node-guard"),
+                ("validatingadmissionpolicies", "", f"{full}-node-guard-labels"),
+                ("validatingadmissionpolicybindings", "", f"{full}-node-guard-labels"),
+                ("validatingadmissionpolicies", "", f"{full}-webhook-guard"),
+                ("validatingadmissionpolicybindings", "", f"{full}-webhook-guard"),
                 ("mutatingwebhookconfigurations", "", full),
             ]
         )
@@ -141,6 +147,12 @@ def test_install_creates_everything_and_uninstall_leaves_nothing(
         )
         assert status == 200
         assert json.loads(raw)["spec"]["replicas"] == 2
+        # The API server took the token as a projected volume, with no automatic mount.
+        pod = json.loads(raw)["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        [access] = [v for v in pod["volumes"] if "projected" in v]
+        [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == access["name"]]
+        assert mount["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
         listed = json.loads(helm.run("list", "--namespace", release_ns, "-o", "json").stdout)
         assert [(r["name"], r["status"]) for r in listed] == [(release, "deployed")]
         notes = helm.run("get", "notes", release, "--namespace", release_ns).stdout
@@ -433,4 +445,5 @@ def test_a_certificate_secret_is_mounted_and_named_to_the_operator(helm: Helm) -
     [container] = plain["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["GPUSHARE_METRICS_CERT_FILE"] == env["GPUSHARE_METRICS_KEY_FILE"] == ""
-    assert [v["name"] for v in plain["spec"]["template"]["spec"]["volumes"]] == ["tmp"]
+    volumes = [v["name"] for v in plain["spec"]["template"]["spec"]["volumes"]]
+    assert volumes == ["tmp", "api-access"]  # scratch space and the API token: no certificate

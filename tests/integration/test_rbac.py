@@ -292,7 +292,16 @@ async def assert_refused(
         ("DELETE", f"/api/v1/namespaces/{namespace}/secrets/{secret}", None, dry, MERGE),
         ("GET", f"/api/v1/namespaces/{plugin_namespace}/secrets", None, {}, MERGE),
         ("GET", "/api/v1/namespaces/kube-system/secrets", None, {}, MERGE),
-        # Webhook configurations: its caBundle alone; never another one, never created.
+        # Webhook configurations: its caBundle alone (RBAC narrows the patch to the one
+        # configuration, the chart's webhook guard to its caBundle); never another one, never
+        # created.
+        (
+            "PATCH",
+            f"{webhooks.CONFIGURATIONS}/{configuration}",
+            [{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"}],
+            dry,
+            "application/json-patch+json",
+        ),
         ("GET", webhooks.CONFIGURATIONS, None, {}, MERGE),
         ("GET", f"{webhooks.CONFIGURATIONS}/other", None, {}, MERGE),
         ("DELETE", f"{webhooks.CONFIGURATIONS}/{configuration}", None, dry, MERGE),

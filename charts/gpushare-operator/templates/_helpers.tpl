@@ -60,6 +60,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* As set; else IfNotPresent for an image by digest (it cannot change), Always for a tag. */}}
+{{- define "gpushare-operator.imagePullPolicy" -}}
+{{- if .Values.image.pullPolicy }}
+{{- .Values.image.pullPolicy }}
+{{- else if .Values.image.digest }}IfNotPresent
+{{- else }}Always
+{{- end }}
+{{- end }}
+
+{{/* Where kubernetes_asyncio's in-cluster config and kopf read the token, CA and namespace. */}}
+{{- define "gpushare-operator.serviceAccountDir" -}}
+/var/run/secrets/kubernetes.io/serviceaccount
+{{- end }}
+
 {{/*
 Flag values as the container sees them: numbers without a float's exponent or trailing ".0"
 noise, as strings (environment variables are strings).

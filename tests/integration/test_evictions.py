@@ -17,6 +17,7 @@ import pytest
 from gpushare_testing import apiobjects as h
 from gpushare_testing import rolloutaudit as audit
 from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.crdinstall import create_until_accepted, install_crds
 from gpushare_testing.gpupods import create, small_pod
 from gpushare_testing.operators import OperatorFactory, RunningOperator
 from gpushare_testing.replicas import USERS, Replicas
@@ -123,6 +124,20 @@ def evictions(
             if audit.moment(event) >= since:
                 found.append((audit.moment(event), str(ref["name"]), code))
     return sorted(found)
+
+
+def eviction_options(plane: ControlPlane, *, since: float) -> dict[str, dict[str, Any]]:
+    """pod -> the deleteOptions of the last eviction gpushare asked for (the audit log keeps
+    eviction bodies)."""
+    found: dict[str, dict[str, Any]] = {}
+    for event in plane.audit_events():
+        ref = event["objectRef"]
+        if event["user"]["username"] != h.OPERATOR_USER or ref.get("subresource") != "eviction":
+            continue
+        if event["verb"] == "create" and audit.moment(event) >= since:
+            body = event.get("requestObject") or {}
+            found[str(ref["name"])] = dict(body.get("deleteOptions") or {})
+    return found
 
 
 def pod_writes_by_us(plane: ControlPlane) -> list[Mapping[str, Any]]:
@@ -384,3 +399,60 @@ async def test_a_new_leader_gives_the_drain_up_when_the_first_one_would_have(
     assert labels[h.CONFIG_LABEL] == old
     by_new = evictions(control_plane, since=since, users=[USERS[follower]])
     assert by_new and all(code == 429 for _, _, code in by_new), "the new leader asked too"
+
+
+async def test_a_grace_period_of_0_stored_under_an_older_crd_is_read_as_1_and_said_so(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    pods_ns: str,
+    policies: list[str],
+    relaxed_crd: None,
+    start_operator: OperatorFactory,
+) -> None:
+    """An eviction is never a deletion: ``gracePeriodSeconds: 0`` (which an older CRD let in,
+    and CRD ratcheting keeps through later edits) is asked as 1, so that the API server waits
+    for the kubelet, and the policy says so (a condition and an Event)."""
+    pool = h.unique("grace")
+    mine = {RUN: pool}
+    [changing] = await sim.create_gpu_nodes(pool=pool, count=1, gpus=1, extra_labels=mine)
+    name = h.unique("grace")
+    rollout = {"canary": 0, "podPolicy": "Evict", "eviction": {"gracePeriodSeconds": 0}}
+    await create_until_accepted(sim.client, paced(name, pool=pool, replicas=4, **rollout))
+    policies.append(name)
+    install_crds(control_plane)  # the current CRDs again: the object stays as it was stored
+    await start_operator("--device-plugin-namespace", namespace)
+    await all_verified(sim, [changing], name)
+    adjusted = await eventually(
+        lambda: h.get_policy(sim.client, name),
+        until=lambda b: h.condition(b.get("status"), "SpecAdjusted").get("status") == "True",
+        what="SpecAdjusted on the policy",
+    )
+    condition = h.condition(adjusted["status"], "SpecAdjusted")
+    assert condition["reason"] == "GracePeriodRaised"
+    assert "gracePeriodSeconds is 0" in condition["message"]
+    assert "evictions ask for 1 s instead" in condition["message"]
+    events = await eventually(
+        lambda: h.events_about(sim.client, name),
+        until=lambda es: any(e["reason"] == "SpecAdjusted" for e in es),
+        what=f"a SpecAdjusted Event about {name}",
+    )
+    [event] = [e for e in events if e["reason"] == "SpecAdjusted"]
+    assert event["type"] == "Warning" and event["message"] == condition["message"]
+    app = h.unique("web")
+    await apply(sim, pods_ns, deployment(app, replicas=3, run=pool))
+    first = await settled(sim, pods_ns, app, 3)
+    await sim.create_gpu_nodes(pool=h.unique("spare"), count=1, gpus=1, extra_labels=mine)
+
+    since = time.time()
+    await h.patch_policy(sim.client, name, {"replicas": 2})  # the 0 ratchets through the edit
+    await all_verified(sim, [changing], name)
+    asked = eviction_options(control_plane, since=since)
+    assert sorted(asked) == sorted(set(first) - set(await settled(sim, pods_ns, app, 3)))
+    assert len(asked) == 1, asked  # 3 pods, 2 slots: the fewest that must go
+    [(pod, options)] = asked.items()
+    assert options["gracePeriodSeconds"] == 1, options
+    # The pod record outlived the eviction: deleted by its kubelet once it had stopped.
+    [(evicted_at, _, code)] = evictions(control_plane, since=since)
+    assert code == 201 and evicted_at < gone_at(control_plane, pod) < float("inf")
+    assert pod_writes_by_us(control_plane) == []

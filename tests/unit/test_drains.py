@@ -19,7 +19,9 @@ from gpushare_testing.writepath import PlanningLoop
 GPU = "nvidia.com/gpu"
 
 
-def evict_pool(clock: Clock, *, nodes: int, timeout: str = "1m") -> ClusterCache:
+def evict_pool(
+    clock: Clock, *, nodes: int, timeout: str = "1m", grace: int | None = None
+) -> ClusterCache:
     """``nodes`` nodes Verified on p's replicas-4 config (16 slots each); p now wants 2 (8)."""
     cache = ClusterCache(clock=clock, wallclock=lambda: EPOCH + clock.now)
     cache.upsert_policy(policy("p", replicas=4))
@@ -31,7 +33,7 @@ def evict_pool(clock: Clock, *, nodes: int, timeout: str = "1m") -> ClusterCache
         "maxUnavailable": 1,
         "canary": 0,
         "podPolicy": "Evict",
-        "eviction": {"timeout": timeout},
+        "eviction": {"timeout": timeout, "gracePeriodSeconds": grace},
     }
     cache.upsert_policy(policy("p", replicas=2, generation=2, rollout=rollout))
     cache.set_config_data(before | config_texts(cache), initial=True)
@@ -119,6 +121,15 @@ def test_an_admitted_change_drains_the_fewest_pods_then_changes_once_they_are_go
     plan = loop.plan_node("n0")
     assert plan.labels is not None  # gone: the change goes ahead
     assert set(plan.evictions_done) == {"uid-young", "uid-old"}  # counted done once
+
+
+def test_a_grace_period_of_0_that_an_older_crd_let_in_is_asked_as_1() -> None:
+    clock = Clock()
+    cache = evict_pool(clock, nodes=1, grace=0)
+    cache.upsert_pod(gpu_pod("a", "n0", 10))
+    loop = leader(cache)
+    plan = turn(loop, clock, "n0")
+    assert [(e.name, e.grace_period) for e in plan.evictions] == [("a", 1)]  # never a deletion
 
 
 def test_a_refused_eviction_is_asked_again_after_a_back_off_and_names_its_budget() -> None:

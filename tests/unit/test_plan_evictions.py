@@ -141,6 +141,22 @@ def test_a_grace_period_in_the_policy_times_the_drain() -> None:
     assert forecast.batches[0].ends_at == round(75 + 2 / 100 + 600 + PACE.batch_seconds(1), 2)
 
 
+def test_a_grace_period_of_0_is_timed_as_the_operator_asks_it_1() -> None:
+    """A 0 an older CRD let in: the operator asks for 1 s (never a forced deletion), and the
+    plan times the drain by what it asks."""
+    forecaster = Forecaster(max_unavailable="100%", pace=PACE)
+    rollout = {**EVICT, "eviction": {"gracePeriodSeconds": 0}}
+    converged(forecaster, 1, rollout=rollout)
+    body = gpu_pod("slow", "n0", 6)
+    body["spec"]["terminationGracePeriodSeconds"] = 600
+    with_pods(forecaster, body)
+    forecast = forecaster.run(
+        [policy("p", replicas=1, generation=2, strategy="Exclusive", rollout=rollout)]
+    )
+    assert forecast.evictions["n0"].grace_period == 1
+    assert forecast.batches[0].ends_at == round(75 + 2 / 100 + 1 + PACE.batch_seconds(1), 2)
+
+
 def test_a_node_whose_pods_are_never_evicted_is_held_and_blocks_the_plan() -> None:
     forecaster = Forecaster(max_unavailable="100%", pace=PACE)
     converged(forecaster, 1, rollout=EVICT)

@@ -34,7 +34,7 @@ class NodeEvictions:
     pods: tuple[PodRecord, ...]  # to evict, in the order the operator evicts them
     leaving: tuple[PodRecord, ...]  # terminating already: waited for, not evicted
     stuck: str | None  # why the node cannot be drained; None: it can
-    grace_period: int | None  # the policy's eviction.gracePeriodSeconds; None: each pod's own
+    grace_period: int | None  # what the operator's evictions ask for; None: each pod's own
     timeout: str  # the policy's eviction.timeout
 
     @property
@@ -74,7 +74,7 @@ def foresee(*, node: str, planner: Planner, book: RolloutBook) -> NodeEvictions 
         pods=chosen.evict,
         leaving=chosen.leaving,
         stuck=chosen.stuck,
-        grace_period=spec.eviction.gracePeriodSeconds,
+        grace_period=spec.eviction.grace_period,  # as the operator asks: never 0
         timeout=spec.eviction.timeout,
     )
 

@@ -42,7 +42,7 @@ class Eviction:
     namespace: str
     name: str
     uid: str
-    grace_period: int | None  # deleteOptions.gracePeriodSeconds; None: the pod's own
+    grace_period: int | None  # deleteOptions.gracePeriodSeconds, >= 1; None: the pod's own
     message: str
 
 
@@ -125,7 +125,7 @@ class Drains:
             released_from=planned.released_from,
             eviction=block,
         )
-        grace = spec.eviction.gracePeriodSeconds
+        grace = spec.eviction.grace_period  # never 0, whatever an older CRD let in
         event = f"Evicted by gpushare: policy {place.charged} changes node {record.name}"
         evictions = tuple(
             Eviction(p.namespace, p.name, p.uid, grace, event)

@@ -10,9 +10,11 @@ import itertools
 import signal
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpushare_testing import apiobjects as h
 from gpushare_testing import rolloutaudit as audit
@@ -20,6 +22,7 @@ from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.crdinstall import create_until_accepted, install_crds
 from gpushare_testing.gpupods import create, small_pod
 from gpushare_testing.operators import OperatorFactory, RunningOperator
+from gpushare_testing.pluginruns import plugin
 from gpushare_testing.replicas import USERS, Replicas
 from gpushare_testing.rolloutstate import all_verified, paced, rollout_state
 from gpushare_testing.simulator import GpuClusterSimulator
@@ -455,4 +458,94 @@ async def test_a_grace_period_of_0_stored_under_an_older_crd_is_read_as_1_and_sa
     # The pod record outlived the eviction: deleted by its kubelet once it had stopped.
     [(evicted_at, _, code)] = evictions(control_plane, since=since)
     assert code == 201 and evicted_at < gone_at(control_plane, pod) < float("inf")
+    assert pod_writes_by_us(control_plane) == []
+
+
+async def guarded(sim: GpuClusterSimulator, namespace: str, app: str, *, allowed: int) -> None:
+    """A PodDisruptionBudget over ``app``, once the disruption controller says it allows
+    ``allowed`` disruptions."""
+    await apply(sim, namespace, budget(app, minAvailable=1 - allowed))
+    path = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{app}"
+    await eventually(
+        lambda: h.ok(sim.client, "GET", path),
+        until=lambda pdb: (
+            (pdb.get("status") or {}).get("observedGeneration") == pdb["metadata"]["generation"]
+            and pdb["status"].get("currentHealthy") == 1
+            and pdb["status"].get("disruptionsAllowed") == allowed
+        ),
+        what=f"the disruption controller's status of {app}",
+    )
+
+
+async def test_the_pod_a_budget_protects_stays_and_an_unprotected_older_one_goes(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    pods_ns: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+    tmp_path: Path,
+) -> None:
+    """kube-scheduler's choice of preemption victims: one slot to free, an older pod X no
+    budget protects and a younger pod Y whose budget allows nothing.  By importance alone Y
+    would go, its eviction refused (429) until the node is given up (EvictionTimedOut); as the
+    scheduler chooses, X goes, the node changes, Y stays.  The plugin's plan says the same."""
+    pool = h.unique("victims")
+    mine = {RUN: pool}
+    [node] = await sim.create_gpu_nodes(pool=pool, count=1, gpus=1, extra_labels=mine)
+    name = h.unique("victims")
+    rollout = {"canary": 0, "podPolicy": "Evict", "eviction": {"timeout": "30s"}}
+    body = paced(name, pool=pool, replicas=2, **rollout)  # 2 slots
+    await h.add_policy(sim, policies, body)
+    await start_operator("--device-plugin-namespace", namespace)
+    old = await all_verified(sim, [node], name)
+    x, y = h.unique("x"), h.unique("y")
+    await apply(sim, pods_ns, deployment(x, replicas=1, run=pool))
+    [older] = await settled(sim, pods_ns, x, 1)
+    [x_pod] = await pods_of(sim, pods_ns, x)
+    born = audit.moment({"stageTimestamp": x_pod["metadata"]["creationTimestamp"]})
+
+    async def now() -> float:
+        return time.time()
+
+    # Creation times have whole seconds: Y is created in a later one, so X is the older.
+    await eventually(now, until=lambda t: t >= born + 1.5, what="a second after X was created")
+    await apply(sim, pods_ns, deployment(y, replicas=1, run=pool))
+    [younger] = await settled(sim, pods_ns, y, 1)
+    [y_pod] = await pods_of(sim, pods_ns, y)
+    stamps = x_pod["metadata"]["creationTimestamp"], y_pod["metadata"]["creationTimestamp"]
+    assert stamps[0] < stamps[1], stamps  # X is the more important by age
+    await guarded(sim, pods_ns, y, allowed=0)
+
+    # Exclusive: 1 slot on the node's one GPU; one of the two pods must go.
+    body["spec"] = {k: v for k, v in body["spec"].items() if k != "replicas"}
+    body["spec"]["strategy"] = "Exclusive"
+    manifest = tmp_path / "exclusive.yaml"
+    manifest.write_text(yaml.safe_dump(body))
+    args = ("plan", "-f", str(manifest), "-o", "json", "--device-plugin-namespace", namespace)
+    run = await plugin(control_plane.admin_kubeconfig, *args)
+    assert run.code == 0, run.stderr
+    [planned] = [n["evictions"] for n in run.json()["nodes"] if n["name"] == node]
+    assert [(e["name"], e["blockedBy"]) for e in planned] == [(older, [])]
+
+    await sim.create_gpu_nodes(pool=h.unique("spare"), count=1, gpus=1, extra_labels=mine)
+    since = time.time()
+    await h.patch_policy(sim.client, name, {"strategy": "Exclusive", "replicas": None})
+    state = await eventually(
+        lambda: h.node_state(sim.client, node),
+        until=lambda s: (
+            (h.phase_of(s) == "Verified" and s is not None and s["status"].get("configKey") != old)
+            or h.condition((s or {}).get("status"), "EvictionBlocked").get("status") == "True"
+        ),
+        timeout=120,
+        what=f"{node} changed, or given up",
+    )
+    assert state is not None
+    blocked = h.condition(state["status"], "EvictionBlocked")
+    assert blocked.get("status") != "True", blocked  # today's main: Y chosen, EvictionTimedOut
+    assert state["status"]["phase"] == "Verified"
+    asked = evictions(control_plane, since=since)
+    assert [(pod, code) for _, pod, code in asked] == [(older, 201)], asked  # X alone, at once
+    assert younger in running(await pods_of(sim, pods_ns, y))  # Y stays, on the node
+    assert running(await pods_of(sim, pods_ns, y))[younger] == node
     assert pod_writes_by_us(control_plane) == []

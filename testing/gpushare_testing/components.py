@@ -44,6 +44,8 @@ AUDIT_POLICY: Final[dict[str, Any]] = {
                 # nodes/status too: the device plugin's allocatable, which the rollout
                 # promise's checker reads (a resource rule does not cover its subresources).
                 {"group": "", "resources": ["nodes", "nodes/status", "pods/binding"]},
+                # What each eviction asked for (its deleteOptions: grace period, preconditions).
+                {"group": "", "resources": ["pods/eviction"]},
                 {"group": "gpushare.dev", "resources": ["gpunodestates/status"]},
                 {"group": "gpushare.dev", "resources": ["gpusharingpolicies"]},
                 # What the disruption controller said a PDB allowed at each moment.

@@ -57,10 +57,15 @@ def install_crds(plane: ControlPlane, path: Path = CRDS) -> None:
 
 def relaxed_policy_crd() -> dict[str, Any]:
     """The policy CRD as an older release had it: no replicas maximum, no rule on selector
-    expressions, none refusing labels our own configuration rewrites."""
+    expressions, none refusing labels our own configuration rewrites, an eviction grace period
+    of 0 let in."""
     crd: dict[str, Any] = yaml.safe_load(POLICY_CRD.read_text())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     schema["properties"]["replicas"].pop("maximum")
+    rollout = schema["properties"]["rollout"]["properties"]
+    grace = rollout["eviction"]["properties"]["gracePeriodSeconds"]
+    grace["minimum"] = 0
+    grace.pop("x-kubernetes-validations", None)
     selector = schema["properties"]["nodeSelector"]["properties"]
     selector["matchExpressions"]["items"].pop("x-kubernetes-validations")
     stable = [dict(rule) for rule in crds.STABLE_MATCH_LABELS_RULES]

@@ -275,7 +275,15 @@ REJECTED = [
         "eviction-grace-negative",
         spec(rollout={"podPolicy": "Evict", "eviction": {"gracePeriodSeconds": -1}}),
         "spec.rollout.eviction.gracePeriodSeconds",
-        "greater than or equal to 0",
+        "greater than or equal to 1",
+    ),
+    # 0 is a forced deletion: the refusal says so, not only that 1 is the minimum.
+    Rejected(
+        "eviction-grace-zero",
+        spec(rollout={"podPolicy": "Evict", "eviction": {"gracePeriodSeconds": 0}}),
+        "spec.rollout.eviction.gracePeriodSeconds",
+        "eviction.gracePeriodSeconds must be at least 1: an eviction is never a deletion, and 0"
+        " would make the API server drop the pod's record at once while its containers still run",
     ),
     # strategy MIG
     Rejected("mig-without-block", mig_spec(mig=...), "spec", "mig is required when strategy"),

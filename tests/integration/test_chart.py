@@ -312,6 +312,7 @@ def test_rbac_is_least_privilege(helm: Helm) -> None:
         ("", "nodes"): ["get", "list", "patch", "watch"],
         ("", "pods"): ["get", "list", "watch"],
         ("", "pods/eviction"): ["create"],  # podPolicy Evict: never a delete
+        ("policy", "poddisruptionbudgets"): ["get", "list", "watch"],  # its choice of victims
         ("", "events"): ["create"],
         ("gpushare.dev", "gpusharingpolicies"): ["get", "list", "patch", "watch"],
         ("gpushare.dev", "gpusharingpolicies/status"): ["patch"],

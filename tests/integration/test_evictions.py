@@ -10,15 +10,19 @@ import itertools
 import signal
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpushare_testing import apiobjects as h
 from gpushare_testing import rolloutaudit as audit
 from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.crdinstall import create_until_accepted, install_crds
 from gpushare_testing.gpupods import create, small_pod
 from gpushare_testing.operators import OperatorFactory, RunningOperator
+from gpushare_testing.pluginruns import plugin
 from gpushare_testing.replicas import USERS, Replicas
 from gpushare_testing.rolloutstate import all_verified, paced, rollout_state
 from gpushare_testing.simulator import GpuClusterSimulator
@@ -123,6 +127,20 @@ def evictions(
             if audit.moment(event) >= since:
                 found.append((audit.moment(event), str(ref["name"]), code))
     return sorted(found)
+
+
+def eviction_options(plane: ControlPlane, *, since: float) -> dict[str, dict[str, Any]]:
+    """pod -> the deleteOptions of the last eviction gpushare asked for (the audit log keeps
+    eviction bodies)."""
+    found: dict[str, dict[str, Any]] = {}
+    for event in plane.audit_events():
+        ref = event["objectRef"]
+        if event["user"]["username"] != h.OPERATOR_USER or ref.get("subresource") != "eviction":
+            continue
+        if event["verb"] == "create" and audit.moment(event) >= since:
+            body = event.get("requestObject") or {}
+            found[str(ref["name"])] = dict(body.get("deleteOptions") or {})
+    return found
 
 
 def pod_writes_by_us(plane: ControlPlane) -> list[Mapping[str, Any]]:
@@ -384,3 +402,150 @@ async def test_a_new_leader_gives_the_drain_up_when_the_first_one_would_have(
     assert labels[h.CONFIG_LABEL] == old
     by_new = evictions(control_plane, since=since, users=[USERS[follower]])
     assert by_new and all(code == 429 for _, _, code in by_new), "the new leader asked too"
+
+
+async def test_a_grace_period_of_0_stored_under_an_older_crd_is_read_as_1_and_said_so(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    pods_ns: str,
+    policies: list[str],
+    relaxed_crd: None,
+    start_operator: OperatorFactory,
+) -> None:
+    """An eviction is never a deletion: ``gracePeriodSeconds: 0`` (which an older CRD let in,
+    and CRD ratcheting keeps through later edits) is asked as 1, so that the API server waits
+    for the kubelet, and the policy says so (a condition and an Event)."""
+    pool = h.unique("grace")
+    mine = {RUN: pool}
+    [changing] = await sim.create_gpu_nodes(pool=pool, count=1, gpus=1, extra_labels=mine)
+    name = h.unique("grace")
+    rollout = {"canary": 0, "podPolicy": "Evict", "eviction": {"gracePeriodSeconds": 0}}
+    await create_until_accepted(sim.client, paced(name, pool=pool, replicas=4, **rollout))
+    policies.append(name)
+    install_crds(control_plane)  # the current CRDs again: the object stays as it was stored
+    await start_operator("--device-plugin-namespace", namespace)
+    await all_verified(sim, [changing], name)
+    adjusted = await eventually(
+        lambda: h.get_policy(sim.client, name),
+        until=lambda b: h.condition(b.get("status"), "SpecAdjusted").get("status") == "True",
+        what="SpecAdjusted on the policy",
+    )
+    condition = h.condition(adjusted["status"], "SpecAdjusted")
+    assert condition["reason"] == "GracePeriodRaised"
+    assert "gracePeriodSeconds is 0" in condition["message"]
+    assert "evictions ask for 1 s instead" in condition["message"]
+    events = await eventually(
+        lambda: h.events_about(sim.client, name),
+        until=lambda es: any(e["reason"] == "SpecAdjusted" for e in es),
+        what=f"a SpecAdjusted Event about {name}",
+    )
+    [event] = [e for e in events if e["reason"] == "SpecAdjusted"]
+    assert event["type"] == "Warning" and event["message"] == condition["message"]
+    app = h.unique("web")
+    await apply(sim, pods_ns, deployment(app, replicas=3, run=pool))
+    first = await settled(sim, pods_ns, app, 3)
+    await sim.create_gpu_nodes(pool=h.unique("spare"), count=1, gpus=1, extra_labels=mine)
+
+    since = time.time()
+    await h.patch_policy(sim.client, name, {"replicas": 2})  # the 0 ratchets through the edit
+    await all_verified(sim, [changing], name)
+    asked = eviction_options(control_plane, since=since)
+    assert sorted(asked) == sorted(set(first) - set(await settled(sim, pods_ns, app, 3)))
+    assert len(asked) == 1, asked  # 3 pods, 2 slots: the fewest that must go
+    [(pod, options)] = asked.items()
+    assert options["gracePeriodSeconds"] == 1, options
+    # The pod record outlived the eviction: deleted by its kubelet once it had stopped.
+    [(evicted_at, _, code)] = evictions(control_plane, since=since)
+    assert code == 201 and evicted_at < gone_at(control_plane, pod) < float("inf")
+    assert pod_writes_by_us(control_plane) == []
+
+
+async def guarded(sim: GpuClusterSimulator, namespace: str, app: str, *, allowed: int) -> None:
+    """A PodDisruptionBudget over ``app``, once the disruption controller says it allows
+    ``allowed`` disruptions."""
+    await apply(sim, namespace, budget(app, minAvailable=1 - allowed))
+    path = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{app}"
+    await eventually(
+        lambda: h.ok(sim.client, "GET", path),
+        until=lambda pdb: (
+            (pdb.get("status") or {}).get("observedGeneration") == pdb["metadata"]["generation"]
+            and pdb["status"].get("currentHealthy") == 1
+            and pdb["status"].get("disruptionsAllowed") == allowed
+        ),
+        what=f"the disruption controller's status of {app}",
+    )
+
+
+async def test_the_pod_a_budget_protects_stays_and_an_unprotected_older_one_goes(
+    control_plane: ControlPlane,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    pods_ns: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+    tmp_path: Path,
+) -> None:
+    """kube-scheduler's choice of preemption victims: one slot to free, an older pod X no
+    budget protects and a younger pod Y whose budget allows nothing.  By importance alone Y
+    would go, its eviction refused (429) until the node is given up (EvictionTimedOut); as the
+    scheduler chooses, X goes, the node changes, Y stays.  The plugin's plan says the same."""
+    pool = h.unique("victims")
+    mine = {RUN: pool}
+    [node] = await sim.create_gpu_nodes(pool=pool, count=1, gpus=1, extra_labels=mine)
+    name = h.unique("victims")
+    rollout = {"canary": 0, "podPolicy": "Evict", "eviction": {"timeout": "30s"}}
+    body = paced(name, pool=pool, replicas=2, **rollout)  # 2 slots
+    await h.add_policy(sim, policies, body)
+    await start_operator("--device-plugin-namespace", namespace)
+    old = await all_verified(sim, [node], name)
+    x, y = h.unique("x"), h.unique("y")
+    await apply(sim, pods_ns, deployment(x, replicas=1, run=pool))
+    [older] = await settled(sim, pods_ns, x, 1)
+    [x_pod] = await pods_of(sim, pods_ns, x)
+    born = audit.moment({"stageTimestamp": x_pod["metadata"]["creationTimestamp"]})
+
+    async def now() -> float:
+        return time.time()
+
+    # Creation times have whole seconds: Y is created in a later one, so X is the older.
+    await eventually(now, until=lambda t: t >= born + 1.5, what="a second after X was created")
+    await apply(sim, pods_ns, deployment(y, replicas=1, run=pool))
+    [younger] = await settled(sim, pods_ns, y, 1)
+    [y_pod] = await pods_of(sim, pods_ns, y)
+    stamps = x_pod["metadata"]["creationTimestamp"], y_pod["metadata"]["creationTimestamp"]
+    assert stamps[0] < stamps[1], stamps  # X is the more important by age
+    await guarded(sim, pods_ns, y, allowed=0)
+
+    # Exclusive: 1 slot on the node's one GPU; one of the two pods must go.
+    body["spec"] = {k: v for k, v in body["spec"].items() if k != "replicas"}
+    body["spec"]["strategy"] = "Exclusive"
+    manifest = tmp_path / "exclusive.yaml"
+    manifest.write_text(yaml.safe_dump(body))
+    args = ("plan", "-f", str(manifest), "-o", "json", "--device-plugin-namespace", namespace)
+    run = await plugin(control_plane.admin_kubeconfig, *args)
+    assert run.code == 0, run.stderr
+    [planned] = [n["evictions"] for n in run.json()["nodes"] if n["name"] == node]
+    assert [(e["name"], e["blockedBy"]) for e in planned] == [(older, [])]
+
+    await sim.create_gpu_nodes(pool=h.unique("spare"), count=1, gpus=1, extra_labels=mine)
+    since = time.time()
+    await h.patch_policy(sim.client, name, {"strategy": "Exclusive", "replicas": None})
+    state = await eventually(
+        lambda: h.node_state(sim.client, node),
+        until=lambda s: (
+            (h.phase_of(s) == "Verified" and s is not None and s["status"].get("configKey") != old)
+            or h.condition((s or {}).get("status"), "EvictionBlocked").get("status") == "True"
+        ),
+        timeout=120,
+        what=f"{node} changed, or given up",
+    )
+    assert state is not None
+    blocked = h.condition(state["status"], "EvictionBlocked")
+    assert blocked.get("status") != "True", blocked  # today's main: Y chosen, EvictionTimedOut
+    assert state["status"]["phase"] == "Verified"
+    asked = evictions(control_plane, since=since)
+    assert [(pod, code) for _, pod, code in asked] == [(older, 201)], asked  # X alone, at once
+    assert younger in running(await pods_of(sim, pods_ns, y))  # Y stays, on the node
+    assert running(await pods_of(sim, pods_ns, y))[younger] == node
+    assert pod_writes_by_us(control_plane) == []

@@ -4,9 +4,10 @@ run it (a child process).
 What the plan says a change would evict is what the operator then evicts, and the
 PodDisruptionBudget it names as refusing now is the one the API server's 429 names; an eviction
 does not make the plan exit 2 (the same change under WaitForPods does); PodDisruptionBudgets
-are read only when some node would evict, and a user who may not list them gets the plugin's
-MissingPermission.  ``status`` and ``explain node`` then show the node Evicting, and once the
-timeout passed, EvictionBlocked.
+are read only when a policy as planned may evict (the victims are chosen by them, as the
+operator chooses), and a user who may not list them gets the plugin's MissingPermission.
+``status`` and ``explain node`` then show the node Evicting, and once the timeout passed,
+EvictionBlocked.
 
 The budgets' status is kube-controller-manager's disruption controller's, from the pods the
 simulated kubelet runs.
@@ -45,17 +46,18 @@ async def gpu_pod(sim: GpuClusterSimulator, namespace: str, name: str, node: str
 
 
 async def budget(
-    sim: GpuClusterSimulator, namespace: str, name: str, app: str, allowed: int
+    sim: GpuClusterSimulator, namespace: str, name: str, apps: list[str], allowed: int
 ) -> None:
-    """A PodDisruptionBudget over ``app`` allowing ``allowed`` disruptions, once the disruption
-    controller says so."""
+    """A PodDisruptionBudget over the pods of ``apps`` allowing ``allowed`` disruptions, once
+    the disruption controller says so."""
+    selector = {"matchExpressions": [{"key": "app", "operator": "In", "values": apps}]}
     body = {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": name, "namespace": namespace},
         # minAvailable, not maxUnavailable: a bare pod has no controller whose scale the
         # disruption controller could read (it would say InsufficientPods).
-        "spec": {"minAvailable": 1 - allowed, "selector": {"matchLabels": {"app": app}}},
+        "spec": {"minAvailable": len(apps) - allowed, "selector": selector},
     }
     path = f"{PDBS}/namespaces/{namespace}/poddisruptionbudgets"
     created = await h.ok(sim.client, "POST", path, body)
@@ -65,7 +67,7 @@ async def budget(
         until=lambda pdb: (
             (pdb.get("status") or {}).get("observedGeneration") == generation
             and pdb["status"].get("disruptionsAllowed") == allowed
-            and pdb["status"].get("currentHealthy") == 1
+            and pdb["status"].get("currentHealthy") == len(apps)
         ),
         what=f"the disruption controller's status of {name}",
     )
@@ -80,7 +82,7 @@ def budget_reads(plane: ControlPlane, user: str) -> list[str]:
 
 
 async def logged(plane: ControlPlane, user: str) -> None:
-    """Until the user's node list is in the audit log (the plan reads the budgets after it)."""
+    """Until the user's node list is in the audit log (the plan reads the budgets before it)."""
 
     async def lists() -> list[str]:
         return [
@@ -157,8 +159,11 @@ async def test_plan_names_the_pods_the_operator_evicts_and_the_budget_that_refus
     for index in range(3):  # 6 slots, one pod after the other: worker-2 is the youngest
         await gpu_pod(sim, pods_ns, f"worker-{index}", node)
     await wait_node_usage(sim, node, 6, 3)
-    await budget(sim, pods_ns, "guard", "worker-2", 0)  # refuses: no disruption allowed
-    await budget(sim, pods_ns, "loose", "worker-1", 1)
+    # Every worker under a budget that allows nothing, so that the operator (kube-scheduler's
+    # choice: pods no budget holds back go first) has no pod to evict but one it refuses.
+    workers = [f"worker-{index}" for index in range(3)]
+    await budget(sim, pods_ns, "guard", workers, 0)  # refuses: no disruption allowed
+    await budget(sim, pods_ns, "loose", ["worker-1"], 1)
 
     body["spec"]["replicas"] = 2  # 4 slots: one pod of three must go
     manifest = tmp_path / "lower.yaml"
@@ -184,7 +189,7 @@ async def test_plan_names_the_pods_the_operator_evicts_and_the_budget_that_refus
     }
     assert report["rollout"]["evictions"] == 1
     await logged(control_plane, users.planner)
-    assert budget_reads(control_plane, users.planner), "read when a node would evict"
+    assert budget_reads(control_plane, users.planner), "read when a policy may evict"
     text = await plugin(kubeconfig, "plan", "-f", str(manifest), *common)
     assert text.code == 0, text.stderr
     assert "Pods evicted before their node changes (podPolicy Evict):" in text.stdout

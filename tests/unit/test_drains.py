@@ -19,7 +19,9 @@ from gpushare_testing.writepath import PlanningLoop
 GPU = "nvidia.com/gpu"
 
 
-def evict_pool(clock: Clock, *, nodes: int, timeout: str = "1m") -> ClusterCache:
+def evict_pool(
+    clock: Clock, *, nodes: int, timeout: str = "1m", grace: int | None = None
+) -> ClusterCache:
     """``nodes`` nodes Verified on p's replicas-4 config (16 slots each); p now wants 2 (8)."""
     cache = ClusterCache(clock=clock, wallclock=lambda: EPOCH + clock.now)
     cache.upsert_policy(policy("p", replicas=4))
@@ -31,7 +33,7 @@ def evict_pool(clock: Clock, *, nodes: int, timeout: str = "1m") -> ClusterCache
         "maxUnavailable": 1,
         "canary": 0,
         "podPolicy": "Evict",
-        "eviction": {"timeout": timeout},
+        "eviction": {"timeout": timeout, "gracePeriodSeconds": grace},
     }
     cache.upsert_policy(policy("p", replicas=2, generation=2, rollout=rollout))
     cache.set_config_data(before | config_texts(cache), initial=True)
@@ -119,6 +121,60 @@ def test_an_admitted_change_drains_the_fewest_pods_then_changes_once_they_are_go
     plan = loop.plan_node("n0")
     assert plan.labels is not None  # gone: the change goes ahead
     assert set(plan.evictions_done) == {"uid-young", "uid-old"}  # counted done once
+
+
+def test_a_grace_period_of_0_that_an_older_crd_let_in_is_asked_as_1() -> None:
+    clock = Clock()
+    cache = evict_pool(clock, nodes=1, grace=0)
+    cache.upsert_pod(gpu_pod("a", "n0", 10))
+    loop = leader(cache)
+    plan = turn(loop, clock, "n0")
+    assert [(e.name, e.grace_period) for e in plan.evictions] == [("a", 1)]  # never a deletion
+
+
+def pdb(name: str, allowed: int, **match: str) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "ns", "name": name},
+        "spec": {"selector": {"matchLabels": match}},
+        "status": {"disruptionsAllowed": allowed},
+    }
+
+
+def test_a_pod_its_budget_protects_is_kept_and_an_older_unprotected_one_goes() -> None:
+    """kube-scheduler's choice: the budget's pod is given back first, so the other goes."""
+    for budgets, evicted in (((), "y"), ((pdb("guard", 0, app="y"),), "x")):
+        clock = Clock()
+        cache = evict_pool(clock, nodes=1)
+        for body in budgets:
+            cache.budgets.upsert(body)
+        cache.upsert_pod(gpu_pod("x", "n0", 5, day=1, labels={"app": "x"}))  # older
+        cache.upsert_pod(gpu_pod("y", "n0", 5, day=2, labels={"app": "y"}))  # 10 slots; 8 after
+        plan = turn(leader(cache), clock, "n0")
+        assert [e.name for e in plan.evictions] == [evicted]
+        assert plan.status is not None and plan.status["eviction"]["pods"] == [f"ns/{evicted}"]
+
+
+def test_after_a_429_the_victims_are_chosen_again_from_what_the_budgets_allow() -> None:
+    """The cache showed the budget allowing one eviction; the API server's 429 says it allows
+    none: the choice moves to the pod no budget protects, without waiting for the cache."""
+    clock = Clock()
+    cache = evict_pool(clock, nodes=1)
+    cache.budgets.upsert(pdb("web", 1, app="y"))  # as the cache last saw it
+    cache.upsert_pod(gpu_pod("x", "n0", 5, day=1, labels={"app": "x"}))
+    cache.upsert_pod(gpu_pod("y", "n0", 5, day=2, labels={"app": "y"}))
+    loop = leader(cache)
+    plan = turn(loop, clock, "n0")
+    assert [e.name for e in plan.evictions] == ["y"]  # its budget allows one: the younger goes
+    written(loop, plan, refused={"uid-y": ("ns/web",)})
+    again = loop.plan_node("n0")
+    assert [e.name for e in again.evictions] == ["x"]  # chosen again: web allows nothing now
+    assert again.status is not None and again.status["eviction"]["pods"] == ["ns/x"]
+    written(loop, again, evicted=("uid-x",))
+    cache.budgets.upsert(pdb("web", 0, app="y"))  # the cache catches up
+    clock.now += eviction_backoff(1)
+    assert loop.plan_node("n0").evictions == ()  # x on its way: y is not asked again
+    cache.delete_pod("uid-x")
+    assert loop.plan_node("n0").labels is not None  # x gone: the change goes ahead, y stays
 
 
 def test_a_refused_eviction_is_asked_again_after_a_back_off_and_names_its_budget() -> None:

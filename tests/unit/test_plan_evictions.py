@@ -44,6 +44,12 @@ def budget(name: str, labels: dict[str, str], allowed: int, **spec: Any) -> dict
     }
 
 
+def with_budgets(forecaster: Forecaster, *bodies: dict[str, Any]) -> None:
+    """The PodDisruptionBudgets as the plan reads them: before the pods, into its state."""
+    for body in bodies:
+        forecaster.cache.budgets.upsert(body)
+
+
 def with_pods(forecaster: Forecaster, *bodies: dict[str, Any]) -> None:
     """The pods as the plan lists them: through the sink that keeps their details."""
     sink = forecaster.keep_pod_details(_CacheSink(forecaster))
@@ -141,6 +147,49 @@ def test_a_grace_period_in_the_policy_times_the_drain() -> None:
     assert forecast.batches[0].ends_at == round(75 + 2 / 100 + 600 + PACE.batch_seconds(1), 2)
 
 
+def test_the_plan_keeps_a_pod_its_budget_protects_and_evicts_one_none_protects() -> None:
+    """The operator's choice, kube-scheduler's: with one pod to go, the older pod no budget
+    protects goes rather than the younger one whose budget allows nothing."""
+    new = policy("p", replicas=1, generation=2, strategy="Exclusive", rollout=EVICT)
+    pods = (gpu_pod("older", "n0", 3, day=1), gpu_pod("younger", "n0", 3, day=2))
+    chosen = {}
+    for budgets in ((), (budget("guard", {"app": "younger"}, 0),)):
+        forecaster = Forecaster(max_unavailable="100%", pace=PACE)
+        converged(forecaster, 1, rollout=EVICT)  # 8 slots; 4 after the change
+        with_budgets(forecaster, *budgets)
+        with_pods(forecaster, *pods)
+        plan = plan_of(forecaster, new, budgets)
+        [node] = plan["nodes"]
+        chosen[len(budgets)] = [(e["name"], e["blockedBy"]) for e in node["evictions"]]
+    assert chosen == {0: [("younger", [])], 1: [("older", [])]}
+
+
+def test_budgets_are_read_only_when_a_policy_as_planned_may_evict() -> None:
+    forecaster = Forecaster(max_unavailable="100%", pace=PACE)
+    converged(forecaster, 1, rollout=EVICT)
+    waiting = {**EVICT, "podPolicy": "WaitForPods"}
+    assert forecaster.may_evict([policy("p", replicas=2, generation=2, rollout=EVICT)])
+    # The one Evict policy planned to wait instead: nothing is charged to an Evict spec.
+    assert not forecaster.may_evict([policy("p", replicas=2, generation=2, rollout=waiting)])
+    assert forecaster.may_evict([policy("q", replicas=2, rollout=waiting)])  # p stays Evict
+
+
+def test_a_grace_period_of_0_is_timed_as_the_operator_asks_it_1() -> None:
+    """A 0 an older CRD let in: the operator asks for 1 s (never a forced deletion), and the
+    plan times the drain by what it asks."""
+    forecaster = Forecaster(max_unavailable="100%", pace=PACE)
+    rollout = {**EVICT, "eviction": {"gracePeriodSeconds": 0}}
+    converged(forecaster, 1, rollout=rollout)
+    body = gpu_pod("slow", "n0", 6)
+    body["spec"]["terminationGracePeriodSeconds"] = 600
+    with_pods(forecaster, body)
+    forecast = forecaster.run(
+        [policy("p", replicas=1, generation=2, strategy="Exclusive", rollout=rollout)]
+    )
+    assert forecast.evictions["n0"].grace_period == 1
+    assert forecast.batches[0].ends_at == round(75 + 2 / 100 + 1 + PACE.batch_seconds(1), 2)
+
+
 def test_a_node_whose_pods_are_never_evicted_is_held_and_blocks_the_plan() -> None:
     forecaster = Forecaster(max_unavailable="100%", pace=PACE)
     converged(forecaster, 1, rollout=EVICT)
@@ -165,12 +214,13 @@ def test_a_node_whose_pods_are_never_evicted_is_held_and_blocks_the_plan() -> No
 def test_the_report_lists_each_eviction_with_the_budgets_that_refuse_it_and_exits_0() -> None:
     forecaster = Forecaster(max_unavailable="100%", pace=PACE)
     converged(forecaster, 1, rollout=EVICT)
-    with_pods(forecaster, gpu_pod("free", "n0", 2, day=5), gpu_pod("guarded", "n0", 3, priority=-5))
     budgets = [
         budget("guard", {"app": "guarded"}, 0),
         budget("loose", {"app": "free"}, 1),
         {**budget("other-ns", {"app": "free"}, 0), "metadata": {"namespace": "x", "name": "o"}},
     ]
+    with_budgets(forecaster, *budgets)
+    with_pods(forecaster, gpu_pod("free", "n0", 2, day=5), gpu_pod("guarded", "n0", 5, priority=-5))
     plan = plan_of(
         forecaster,
         policy("p", replicas=1, generation=2, strategy="Exclusive", rollout=EVICT),
@@ -182,11 +232,11 @@ def test_the_report_lists_each_eviction_with_the_budgets_that_refuse_it_and_exit
         {
             "namespace": "ns",
             "name": "guarded",
-            "requests": {"nvidia.com/gpu": 3},
+            "requests": {"nvidia.com/gpu": 5},
             "priority": -5,
             "blockedBy": ["ns/guard"],
         },
-    ]  # 5 slots of 4: the lower priority goes, and then the other fits
+    ]  # 7 slots of 4: kept first (its budget allows nothing), it still cannot stay
     assert plan["rollout"]["evictions"] == 1
     text = planview.render(plan, output.Style())
     assert "Pods evicted before their node changes (podPolicy Evict):" in text

@@ -117,6 +117,7 @@ def test_the_operator_reads_its_own_parts() -> None:
         "Pod": 0,
         "GPUSharingPolicy": 1,
         "GPUNodeState": 0,
+        "PodDisruptionBudget": 0,
     }
     assert readings.write_backlog() == operator.writer.backlog > 0  # the policy's status
     assert readings.is_leader() is False

@@ -16,7 +16,13 @@ from gpushare_operator.app.looplag import LoopLagMonitor
 from gpushare_operator.app.settings import Settings
 from gpushare_operator.app.webhook import Webhook
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
+from gpushare_operator.cache.sinks import (
+    BudgetSink,
+    ConfigMapSink,
+    NodeSink,
+    NodeStateSink,
+    PodSink,
+)
 from gpushare_operator.core import models
 from gpushare_operator.core.nodes import carries_mig_config
 from gpushare_operator.core.rollouts import Counts
@@ -48,6 +54,14 @@ PODS = reading.Collection(
     field_selector="status.phase!=Succeeded,status.phase!=Failed",
     page_size=250,  # ~8 KB a pod: about the 2 MB of a page of 100 Nodes, in fewer round trips
     batch_window=READ_ONLY_BATCH_WINDOW,
+)
+# What podPolicy Evict's choice of victims reads (core.budgets), as kube-scheduler's does.  A
+# 403 (a ClusterRole from before the chart granted it) counts as no budget: the Eviction API
+# still keeps every budget, and the list is retried until allowed.
+BUDGETS = reading.Collection(
+    path="/apis/policy/v1/poddisruptionbudgets",
+    kind="PodDisruptionBudget",
+    forbidden_is_empty=True,
 )
 # A watch is re-opened every ~5 minutes and bookmarks arrive about once a minute: an informer
 # silent for this long is stuck, and /healthz says so.
@@ -103,6 +117,8 @@ class Assembly:
         )
         self.informers = self._informers()
         self.cache.on_new_resource = self.informers[-1].request_relist
+        # A budget reading a pod label key no record keeps: the pods are listed again.
+        self.cache.budgets.on_new_keys = self.informers[-1].request_relist
         self.writer = WriteLoop(
             api=api,
             cache=self.cache,
@@ -163,6 +179,7 @@ class Assembly:
             (node_states, NodeStateSink(self.cache)),
             (configmap, ConfigMapSink(self.cache)),
             (mig_configmap, ConfigMapSink(self.cache, mig=True)),
+            (BUDGETS, BudgetSink(self.cache)),  # before the pods: see _run
             (PODS, PodSink(self.cache)),  # last: on_new_resource re-lists it
         ]
         return [Informer(api=api, collection=c, sink=k, telemetry=telemetry) for c, k in read]
@@ -220,8 +237,13 @@ class Assembly:
     async def _run(self) -> None:
         # Policies first: they say which resources to keep pods for, before the first pod list.
         await self._prime_policies()
-        for informer in self.informers:
+        *others, budgets, pods = self.informers
+        for informer in (*others, budgets):
             self._spawn(f"informer-{informer.kind}", informer.run())
+        # And the budgets, which say which pod labels to keep: a pod list taken before them
+        # would be taken again.
+        await budgets.synced.wait()
+        self._spawn(f"informer-{pods.kind}", pods.run())
         await self._write_when_synced()
 
     async def _prime_policies(self) -> None:
@@ -253,6 +275,7 @@ class Assembly:
             policies=len(self.cache.policies),
             node_states=len(self.cache.node_states),
             gpu_pods=len(self.cache.usage.pods),
+            disruption_budgets=len(self.cache.budgets),
         )
         self.cache.settle_initial_keys()
         heap.release_free_heap()
@@ -341,6 +364,7 @@ class MetricsReadings:
             ("Pod", len(cache.usage.pods)),
             ("GPUSharingPolicy", len(cache.policies)),
             ("GPUNodeState", len(cache.node_states)),
+            ("PodDisruptionBudget", len(cache.budgets)),
         )
 
     def write_backlog(self) -> int:

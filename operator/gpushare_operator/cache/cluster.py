@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from gpushare_operator.cache.budgets import BudgetCache
 from gpushare_operator.cache.index import MatchIndex
 from gpushare_operator.cache.migconfig import MigConfigState
 from gpushare_operator.cache.slotoffers import SlotOffers
@@ -87,6 +88,9 @@ class ClusterCache:
         # Payloads written but not yet seen back through a watch: (kind, name) → payload.
         self.in_flight: dict[tuple[str, str], Any] = {}
         self.usage = UsageLedger()
+        # PodDisruptionBudgets, for the victims podPolicy Evict chooses; they say which pod
+        # labels the pod records keep.
+        self.budgets = BudgetCache()
         # The enforced slot classes the nodes' labels offer (the memory-request webhook's).
         self.slot_offers = SlotOffers()
         self.tracked_resources: set[str] = set(ALWAYS_TRACKED)
@@ -336,7 +340,9 @@ class ClusterCache:
     # -- pods (informer sink) ------------------------------------------------------------------
 
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
-        record = core_pods.project_pod(obj, tracked=self._tracked)
+        record = core_pods.project_pod(
+            obj, tracked=self._tracked, label_keys=self.budgets.label_keys
+        )
         self._pod_changed(core_pods.uid_of(obj), record)
 
     def delete_pod(self, uid: str) -> None:

@@ -10,6 +10,7 @@ import abc
 from collections.abc import Mapping
 from typing import Any
 
+from gpushare_operator.cache.budgets import budget_key
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import pods as core_pods
 
@@ -143,3 +144,19 @@ class PodSink(_ReplacingSink):
 
     def delete(self, key: str) -> None:
         self._cache.delete_pod(key)
+
+
+class BudgetSink(_ReplacingSink):
+    """PodDisruptionBudgets, keyed by namespace/name, into ``ClusterCache.budgets``."""
+
+    def key(self, obj: Mapping[str, Any]) -> str:
+        return budget_key(obj)
+
+    def keys(self) -> list[str]:
+        return self._cache.budgets.keys()
+
+    def upsert(self, obj: dict[str, Any]) -> None:
+        self._cache.budgets.upsert(obj)
+
+    def delete(self, key: str) -> None:
+        self._cache.budgets.delete(key)

@@ -29,6 +29,7 @@ _POLICY_RULES = {
     ("Overcommitted", "True", None): "Overcommitted",
     ("Unsupported", "True", None): "NodesUnsupported",
     ("SchemaOutdated", "True", None): "SchemaOutdated",
+    ("SpecAdjusted", "True", None): "SpecAdjusted",
 }
 
 # Node conditions: type → reasons that deserve a Warning on the Node when they appear.

@@ -185,6 +185,14 @@ EVICTION_TIMEOUT_RULES: Final = (
         "eviction.timeout must be a duration of at least 1s, such as 10m, 90s or 1h30m",
     ),
 )
+# The schema's minimum alone would say "should be greater than or equal to 1": this says why.
+EVICTION_GRACE_PERIOD_RULES: Final = (
+    _rule(
+        f"self >= {models.MIN_GRACE_PERIOD}",
+        f"eviction.gracePeriodSeconds must be at least {models.MIN_GRACE_PERIOD}:"
+        f" an eviction is never a deletion, and {models.GRACE_PERIOD_WHY}",
+    ),
+)
 # Only a rule at the root of the schema may read metadata.name.
 POLICY_NAME_RULES: Final = (
     _rule(

@@ -16,6 +16,9 @@ from typing import Any, Final, TypedDict
 from pydantic import BaseModel
 
 from gpushare_operator.core import migspec, models, statuses
+from gpushare_operator.core.celrules import (
+    EVICTION_GRACE_PERIOD_RULES as EVICTION_GRACE_PERIOD_RULES,
+)
 from gpushare_operator.core.celrules import EVICTION_TIMEOUT_RULES as EVICTION_TIMEOUT_RULES
 from gpushare_operator.core.celrules import LABEL_KEY_RULES as LABEL_KEY_RULES
 from gpushare_operator.core.celrules import MATCH_LABELS_RULES as MATCH_LABELS_RULES
@@ -98,6 +101,9 @@ _EXTENSIONS: Final[dict[tuple[type[BaseModel], str | None], Schema]] = {
     (statuses.Condition, "type"): {"x-kubernetes-validations": LABEL_KEY_RULES},
     (models.RolloutSpec, "maxUnavailable"): {"x-kubernetes-validations": MAX_UNAVAILABLE_RULES},
     (models.EvictionSpec, "timeout"): {"x-kubernetes-validations": EVICTION_TIMEOUT_RULES},
+    (models.EvictionSpec, "gracePeriodSeconds"): {
+        "x-kubernetes-validations": EVICTION_GRACE_PERIOD_RULES
+    },
     (statuses.GPUSharingPolicyStatus, "conditions"): _CONDITIONS,
     (statuses.GPUNodeStateStatus, "conditions"): _CONDITIONS,
 }

@@ -297,6 +297,13 @@ class RolloutPhase(enum.StrEnum):
 
 MIN_EVICTION_TIMEOUT: Final = 1
 MAX_GRACE_PERIOD: Final = 24 * 3600
+# An eviction asking for gracePeriodSeconds 0 is a forced deletion: the API server removes the
+# pod's record at once, without waiting for the kubelet, while its containers still run; a
+# drain would take the record's going for the GPU being free.  So at least 1.
+MIN_GRACE_PERIOD: Final = 1
+GRACE_PERIOD_WHY: Final = (
+    "0 would make the API server drop the pod's record at once while its containers still run"
+)
 
 
 def _eviction_timeout(text: str) -> str:
@@ -324,13 +331,44 @@ class EvictionSpec(ApiModel):
     timeout: EvictionTimeout = "10m"
     """How long the pods that must go may take (PodDisruptionBudgets permitting) before the node
     is left on its old config with EvictionBlocked: a duration such as 10m, 90s or 1h30m."""
-    gracePeriodSeconds: Annotated[StrictInt, Field(ge=0, le=MAX_GRACE_PERIOD)] | None = None
-    """The grace period each eviction asks for; unset: each pod's own
-    terminationGracePeriodSeconds."""
+    # The schema refuses 0 (minimum and a CEL rule saying why); the model reads it, because an
+    # older CRD let it in and CRD ratcheting keeps it through later edits: it is read as 1
+    # (``grace_period``) and reported (``adjustment``), never made the whole spec invalid.
+    gracePeriodSeconds: (
+        Annotated[
+            StrictInt,
+            Field(ge=0, le=MAX_GRACE_PERIOD, json_schema_extra={"minimum": MIN_GRACE_PERIOD}),
+        ]
+        | None
+    ) = None
+    """The grace period each eviction asks for, at least 1 (0 would be a forced deletion: the
+    API server would drop the pod's record while its containers still run); unset: each pod's
+    own terminationGracePeriodSeconds."""
 
     @property
     def timeout_seconds(self) -> int:
         return durations.seconds(self.timeout)
+
+    @property
+    def grace_period(self) -> int | None:
+        """What each eviction asks for (``eviction_grace_period``)."""
+        return eviction_grace_period(self.gracePeriodSeconds)
+
+    def adjustment(self) -> str | None:
+        """Why the evictions ask for another grace period than the spec says; None: they don't."""
+        if self.gracePeriodSeconds is None or self.gracePeriodSeconds >= MIN_GRACE_PERIOD:
+            return None
+        return (
+            f"spec.rollout.eviction.gracePeriodSeconds is {self.gracePeriodSeconds}, which an"
+            f" older CRD let in: evictions ask for {MIN_GRACE_PERIOD} s instead"
+            f" ({GRACE_PERIOD_WHY}). Set it to {MIN_GRACE_PERIOD} or more"
+        )
+
+
+def eviction_grace_period(seconds: int | None) -> int | None:
+    """The gracePeriodSeconds an eviction may ask for: ``seconds``, never below
+    ``MIN_GRACE_PERIOD`` (an eviction is never a deletion); None: the pod's own."""
+    return None if seconds is None else max(MIN_GRACE_PERIOD, seconds)
 
 
 class RolloutSpec(ApiModel):

@@ -1,14 +1,16 @@
 """Slim Pod records and the scheduler's effective-request rule for shared GPU resources.
 
 Only pods that request a tracked resource are kept, and of them only what usage accounting
-reads: identity, node, phase and the effective requests.  Everything else in a ~8 KB Pod body
-(managedFields, env, volumes, status) is left behind at ingest.
+and the choice of eviction victims read: identity, node, phase, the effective requests, and
+the labels that PodDisruptionBudgets select on (``core.budgets``).  Everything else in a ~8 KB
+Pod body (managedFields, env, volumes, status) is left behind at ingest.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +41,9 @@ class PodRecord:
     # What its gpushare.dev/gpu-memory label asks for, in MiB; None: no (valid) label.  A
     # change that would leave it a smaller slot is what `kubectl gpushare plan` warns of.
     memory_mib: int | None = None
+    # Its labels under the keys some PodDisruptionBudget's selector reads, sorted by key, and
+    # no others (``core.budgets``); None: the pod has no labels at all.
+    labels: tuple[tuple[str, str], ...] | None = None
 
     @property
     def holds_slots(self) -> bool:
@@ -126,8 +131,14 @@ def effective_requests(spec: Mapping[str, Any], *, tracked: Callable[[str], bool
     return _shared_requests.setdefault(key, key)
 
 
-def project_pod(obj: Mapping[str, Any], *, tracked: Callable[[str], bool]) -> PodRecord | None:
-    """The one copy of a pod we keep, or None for a pod that asks for no tracked resource."""
+def project_pod(
+    obj: Mapping[str, Any],
+    *,
+    tracked: Callable[[str], bool],
+    label_keys: AbstractSet[str] = frozenset(),
+) -> PodRecord | None:
+    """The one copy of a pod we keep, or None for a pod that asks for no tracked resource;
+    of its labels, those under ``label_keys`` (what PodDisruptionBudgets select on)."""
     spec = obj.get("spec") or {}
     requests = effective_requests(spec, tracked=tracked)
     if not requests:
@@ -146,6 +157,18 @@ def project_pod(obj: Mapping[str, Any], *, tracked: Callable[[str], bool]) -> Po
         evictable=_evictable(metadata),
         terminating=bool(metadata.get("deletionTimestamp")),
         memory_mib=_memory_request(metadata),
+        labels=_labels(metadata, label_keys),
+    )
+
+
+def _labels(
+    metadata: Mapping[str, Any], keys: AbstractSet[str]
+) -> tuple[tuple[str, str], ...] | None:
+    labels = metadata.get("labels")
+    if not isinstance(labels, Mapping) or not labels:
+        return None
+    return tuple(
+        sorted((_intern(k), v) for k, v in labels.items() if k in keys and isinstance(v, str))
     )
 
 

@@ -293,6 +293,9 @@ def render_policy_status(
         wanted.extend(_rollout_conditions(policy, rollout))
     if schema_problem is not None:
         wanted.append(Cond("SchemaOutdated", "True", "CRDOutdated", schema_problem))
+    adjusted = policy.spec.rollout.eviction.adjustment() if policy.spec is not None else None
+    if adjusted is not None:  # a value an older CRD let in, read otherwise
+        wanted.append(Cond("SpecAdjusted", "True", "GracePeriodRaised", adjusted))
     status: dict[str, Any] = {
         "observedGeneration": policy.generation,
         "matchedNodes": tally.matched,

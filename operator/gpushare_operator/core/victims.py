@@ -1,13 +1,16 @@
 """Which pods ``podPolicy: Evict`` takes off a node so that the rest fit its new config.
 
 The choice is kube-scheduler's own for preemption (``SelectVictimsOnNode`` in its
-``defaultpreemption`` plugin): take every pod that may go off the node, then give back, most
-important first, each pod that still fits beside those already given back.  Most important is
-the higher ``spec.priority``, then the older pod (kube-scheduler compares ``status.startTime``;
-we compare ``metadata.creationTimestamp``, which every pod has), then the name, so that ties
-are settled the same way by every leader.  What is left over are the victims: the lowest
-priority and youngest pods first, and no more of them than needed: giving any one of them back
-would overfill the node (the set is minimal, though a different set could be smaller in count).
+``defaultpreemption`` plugin): take every pod that may go off the node, then give back each pod
+that still fits beside those already given back: first the pods whose eviction would violate
+a PodDisruptionBudget (``core.budgets.violating``, counted as the scheduler counts), then the
+others, each group most important first.  Most important is the higher ``spec.priority``, then
+the older pod (kube-scheduler compares ``status.startTime``; we compare
+``metadata.creationTimestamp``, which every pod has), then the name, so that ties are settled
+the same way by every leader.  What is left over are the victims, least important first, and
+no more of them than needed: giving any one of them back would overfill the node (the set is
+minimal, though a different set could be smaller in count).  So a pod its budget protects
+stays whenever pods no budget holds back can make the room; it goes only when they cannot.
 
 Pods that are never evicted stay whatever happens: a DaemonSet's pod (its controller would put
 it straight back), a mirror pod (kubelet runs the static pod whatever the API says).  Pods that
@@ -20,7 +23,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpushare_operator.core import budgets as core_budgets
 from gpushare_operator.core import devconfigs, migphases
+from gpushare_operator.core.budgets import BudgetRecord
 from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
 from gpushare_operator.core.pods import PodRecord
 from gpushare_operator.core.policies import CompiledPolicy
@@ -38,9 +43,16 @@ def importance(pod: PodRecord) -> tuple[int, str, str, str]:
     return (-pod.priority, pod.created, pod.namespace, pod.name)
 
 
-def choose(pods: Iterable[PodRecord], *, resource: str | None, capacity: int) -> Victims:
+def choose(
+    pods: Iterable[PodRecord],
+    *,
+    resource: str | None,
+    capacity: int,
+    budgets: Iterable[BudgetRecord] = (),
+) -> Victims:
     """The pods to evict for the rest to fit ``capacity`` slots of ``resource`` (and nothing
-    of any other GPU resource); ``resource`` None: the GPUs must be left with no pod at all."""
+    of any other GPU resource); ``resource`` None: the GPUs must be left with no pod at all.
+    ``budgets``: the PodDisruptionBudgets of the pods' namespaces, as they allow now."""
     staying: list[PodRecord] = []
     leaving: list[PodRecord] = []
     candidates: list[PodRecord] = []
@@ -58,15 +70,27 @@ def choose(pods: Iterable[PodRecord], *, resource: str | None, capacity: int) ->
         return Victims(leaving=tuple(leaving), stuck=stuck)
     held = sum(pod.amount(resource) for pod in staying) if resource is not None else 0
     evict: list[PodRecord] = []
-    for pod in sorted(candidates, key=importance):
+    for pod in _reprieve_order(candidates, budgets):
         amount = pod.amount(resource) if resource is not None else 0
         fits = resource is not None and _only(pod, resource) and held + amount <= capacity
         if fits:
             held += amount
         else:
             evict.append(pod)
-    evict.reverse()  # least important first
+    evict.sort(key=importance, reverse=True)  # least important first
     return Victims(tuple(evict), tuple(leaving))
+
+
+def _reprieve_order(
+    candidates: list[PodRecord], budgets: Iterable[BudgetRecord]
+) -> list[PodRecord]:
+    """kube-scheduler's order of giving back: the pods whose eviction would violate a budget
+    first, then the rest, each most important first."""
+    ranked = sorted(candidates, key=importance)
+    protected = core_budgets.violating(ranked, budgets)
+    if not protected:
+        return ranked
+    return [p for p in ranked if p.uid in protected] + [p for p in ranked if p.uid not in protected]
 
 
 def _only(pod: PodRecord, resource: str) -> bool:

@@ -6,6 +6,9 @@ What each answer means to us: 201 (or 200) accepted, the pod is now terminating;
 for now (retried later with back-off, by ``reconcile.drains``); 404 the pod is gone, and 409 a
 pod of that name with another uid (our uid precondition): nothing left to evict, so neither
 is a failure.  Anything else is, and the node's job is retried.
+
+An eviction never asks for ``gracePeriodSeconds: 0``: the API server would delete the pod's
+record at once, while its containers still run, and the drain would take that for a free GPU.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 import structlog
 
+from gpushare_operator.core.models import eviction_grace_period
 from gpushare_operator.kube import http
 from gpushare_operator.kube.events import ObjectRef
 from gpushare_operator.kube.sending import FAILURES, Sender, Tokens
@@ -68,8 +72,9 @@ async def evict(
 
 async def _post(sender: Sender, tokens: Tokens, eviction: Eviction) -> Any:
     options: dict[str, Any] = {"preconditions": {"uid": eviction.uid}}
-    if eviction.grace_period is not None:
-        options["gracePeriodSeconds"] = eviction.grace_period
+    grace = eviction_grace_period(eviction.grace_period)  # 0 would delete the pod by force
+    if grace is not None:
+        options["gracePeriodSeconds"] = grace
     body = {
         "apiVersion": "policy/v1",
         "kind": "Eviction",

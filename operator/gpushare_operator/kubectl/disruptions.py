@@ -1,5 +1,9 @@
 """Which PodDisruptionBudgets would refuse the evictions a plan foresees, now.
 
+Which pods are evicted is the operator's choice (``core.victims`` with ``core.budgets``:
+kube-scheduler's rule, under which an empty selector covers no pod); this module says which
+budgets would refuse those evictions, by the Eviction API's rule, which differs from it.
+
 Under ``podPolicy: Evict`` the operator evicts through the Eviction API, which refuses (HTTP
 429) while a budget the pod falls under allows no disruption.  The plan says so beforehand, by
 the API server's own rules (``pkg/registry/core/pod/storage/eviction.go``):

@@ -1,8 +1,10 @@
 """The pods a planned change would evict from a node under ``podPolicy: Evict``, and how long.
 
 The choice is the operator's own (``core.victims.choose``, with the resource and the number of
-slots the node's new config advertises): the fewest pods whose slots must go, lowest priority
-then youngest first, never a DaemonSet's or a static pod.  A change of MIG layout needs idle
+slots the node's new config advertises, and the PodDisruptionBudgets the plan read, as
+kube-scheduler's preemption chooses): the fewest pods whose slots must go, those no budget
+holds back before those one protects, lowest priority then youngest first, never a
+DaemonSet's or a static pod.  A change of MIG layout needs idle
 GPUs: every GPU pod goes, as ``reconcile.drains`` has it (``fit`` below says the same).  A
 node whose pods cannot be made to fit even so (pods that are never evicted hold what the new
 config lacks) is ``stuck``: the operator gives it up at once (``EvictionBlocked``,
@@ -34,7 +36,7 @@ class NodeEvictions:
     pods: tuple[PodRecord, ...]  # to evict, in the order the operator evicts them
     leaving: tuple[PodRecord, ...]  # terminating already: waited for, not evicted
     stuck: str | None  # why the node cannot be drained; None: it can
-    grace_period: int | None  # the policy's eviction.gracePeriodSeconds; None: each pod's own
+    grace_period: int | None  # what the operator's evictions ask for; None: each pod's own
     timeout: str  # the policy's eviction.timeout
 
     @property
@@ -44,11 +46,12 @@ class NodeEvictions:
 
 
 def may_evict(policies: Iterable[CompiledPolicy], bodies: Iterable[Mapping[str, Any]]) -> bool:
-    """Whether a policy as it is, or as planned (``bodies``), drains nodes: only then are the
-    pods' details kept, and PodDisruptionBudgets read."""
-    specs = [p.spec for p in policies]
-    for body in bodies:
-        name = str((body.get("metadata") or {}).get("name"))
+    """Whether a policy as the plan leaves it drains nodes: one planned (``bodies``, the edit
+    or the deletion it plans) or one it leaves as it is.  Only then are the pods' details kept
+    and PodDisruptionBudgets read (a change is charged to a policy's spec as planned)."""
+    planned = {str((body.get("metadata") or {}).get("name")): body for body in bodies}
+    specs = [p.spec for p in policies if p.name not in planned]
+    for name, body in planned.items():
         specs.append(compile_policy(name=name, uid="", generation=0, spec=body.get("spec")).spec)
     return any(s is not None and s.rollout.podPolicy is PodPolicy.EVICT for s in specs)
 
@@ -67,14 +70,15 @@ def foresee(*, node: str, planner: Planner, book: RolloutBook) -> NodeEvictions 
     policy = decision.policy if standing.standing == GOVERNED else None  # None: released
     resource, capacity = victims.room(record, policy)
     pods = planner.cache.usage.node_pods(node)
-    chosen = victims.choose(pods, resource=resource, capacity=capacity)
+    budgets = planner.cache.budgets.around(pods)
+    chosen = victims.choose(pods, resource=resource, capacity=capacity, budgets=budgets)
     return NodeEvictions(
         node=node,
         policy=charged,
         pods=chosen.evict,
         leaving=chosen.leaving,
         stuck=chosen.stuck,
-        grace_period=spec.eviction.gracePeriodSeconds,
+        grace_period=spec.eviction.grace_period,  # as the operator asks: never 0
         timeout=spec.eviction.timeout,
     )
 

@@ -2,9 +2,11 @@
 
 Steps: read the manifests; dry-run each through the API server (any refusal: exit 1, in the
 API server's words); read the cluster into the operator's state; forecast with the operator's
-planner and rollout book (``kubectl.forecast``); when it foresees evictions (podPolicy Evict),
-read the PodDisruptionBudgets that would refuse them now; report.  Exit 2 when the plan would
-leave a node overcommitted or Unsupported, or a node that must be drained cannot be, or take
+planner and rollout book (``kubectl.forecast``); when a policy as planned may evict (podPolicy
+Evict), the PodDisruptionBudgets are read before the pods: the victims are chosen by them, as
+the operator chooses, and the plan names those that would refuse an eviction now; report.
+Exit 2 when the plan would leave a node overcommitted or Unsupported, or a node that must be
+drained cannot be, or take
 from a pod that asked for GPU memory the slot class that holds its request
 (``kubectl.memoryplan``), so that a pipeline can stop there; 0 otherwise.  An eviction is no
 overcommit: a node drained for its change does not make the exit status 2, whatever its
@@ -84,7 +86,14 @@ async def make_plan(options: PlanOptions, *, errors: TextIO = sys.stderr) -> dic
         forecaster.track_resources_of(bodies)
         await cluster.load_configmap(api, cache, options.cluster_ref)
         trace.mark(f"read {len(current)} policies and the device-plugin ConfigMap")
-        keep = forecaster.keep_pod_details if forecaster.may_evict(bodies) else None
+        evicting = forecaster.may_evict(bodies)
+        budgets: list[dict[str, Any]] = []
+        if evicting:  # before the pods: they say which pod labels the choice of victims reads
+            budgets = await cluster.load_budgets(api)
+            for body in budgets:
+                cache.budgets.upsert(body)
+            trace.mark(f"read {len(budgets)} PodDisruptionBudgets")
+        keep = forecaster.keep_pod_details if evicting else None
         await cluster.load_fleet(api, cache, pod_sink=keep)
         trace.mark(
             f"read {len(cache.nodes)} GPU nodes, {len(cache.node_states)} GPUNodeStates,"
@@ -96,10 +105,6 @@ async def make_plan(options: PlanOptions, *, errors: TextIO = sys.stderr) -> dic
         trace.mark(
             f"forecast: {len(forecast.changes)} node(s) change, {len(forecast.batches)} batches"
         )
-        budgets: list[dict[str, Any]] = []
-        if any(e.pods for e in forecast.evictions.values()):
-            budgets = await cluster.load_budgets(api)
-            trace.mark(f"read {len(budgets)} PodDisruptionBudgets")
     return report(
         forecast=forecast,
         planned=planned,

@@ -2,9 +2,12 @@
 
 Between the rollout book's judgement and the writes: a node admitted to a change that its pods
 would not fit (``RolloutBook.misfit``) is not labelled yet.  It is tainted, the fewest pods
-that must go (``core.victims``) are evicted through the Eviction API, and once they are gone
-(the pods' records leave the node: terminated, not just terminating) the change goes ahead.
-Meanwhile it is ``Evicting`` and counts against its policy's budget, as admitted.
+that must go (``core.victims``, as kube-scheduler chooses preemption victims: pods whose
+PodDisruptionBudget allows no disruption are kept first) are evicted through the Eviction API,
+and once they are gone (the pods' records leave the node: terminated, not just terminating)
+the change goes ahead.  Meanwhile it is ``Evicting`` and counts against its policy's budget,
+as admitted.  The victims are chosen again at every judgement, from the budgets as they
+allow now: a 429 moves the choice to pods their budgets let go, where there are such.
 
 What a deadline depends on is in the node's GPUNodeState (``status.eviction``): when the first
 eviction was asked for, for which policy generation and target.  A new leader reads the same
@@ -23,6 +26,7 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import migphases, nodephases, victims
+from gpushare_operator.core.budgets import BudgetRecord
 from gpushare_operator.core.models import NodePhase, PodPolicy
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.pods import PodRecord
@@ -42,7 +46,7 @@ class Eviction:
     namespace: str
     name: str
     uid: str
-    grace_period: int | None  # deleteOptions.gracePeriodSeconds; None: the pod's own
+    grace_period: int | None  # deleteOptions.gracePeriodSeconds, >= 1; None: the pod's own
     message: str
 
 
@@ -90,7 +94,8 @@ class Drains:
         prior = self._prior(record.name, place.charged, generation, target)
         pods = self.cache.usage.node_pods(record.name)
         resource, capacity = victims.room(record, policy)
-        chosen = victims.choose(pods, resource=resource, capacity=capacity)
+        budgets = self._budgets(pods)
+        chosen = victims.choose(pods, resource=resource, capacity=capacity, budgets=budgets)
         if prior is not None and prior.get("blockedAt"):
             return Drain(self._blocked(record, planned, judged, dict(prior)), done=done)
         if place.step is not Step.ADMITTED:
@@ -125,7 +130,7 @@ class Drains:
             released_from=planned.released_from,
             eviction=block,
         )
-        grace = spec.eviction.gracePeriodSeconds
+        grace = spec.eviction.grace_period  # never 0, whatever an older CRD let in
         event = f"Evicted by gpushare: policy {place.charged} changes node {record.name}"
         evictions = tuple(
             Eviction(p.namespace, p.name, p.uid, grace, event)
@@ -214,6 +219,26 @@ class Drains:
             return None
         same = (block.get("policy"), block.get("generation"), block.get("target") or "")
         return block if same == (policy, generation, target) else None
+
+    def _budgets(self, pods: list[PodRecord]) -> list[BudgetRecord]:
+        """The PodDisruptionBudgets of the pods' namespaces as they allow now, for the choice
+        of victims, which is made again on every judgement: after a 429 too, so that pods the
+        budgets protect are kept and others go in their place where they can.  A budget that
+        refused an eviction allows nothing until the refused pod is due again, even while the
+        cache still shows the allowance the API server's answer just contradicted."""
+        budgets = self.cache.budgets.around(pods)
+        now, memory = self.cache.clock(), self.memory
+        refusing = {
+            name
+            for uid, (_, due) in memory.eviction_refused.items()
+            if now < due
+            for name in memory.eviction_blockers.get(uid, ())
+        }
+        if not refusing:
+            return budgets
+        return [
+            replace(b, allowed=0) if b.key in refusing and b.allowed > 0 else b for b in budgets
+        ]
 
     def _generation(self, policy: str) -> int:
         compiled = self.cache.policies.get(policy)

@@ -27,7 +27,7 @@ What the rollout does with a misfit is ``podPolicy``'s: ``WaitForPods`` holds th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -94,6 +94,27 @@ def after_view(
         return record
     labels = {k: v for k, v in record.labels.items() if k != GPU_MEMORY}
     return dataclasses.replace(record, labels=labels)
+
+
+def on_node(
+    record: NodeRecord,
+    pods: Iterable[PodRecord],
+    policy: CompiledPolicy | None,
+    *,
+    configs: Mapping[str, devconfigs.SharingConfig | None],
+    layouts: Mapping[str, MigLayout | None] | None,
+) -> tuple[MemoryMisfit, ...]:
+    """The operator's judgement of a change of the node to ``policy`` (None: released): its
+    classes before are those of what it runs, the config its key names (``configs``: our
+    ConfigMap's keys, parsed) and the MIG layout of ours its label names (``layouts``: our
+    mig-parted ConfigMap's names); an edited policy has no spec before the edit to ask."""
+    layout = (layouts or {}).get(record.mig_config_label or "")
+    if record.mig_config_owners:
+        layout = None  # another manager's label: not a layout of ours
+    sharing = configs.get(record.config_label or "")
+    before = running(record, sharing=sharing, layout=layout)
+    after = classes_after(record, policy, layout_before=layout)
+    return misfits(pods, before=before, after=after)
 
 
 def misfits(

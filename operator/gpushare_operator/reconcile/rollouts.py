@@ -352,21 +352,15 @@ class RolloutBook:
     def memory_misfits(
         self, record: NodeRecord, policy: CompiledPolicy | None
     ) -> tuple[memoryfits.MemoryMisfit, ...]:
-        """The pods on the node that asked for GPU memory and whose slot ``policy``'s config
-        would not hold it (``core.memoryfits``), judged against what the node runs now: the
-        config its key names and the layout its label names, read from our ConfigMaps (the
-        policy may already have moved on: its edited spec is the only one it has)."""
+        """The pods on the node whose GPU memory request ``policy``'s config would not hold,
+        judged against what the node runs now (``memoryfits.on_node``)."""
         pods = [p for p in self.cache.usage.node_pods(record.name) if p.memory_mib is not None]
         if not pods:
             return ()
-        layouts = self.cache.mig_config.layouts or {}
-        layout = layouts.get(record.mig_config_label or "")
-        if not migphases.carries_ours(record):
-            layout = None
-        sharing = self.cache.key_configs.get(record.config_label or "")
-        before = memoryfits.running(record, sharing=sharing, layout=layout)
-        after = memoryfits.classes_after(record, policy, layout_before=layout)
-        return memoryfits.misfits(pods, before=before, after=after)
+        cache = self.cache
+        return memoryfits.on_node(
+            record, pods, policy, configs=cache.key_configs, layouts=cache.mig_config.layouts
+        )
 
     # -- recording -------------------------------------------------------------------------------
 

@@ -176,3 +176,22 @@ def test_evict_takes_the_memory_pod_off_whatever_the_slot_count_says() -> None:
     assert plan.status is not None and plan.status["phase"] == NodePhase.EVICTING
     planner.cache.delete_pod("train")
     assert planner.plan_node("n0").labels is not None  # gone: the change goes ahead
+
+
+def test_the_slot_before_is_what_the_node_runs_not_what_its_policy_says_now() -> None:
+    """An edited policy has only its new spec: the class before comes from the config the
+    node's key names (our ConfigMap), so the operator sees the x2 -> x8 shrink."""
+    cache = ClusterCache()
+    cache.upsert_policy(policy("p", strategy="MPS", replicas=2))
+    old = str(cache.policies["p"].config_key)
+    configs = {old: devconfigs.parse_config_text(config_texts(cache)[old])}
+    cache.upsert_policy(policy("p", strategy="MPS", replicas=8, generation=2))
+    record = project_node(node("n0", count="1", **LABELS, **on(old, "p", 2)))
+    train = project(memory_pod("train", "n0", "30Gi"))
+    edited = cache.policies["p"]
+    [found] = memoryfits.on_node(record, [train], edited, configs=configs, layouts=None)
+    assert found.change.before == SlotClass(GPU, Isolation.MPS, 40960)
+    assert found.change.after == SlotClass(GPU, Isolation.MPS, 10240)
+    # The policy's own classes would compare x8 with x8 and see nothing.
+    same = memoryfits.classes_after(record, edited, layout_before=None)
+    assert memoryfits.misfits([train], before=same, after=same) == ()

@@ -255,3 +255,24 @@ def test_select_chooses_per_resource_and_takes_forced_pods_whatever_the_count() 
         [record("going", SMALL, terminating=True)], room={SMALL: 4}, forced={"uid-going"}
     )
     assert names(going.leaving) == ["going"] and going.evict == ()
+
+
+def single_policy(name: str) -> dict[str, Any]:
+    body = policy(name, strategy="MIG", mig={"profile": "1g.10gb"})
+    del body["spec"]["replicas"]
+    return body
+
+
+def test_a_single_strategy_node_shows_its_one_profile_layout_in_force() -> None:
+    single, other = compiled(single_policy("s")), compiled(single_policy("t"))
+    assert single.mig is not None and other.mig is not None
+    record = project_node(
+        settled_body(
+            project_node(node("n0", count="2", **{"nvidia.com/gpu.product": H100})), single
+        )
+    )
+    layouts = {**single.mig.entries, **other.mig.entries}
+    assert migphases.in_force(record, layouts=layouts)
+    assert not migphases.changes_mig(record, other, layouts=layouts)
+    bigger = compiled(mig_policy("u", devices={"3g.40gb": 2}))
+    assert migphases.changes_mig(record, bigger, layouts=layouts)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import slotchanges, slotclasses
+from gpushare_operator.core import memoryfits, slotchanges, slotclasses
 from gpushare_operator.core.nodes import project_node
 from gpushare_operator.core.policies import CompiledPolicy, compile_policy
 from gpushare_operator.core.slotchanges import Loss
@@ -144,11 +144,19 @@ def test_more_mps_replicas_shrink_the_slot_under_a_20gi_request_and_the_plan_exi
             "classes": [],
         },
         "why": item["why"],
+        "evicted": False,
+        "waitsForPods": True,  # the operator holds n0: the same rule (core.memoryfits)
     }
     assert plan["exitCode"] == 2 and not plan["overcommitted"]
     assert plan["problems"] == [
-        "pod ns/train-0 on node n0 would lose the slot its GPU memory request holds: " + item["why"]
+        "pod ns/train-0 on node n0 would lose the slot its GPU memory request holds: "
+        + item["why"]
+        + "; the node waits for it (MemoryNoLongerEnforced)"
     ]
+    [policy_p] = plan["policies"]
+    [held] = policy_p["rollout"]["held"]
+    assert (held["node"], held["reason"]) == ("n0", "MemoryNoLongerEnforced")
+    assert "pod ns/train-0 asked for 20Gi (20480 MiB)" in held["message"]
     text = planview.render(plan, STYLE)
     assert "Pods whose GPU memory request (gpushare.dev/gpu-memory)" in text
     row = next(line for line in text.splitlines() if line.startswith("  ns/train-0"))
@@ -194,9 +202,10 @@ def test_a_new_single_mig_layout_reads_the_slice_from_the_tables_not_the_old_gfd
     record = project_node(node("n", count="14", **labels))
     old, new = mig_policy("1g.10gb"), mig_policy("3g.40gb")
     assert slotclasses.promise(record, old) == SlotClass(GPU, Isolation.MIG, 9984)
-    viewed = memoryplan._after_view(record, old, new)
+    layout = old.mig.layouts[H100] if old.mig else None
+    viewed = memoryfits.after_view(record, new, layout_before=layout)
     assert slotclasses.promise(viewed, new) == SlotClass(GPU, Isolation.MIG, 40960)
-    assert memoryplan._after_view(record, old, old) is record
+    assert memoryfits.after_view(record, old, layout_before=layout) is record
 
 
 def mig_policy(profile: str | None = None, **mig: Any) -> CompiledPolicy:

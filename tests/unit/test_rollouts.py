@@ -44,14 +44,25 @@ def test_the_spec_refuses_a_budget_that_is_neither_a_count_nor_a_percentage() ->
 
 def test_pods_fit_only_what_the_new_config_advertises() -> None:
     held = {"nvidia.com/gpu": 3}
-    assert rollouts.misfit(held, resource="nvidia.com/gpu", capacity=4) is None
-    assert rollouts.misfit(held, resource="nvidia.com/gpu", capacity=2) == (
+    assert rollouts.misfit(held, room={"nvidia.com/gpu": 4}) is None
+    assert rollouts.misfit(held, room={"nvidia.com/gpu": 2}) == (
         "pods hold 3 nvidia.com/gpu; the new config has 2"
     )
     # Renamed: the plugin stops advertising nvidia.com/gpu, whatever the new capacity.
-    assert "does not advertise" in str(
-        rollouts.misfit(held, resource="nvidia.com/gpu.shared", capacity=64)
+    assert "does not advertise" in str(rollouts.misfit(held, room={"nvidia.com/gpu.shared": 64}))
+
+
+def test_a_layout_of_several_resources_is_judged_per_resource() -> None:
+    """A MIG layout of 1 x 3g.40gb and 4 x 1g.10gb per GPU: pods of both fit, each within its
+    own count (before, holding two resources read as one not advertised)."""
+    room = {"nvidia.com/mig-3g.40gb": 2, "nvidia.com/mig-1g.10gb": 8}
+    assert (
+        rollouts.misfit({"nvidia.com/mig-3g.40gb": 2, "nvidia.com/mig-1g.10gb": 5}, room=room)
+        is None
     )
+    assert rollouts.misfit(
+        {"nvidia.com/mig-3g.40gb": 3, "nvidia.com/mig-1g.10gb": 1}, room=room
+    ) == ("pods hold 3 nvidia.com/mig-3g.40gb; the new config has 2")
 
 
 def test_the_canary_goes_alone_then_the_budget_rules() -> None:

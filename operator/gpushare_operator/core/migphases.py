@@ -84,16 +84,62 @@ def layout_name(record: NodeRecord, policy: CompiledPolicy) -> str | None:
     return policy.mig.names.get(record.product or "")
 
 
-def changes_mig(record: NodeRecord, policy: CompiledPolicy | None) -> bool:
+def changes_mig(
+    record: NodeRecord,
+    policy: CompiledPolicy | None,
+    *,
+    layouts: Mapping[str, migconfigs.MigLayout | None] | None,
+) -> bool:
     """Whether moving the node to ``policy`` (None: releasing it) changes its MIG layout:
-    enabling, re-laying out or disabling MIG, which the MIG manager can do only on idle GPUs."""
+    enabling, re-laying out or disabling MIG, which the MIG manager can do only on idle GPUs.
+
+    Layouts are compared, not names: a name carries its policy's name (``migconfigs``), and
+    the same layout under another policy is only a new label, which the MIG manager takes as
+    already applied (``mig-parted assert`` compares the GPUs with the named config's content,
+    and an applied config is ``success`` at once: NVIDIA/mig-parted
+    ``pkg/mig/reconfigure/reconfigure.go`` ``isConfigAlreadyApplied``).  ``layouts``: the
+    mig-parted ConfigMap's names (``cache.mig_config.layouts``); a name not in it is taken to
+    name another layout."""
     current = record.mig_config_label
     if record.mig_config_owners:
         current = None  # not ours: we never change it
     wanted = layout_name(record, policy) if policy is not None else None
     if current == migconfigs.ALL_DISABLED:
         current = None
-    return wanted != current
+    if wanted == current:
+        return False
+    if policy is None or policy.mig is None or current is None or wanted is None:
+        return True
+    known = (layouts or {}).get(current)
+    return known is None or known != policy.mig.layouts.get(record.product or "")
+
+
+def in_force(
+    record: NodeRecord, *, layouts: Mapping[str, migconfigs.MigLayout | None] | None
+) -> bool:
+    """Whether the MIG layout of ours the node's label names (not ``all-disabled``) is what
+    its GPUs show: the MIG manager reports ``success`` and is not at work, and GPU Feature
+    Discovery shows that layout's devices (under ``single`` its one profile, the only layout
+    single has; under ``mixed`` each profile's count).  Such a node has nothing for the MIG
+    manager to do, whatever name its label carries."""
+    layout = (layouts or {}).get(record.mig_config_label or "")
+    gpus = record.gpus or 0
+    if layout is None or not carries_ours(record) or not gpus:
+        return False
+    if record.mig_state != SUCCESS or in_progress(record):
+        return False
+    if record.mig_strategy == "single":
+        shown = mig_profile_of(record.labels.get(GPU_PRODUCT))
+        return layout.profiles == (shown,)
+    if record.mig_strategy != "mixed":
+        return False
+    wanted = {f"{MIG_DEVICE_PREFIX}{p}.count": str(n * gpus) for p, n in layout.devices}
+    shown_counts = {
+        key: value
+        for key, value in record.labels.items()
+        if key.startswith(MIG_DEVICE_PREFIX) and key.endswith(".count") and value not in ("", "0")
+    }
+    return shown_counts == wanted
 
 
 def carries_ours(record: NodeRecord) -> bool:

@@ -34,15 +34,16 @@ def max_unavailable(value: int | str, *, total: int) -> int:
     return max(1, total * percent // 100)
 
 
-def misfit(held: Mapping[str, int], *, resource: str, capacity: int) -> str | None:
-    """Why the node's pods would not fit a config advertising ``capacity`` of ``resource``
-    (and nothing else); None when they fit.  ``held``: slots held per resource."""
-    for other, slots in sorted(held.items()):
-        if other != resource and slots > 0:
-            return f"pods hold {slots} {other}, which the new config does not advertise"
-    slots = held.get(resource, 0)
-    if slots > capacity:
-        return f"pods hold {slots} {resource}; the new config has {capacity}"
+def misfit(held: Mapping[str, int], *, room: Mapping[str, int]) -> str | None:
+    """Why the node's pods would not fit a config advertising ``room`` (resource -> slots on
+    the node, and nothing else); None when they fit.  ``held``: slots held per resource.
+    Each resource is judged by itself: a MIG layout of several profiles has a count each."""
+    for resource, slots in sorted(held.items()):
+        if slots > 0 and resource not in room:
+            return f"pods hold {slots} {resource}, which the new config does not advertise"
+    for resource, slots in sorted(held.items()):
+        if slots > room.get(resource, 0):
+            return f"pods hold {slots} {resource}; the new config has {room[resource]}"
     return None
 
 

@@ -27,6 +27,7 @@ from typing import Final
 
 from gpushare_operator.core import devconfigs, miggeometry
 from gpushare_operator.core.labels import label_value_error
+from gpushare_operator.core.migconfigs import MigLayout
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
 
@@ -75,8 +76,22 @@ def classes(record: NodeRecord, policy: CompiledPolicy) -> tuple[SlotClass, ...]
     sharing = policy.sharing
     if sharing is None:
         return ()
+    layout = None
     if policy.mig is not None:
-        return _mig_classes(record, policy)
+        layout = policy.mig.layouts.get(record.product or "")
+        if layout is None:
+            return ()
+    return classes_of(record, sharing, layout=layout)
+
+
+def classes_of(
+    record: NodeRecord, sharing: devconfigs.SharingConfig, *, layout: MigLayout | None
+) -> tuple[SlotClass, ...]:
+    """The slot classes of a device-plugin config (and, for MIG, the layout on every GPU):
+    what ``classes`` gives for a policy, and what a node runs under the key and the layout
+    its labels name, whatever the policy says now (``core.memoryfits``)."""
+    if sharing.strategy == devconfigs.MIG:
+        return () if layout is None else _mig_classes(record, sharing, layout)
     resource = devconfigs.advertised_resource(sharing)
     memory = record.memory_mib
     if sharing.strategy == devconfigs.MPS:
@@ -87,17 +102,21 @@ def classes(record: NodeRecord, policy: CompiledPolicy) -> tuple[SlotClass, ...]
     return (SlotClass(resource, Isolation.NONE, None),)
 
 
-def _mig_classes(record: NodeRecord, policy: CompiledPolicy) -> tuple[SlotClass, ...]:
-    mig = policy.mig
-    assert mig is not None
-    layout = mig.layouts.get(record.product or "")
+def _mig_classes(
+    record: NodeRecord, sharing: devconfigs.SharingConfig, layout: MigLayout
+) -> tuple[SlotClass, ...]:
     model = miggeometry.model(record.product)
-    if layout is None or model is None:
+    if model is None:
         return ()
     found: dict[str, SlotClass] = {}
     for profile, _count in layout.devices:
-        resource = mig.resources[profile]
-        if mig.replicas > 1:
+        try:
+            [resource] = devconfigs.mig_resource_names(
+                mig_strategy=sharing.mig_strategy, profiles=[profile]
+            )
+        except devconfigs.ConfigError:
+            return ()  # a layout no config of ours advertises: no class to speak of
+        if sharing.replicas > 1:
             found[resource] = SlotClass(resource, Isolation.NONE, None)
             continue
         known = model.profiles.get(profile)

@@ -16,16 +16,22 @@ Pods that are never evicted stay whatever happens: a DaemonSet's pod (its contro
 it straight back), a mirror pod (kubelet runs the static pod whatever the API says).  Pods that
 ask for no GPU resource are not in our records at all.  A pod already on its way out
 (``deletionTimestamp`` set) is neither evicted nor counted as staying: the node waits for it.
+
+``select`` applies the rule to each resource of the new config by itself (a MIG layout of
+several profiles offers each its own count: only what overflows a resource goes), and before it
+takes off the pods that go whatever the count: a pod whose GPU memory request its new slot would
+not hold (``core.memoryfits``), and a pod of a resource the new config does not advertise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from gpushare_operator.core import budgets as core_budgets
 from gpushare_operator.core import devconfigs, migphases
 from gpushare_operator.core.budgets import BudgetRecord
+from gpushare_operator.core.migconfigs import MigLayout
 from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
 from gpushare_operator.core.pods import PodRecord
 from gpushare_operator.core.policies import CompiledPolicy
@@ -119,19 +125,83 @@ def _stuck(staying: list[PodRecord], *, resource: str | None, capacity: int) -> 
     return None
 
 
-def room(record: NodeRecord, policy: CompiledPolicy | None) -> tuple[str | None, int]:
-    """The resource the node's new config advertises and how many of it (None: the default
-    config); (None, 0) where every GPU pod must go: a change of MIG layout (only idle GPUs
-    change), or a MIG layout of several resources (never too few taken)."""
+def room(
+    record: NodeRecord,
+    policy: CompiledPolicy | None,
+    *,
+    layouts: Mapping[str, MigLayout | None] | None,
+) -> dict[str, int] | None:
+    """The slots of each resource the node's new config advertises (``policy`` None: the
+    default config); None where every GPU pod must go: a change of MIG layout (only idle GPUs
+    change; ``layouts`` as ``migphases.changes_mig`` takes them).  A MIG layout of several
+    profiles has a count per resource, each judged by itself (``select``)."""
     gpus = record.gpus or 0
-    if migphases.changes_mig(record, policy):
-        return None, 0
+    if migphases.changes_mig(record, policy, layouts=layouts):
+        return None
     if policy is not None and policy.mig is not None:
         slots = policy.mig.slots_per_gpu(record.product)
-        if len(slots) != 1:
-            return None, 0
-        [(resource, per_gpu)] = slots.items()
-        return resource, gpus * per_gpu
+        return {resource: gpus * per_gpu for resource, per_gpu in slots.items()}
     if policy is None or policy.sharing is None:
-        return GPU_RESOURCE, gpus
-    return devconfigs.advertised_resource(policy.sharing), gpus * (policy.replicas or 1)
+        return {GPU_RESOURCE: gpus}
+    return {devconfigs.advertised_resource(policy.sharing): gpus * (policy.replicas or 1)}
+
+
+def select(
+    pods: Iterable[PodRecord],
+    *,
+    room: Mapping[str, int] | None,
+    forced: Collection[str] = (),
+    budgets: Iterable[BudgetRecord] = (),
+) -> Victims:
+    """The pods to evict for the rest to fit ``room`` (``room`` above; None: every GPU pod
+    goes), ``choose``'s rule applied to each resource by itself.  Pods that go whatever the
+    count says: those in ``forced`` (uids: pods whose memory request the new slot would not
+    hold, ``core.memoryfits``), those holding a resource the new config does not advertise,
+    and those holding several resources (never given back: harsher than needed, and rare).
+    A pod that must go but is never evicted makes the node stuck.  ``budgets``: as ``choose``."""
+    budgets = tuple(budgets)
+    if room is None:
+        return choose(pods, resource=None, capacity=0, budgets=budgets)
+    groups: dict[str, list[PodRecord]] = {resource: [] for resource in room}
+    must: list[PodRecord] = []
+    for pod in pods:
+        if not pod.holds_slots or not pod.requests:
+            continue
+        [(resource, _)] = pod.requests if len(pod.requests) == 1 else [(None, 0)]
+        if pod.uid in forced or resource is None or resource not in room:
+            must.append(pod)
+        else:
+            groups[resource].append(pod)
+    parts = [
+        choose(group, resource=r, capacity=room[r], budgets=budgets)
+        for r, group in sorted(groups.items())
+    ]
+    parts.append(_forced(must))
+    stuck = [part.stuck for part in parts if part.stuck is not None]
+    if stuck:
+        return Victims(leaving=_merged(p.leaving for p in parts), stuck="; ".join(stuck))
+    evict = sorted((pod for part in parts for pod in part.evict), key=importance, reverse=True)
+    return Victims(tuple(evict), _merged(p.leaving for p in parts))
+
+
+def _forced(pods: list[PodRecord]) -> Victims:
+    """Pods that must go, however many slots are left: evicted, waited for while they end,
+    or, for one that is never evicted, the reason the node is stuck."""
+    staying = [p for p in pods if not p.terminating and not p.evictable]
+    leaving = tuple(p for p in pods if p.terminating)
+    if staying:
+        names = ", ".join(sorted(f"{p.namespace}/{p.name}" for p in staying))
+        return Victims(
+            leaving=leaving,
+            stuck=(
+                "pods that are never evicted (DaemonSet or static pods) do not fit the new"
+                " config (a resource it does not advertise, or a GPU memory request its slot"
+                f" would not hold): {names}"
+            ),
+        )
+    evict = sorted((p for p in pods if not p.terminating), key=importance, reverse=True)
+    return Victims(tuple(evict), leaving)
+
+
+def _merged(groups: Iterable[tuple[PodRecord, ...]]) -> tuple[PodRecord, ...]:
+    return tuple(sorted((pod for group in groups for pod in group), key=importance))

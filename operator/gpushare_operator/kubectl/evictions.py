@@ -1,10 +1,11 @@
 """The pods a planned change would evict from a node under ``podPolicy: Evict``, and how long.
 
-The choice is the operator's own (``core.victims.choose``, with the resource and the number of
-slots the node's new config advertises, and the PodDisruptionBudgets the plan read, as
-kube-scheduler's preemption chooses): the fewest pods whose slots must go, those no budget
-holds back before those one protects, lowest priority then youngest first, never a
-DaemonSet's or a static pod.  A change of MIG layout needs idle
+The choice is the operator's own (``core.victims.select``, with the slots of each resource the
+node's new config advertises, and the PodDisruptionBudgets the plan read, as kube-scheduler's
+preemption chooses): the fewest pods whose slots must go, those no budget holds back before
+those one protects, lowest priority then youngest first, never a DaemonSet's or a static pod,
+and every pod whose GPU memory request its new slot would not hold (``core.memoryfits``).  A
+change of MIG layout needs idle
 GPUs: every GPU pod goes, as ``reconcile.drains`` has it (``fit`` below says the same).  A
 node whose pods cannot be made to fit even so (pods that are never evicted hold what the new
 config lacks) is ``stuck``: the operator gives it up at once (``EvictionBlocked``,
@@ -68,10 +69,11 @@ def foresee(*, node: str, planner: Planner, book: RolloutBook) -> NodeEvictions 
         return None
     standing = standing_of(record, decision)
     policy = decision.policy if standing.standing == GOVERNED else None  # None: released
-    resource, capacity = victims.room(record, policy)
+    room = victims.room(record, policy, layouts=planner.cache.mig_config.layouts)
+    forced = {m.pod.uid for m in book.memory_misfits(record, policy)}
     pods = planner.cache.usage.node_pods(node)
     budgets = planner.cache.budgets.around(pods)
-    chosen = victims.choose(pods, resource=resource, capacity=capacity, budgets=budgets)
+    chosen = victims.select(pods, room=room, forced=forced, budgets=budgets)
     return NodeEvictions(
         node=node,
         policy=charged,

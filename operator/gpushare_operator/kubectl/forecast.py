@@ -6,7 +6,8 @@ informers feed, then ``run`` upserts the planned policies into that same state a
 - each node's standing before and after, from ``Planner.decide`` and the status it would
   render (``kubectl.standings.standing_of``): who governs it, with which key and capacity;
 - whose pods would hold more slots than the new config advertises, or (for a change of MIG
-  layout, which needs idle GPUs) any slot at all: the rollout book's own ``misfit``;
+  layout, which needs idle GPUs) any slot at all, or lose the slot that enforces the GPU memory
+  they asked for (``core.memoryfits``): the rollout book's own ``misfit``;
 - the rollout, by replaying the operator's own ``RolloutBook``: its gate and its admissions
   (fresh nodes at once, canary first and alone, ``maxUnavailable``, the cluster-wide budget,
   order by fewest allocated slots then name, WaitForPods), with every admitted node settled
@@ -34,6 +35,7 @@ from typing import Any
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import (
     defaults,
+    memoryfits,
     miggeometry,
     migphases,
     nodephases,
@@ -94,6 +96,8 @@ class Misfit:
     why: str
     pods: tuple[PodRecord, ...]
     mig: bool = False  # a change of MIG layout: it needs every GPU pod gone, not fewer slots
+    # Only memory requests do not fit (the slots do): ``kubectl.memoryplan`` reports it.
+    memory: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,28 +299,40 @@ class Forecaster:
 
     def _misfits(self, changes: Sequence[NodeChange]) -> list[Misfit]:
         """Nodes whose pods would not fit their change, judged by the rollout book itself: for
-        a change of MIG layout, any GPU pod at all."""
+        a change of MIG layout, any GPU pod at all; a pod whose memory request its new slot
+        would not hold, whatever the slots."""
         cache, usage = self.cache, self.cache.usage
-        found: dict[str, tuple[str, str, bool]] = {}
+        found: dict[str, tuple[str, str, bool, bool]] = {}
         for change in changes:
             if not usage.node_slots(change.name) or change.after.standing == UNSUPPORTED:
                 continue  # an Unsupported node is left as it is
             record = cache.nodes[change.name]
             decision = self.planner.decide(record)
             policy = None if nodephases.releases(decision) else decision.policy
-            why = self.book.misfit(record, policy)
-            if why is not None:
-                found[change.name] = (change.pool, why, migphases.changes_mig(record, policy))
+            held = self.book.held_by_pods(record, policy)
+            if held is not None:
+                reason, why = held
+                layouts = cache.mig_config.layouts
+                mig = migphases.changes_mig(record, policy, layouts=layouts)
+                memory = (
+                    reason == memoryfits.REASON and self.book.slot_misfit(record, policy) is None
+                )
+                found[change.name] = (change.pool, why, mig, memory)
         pods: defaultdict[str, list[PodRecord]] = defaultdict(list)
         if found:
-            for held in usage:
-                if held.node in found and held.holds_slots:
-                    pods[held.node].append(held)
+            for pod in usage:
+                if pod.node in found and pod.holds_slots:
+                    pods[pod.node].append(pod)
         return [
             Misfit(
-                node, pool, why, tuple(sorted(pods[node], key=lambda p: (p.namespace, p.name))), mig
+                node,
+                pool,
+                why,
+                tuple(sorted(pods[node], key=lambda p: (p.namespace, p.name))),
+                mig,
+                memory,
             )
-            for node, (pool, why, mig) in sorted(found.items())
+            for node, (pool, why, mig, memory) in sorted(found.items())
         ]
 
     def _foresee(self, misfits: Sequence[Misfit]) -> dict[str, NodeEvictions]:

@@ -1,31 +1,27 @@
 """The plan's memory requests: pods that asked for GPU memory and whose slot the change would
 take away or shrink under their request.
 
-A pod created with ``gpushare.dev/gpu-memory`` was given a slot of an enforced class (the
-operator's webhook, ``core.memoryrequests``); its record keeps the request
-(``PodRecord.memory_mib``).  For each such pod on a node, the node's slot classes before and
-after the planned change come from ``core.slotclasses`` with the policy governing it in the
-forecast's standings, and ``core.slotchanges.judge`` says what the pod loses.  Any such pod
-makes the plan exit 2, as an overcommit does: its promise would not hold.
+The rule is the operator's own (``core.memoryfits``): for each such pod on a node, the node's
+slot classes before the planned change (under the policy that governs it now) and after (under
+the policy governing it in the forecast's standings, as GFD will label the node), and what the
+pod loses.  The operator holds such a node (``podPolicy: WaitForPods``, reason
+``MemoryNoLongerEnforced``) or evicts the pod first (``Evict``): an evicted pod is listed but
+makes no problem, as an eviction is no overcommit; any other makes the plan exit 2.
 
 The node's records are taken before the forecast settles them (``Snapshot``): the forecast
 rewrites some GPU Feature Discovery labels as the agents would, but not the memory ones, so the
-classes after are worked out from the node as it is, except that a change of single-strategy
-MIG layout drops ``nvidia.com/gpu.memory`` (the slice's memory, which GFD rewrites for the new
-profile: NVIDIA's tables say it meanwhile).
+classes after are worked out from the node as it is (``memoryfits.after_view``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import migphases, quantities, slotchanges, slotclasses
-from gpushare_operator.core.migspec import MigStrategy
-from gpushare_operator.core.nodes import GPU_MEMORY, NodeRecord
+from gpushare_operator.core import memoryfits, quantities, slotclasses
+from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.pods import MEMORY_REQUEST_LABEL, PodRecord
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.core.slotchanges import SlotChange
@@ -63,6 +59,8 @@ class MemoryMisfit:
     policy_before: str | None
     policy_after: str | None
     change: SlotChange
+    evicted: bool = False  # the operator evicts it before the change (podPolicy Evict)
+    waits: bool = False  # the operator holds the node until it is gone (WaitForPods)
 
 
 def find(
@@ -75,20 +73,25 @@ def find(
     """The pods of ``snapshot`` whose slot the forecast's change removes or shrinks below
     their request; ``before`` and ``after`` are the policies as they are and as planned."""
     found = []
+    held = {h.node for h in forecast.held if h.reason == memoryfits.REASON}
     for pod in snapshot.pods:
-        node, request = pod.node, pod.memory_mib
+        node = pod.node
         record = snapshot.records.get(node or "")
-        if node is None or request is None or record is None:
+        if node is None or record is None:
             continue
         was, now = forecast.before.get(node), forecast.after.get(node)
         old, new = _governing(was, before), _governing(now, after)
+        layout = old.mig.layouts.get(record.product or "") if old and old.mig else None
         classes_before = slotclasses.classes(record, old) if old is not None else ()
-        classes_after = slotclasses.classes(_after_view(record, old, new), new) if new else ()
-        held = [resource for resource, _ in pod.requests]
-        change = slotchanges.judge(request, held, classes_before, classes_after)
-        if change is not None:
+        classes_after = memoryfits.classes_after(record, new, layout_before=layout)
+        for misfit in memoryfits.misfits([pod], before=classes_before, after=classes_after):
             pool = forecast.pools.get(node, "-")
-            found.append(MemoryMisfit(pod, node, pool, _name(old), _name(new), change))
+            evictions = forecast.evictions.get(node)
+            evicted = evictions is not None and evictions.drains and pod in evictions.pods
+            names = _name(old), _name(new)
+            found.append(
+                MemoryMisfit(pod, node, pool, *names, misfit.change, evicted, node in held)
+            )
     return found
 
 
@@ -102,19 +105,6 @@ def _governing(
 
 def _name(policy: CompiledPolicy | None) -> str | None:
     return policy.name if policy is not None else None
-
-
-def _after_view(record: NodeRecord, old: CompiledPolicy | None, new: CompiledPolicy) -> NodeRecord:
-    """The node as its memory will read under ``new``: a new single-strategy MIG layout makes
-    GFD relabel ``nvidia.com/gpu.memory`` with the new slice's memory, so the old value (the
-    whole GPU's, or another slice's) is left out and NVIDIA's tables speak for the slice."""
-    mig = new.mig
-    if mig is None or mig.strategy is not MigStrategy.SINGLE or GPU_MEMORY not in record.labels:
-        return record
-    if old is not None and migphases.layout_name(record, old) == migphases.layout_name(record, new):
-        return record
-    labels = {k: v for k, v in record.labels.items() if k != GPU_MEMORY}
-    return dataclasses.replace(record, labels=labels)
 
 
 # -- the report -----------------------------------------------------------------------------------
@@ -147,6 +137,8 @@ def as_dicts(misfits: Sequence[MemoryMisfit]) -> list[dict[str, Any]]:
                 "classes": [class_dict(s) for s in m.change.others],
             },
             "why": m.change.describe(),
+            "evicted": m.evicted,
+            "waitsForPods": m.waits,
         }
         for m in misfits
     ]
@@ -156,7 +148,9 @@ def problems(items: Sequence[Mapping[str, Any]]) -> list[str]:
     return [
         f"pod {i['namespace']}/{i['name']} on node {i['node']} would lose the slot its GPU"
         f" memory request holds: {i['why']}"
+        + (f"; the node waits for it ({memoryfits.REASON})" if i.get("waitsForPods") else "")
         for i in items
+        if not i.get("evicted")
     ]
 
 
@@ -187,7 +181,7 @@ def render(items: Sequence[Mapping[str, Any]], style: Style) -> str:
     )
     rows = [
         (
-            f"{i['namespace']}/{i['name']}",
+            f"{i['namespace']}/{i['name']}" + (" (evicted)" if i.get("evicted") else ""),
             quantities.describe_mib(i["requestMiB"]),
             i["node"],
             _cell(i["before"]),

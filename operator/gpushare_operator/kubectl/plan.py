@@ -188,6 +188,8 @@ def _problems(forecast: Forecast) -> list[str]:
     problems = []
     for misfit in forecast.misfits:
         evictions = forecast.evictions.get(misfit.node)
+        if misfit.memory and (evictions is None or evictions.stuck is None):
+            continue  # the memory requests' own section says it (kubectl.memoryplan)
         if evictions is not None and evictions.stuck is not None:
             problems.append(
                 f"node {misfit.node} cannot be drained (podPolicy Evict): {evictions.stuck};"
@@ -229,6 +231,7 @@ def _misfits(forecast: Forecast) -> list[dict[str, Any]]:
             ],
         }
         for m in forecast.misfits
+        if not m.memory
     ]
 
 

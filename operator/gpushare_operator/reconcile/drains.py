@@ -80,7 +80,8 @@ class Drains:
         place = judged.placement
         spec, _ = self.book.spec_of(place.charged)
         policy = None if nodephases.releases(planned) else planned.policy
-        mig = planned.labels is not None and migphases.changes_mig(record, policy)
+        layouts = self.cache.mig_config.layouts
+        mig = planned.labels is not None and migphases.changes_mig(record, policy, layouts=layouts)
         if planned.labels is None or (spec.podPolicy is not PodPolicy.EVICT and not mig):
             return Drain(judged, done=done)
         misfit = self.book.misfit(record, policy)
@@ -93,9 +94,10 @@ class Drains:
         generation = self._generation(place.charged)
         prior = self._prior(record.name, place.charged, generation, target)
         pods = self.cache.usage.node_pods(record.name)
-        resource, capacity = victims.room(record, policy)
+        forced = {m.pod.uid for m in self.book.memory_misfits(record, policy)}
+        room = victims.room(record, policy, layouts=layouts)
         budgets = self._budgets(pods)
-        chosen = victims.choose(pods, resource=resource, capacity=capacity, budgets=budgets)
+        chosen = victims.select(pods, room=room, forced=forced, budgets=budgets)
         if prior is not None and prior.get("blockedAt"):
             return Drain(self._blocked(record, planned, judged, dict(prior)), done=done)
         if place.step is not Step.ADMITTED:

@@ -19,6 +19,7 @@ from typing import Any
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import (
     listpatches,
+    memoryfits,
     migphases,
     nodelabels,
     nodephases,
@@ -43,7 +44,9 @@ from gpushare_operator.reconcile.plans import ConfigPlan, NodeFacts, NodePlan, P
 from gpushare_operator.reconcile.rollouts import Placement, RolloutBook, Step
 
 # Reasons of a node the rollout holds back (see RolloutBook.judge).
-HELD_BY_ROLLOUT = frozenset({"RolloutWaiting", "WaitingForPods", "RolloutHalted", "Paused"})
+HELD_BY_ROLLOUT = frozenset(
+    {"RolloutWaiting", "WaitingForPods", "RolloutHalted", "Paused", memoryfits.REASON}
+)
 # Keeps a deleted policy until its nodes are released (under its rollout budget).
 
 
@@ -221,8 +224,16 @@ class Planner:
         when the taint is due to go, to look again then."""
         tainted = any(rollouts.is_ours(taint) for taint in record.taints)
         target = None if nodephases.releases(decision) else decision.policy
-        mig = migphases.changes_mig(record, target) and decision.labels is not None
-        mig = mig or (placement.down is not None and migphases.carries_ours(record))
+        layouts = self.cache.mig_config.layouts
+        mig = migphases.changes_mig(record, target, layouts=layouts) and decision.labels is not None
+        # Kept through the MIG manager's work until the node is available again; not put on a
+        # node whose GPUs already show the layout its label names (another policy's identical
+        # layout: the MIG manager has nothing to do).
+        mig = mig or (
+            placement.down is not None
+            and migphases.carries_ours(record)
+            and (tainted or not migphases.in_force(record, layouts=layouts))
+        )
         wanted = self.book.wants_taint(placement, tainted=tainted, draining=draining, mig=mig)
         due = None
         if wanted and decision.phase is NodePhase.MISMATCH:

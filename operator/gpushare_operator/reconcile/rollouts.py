@@ -24,10 +24,18 @@ from collections.abc import Collection
 from dataclasses import replace
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import devconfigs, migconfigs, migphases, models, nodephases, rollouts
+from gpushare_operator.core import (
+    memoryfits,
+    migconfigs,
+    migphases,
+    models,
+    nodephases,
+    rollouts,
+    victims,
+)
 from gpushare_operator.core.migconfigs import ALL_DISABLED
 from gpushare_operator.core.models import NodePhase, PodPolicy, RolloutSpec
-from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
+from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.reconcile.placements import CLUSTER as CLUSTER
 from gpushare_operator.reconcile.placements import HELD_STEPS as HELD_STEPS
@@ -37,6 +45,9 @@ from gpushare_operator.reconcile.placements import Judgement as Judgement
 from gpushare_operator.reconcile.placements import Place as Place
 from gpushare_operator.reconcile.placements import Placement as Placement
 from gpushare_operator.reconcile.placements import Step as Step
+
+# The reason of a node held back until its pods fit by their slots (podPolicy WaitForPods).
+WAITING_FOR_PODS = "WaitingForPods"
 
 
 class RolloutBook:
@@ -200,8 +211,11 @@ class RolloutBook:
         policy = None if target == RELEASE else decision.policy
         # A MIG change waits for its pods once admitted and tainted (``reconcile.drains``):
         # held back untainted, pods would keep landing on the GPUs that must go idle.
-        if spec.podPolicy is PodPolicy.WAIT_FOR_PODS and not migphases.changes_mig(record, policy):
-            misfit = self.misfit(record, policy)
+        layouts = self.cache.mig_config.layouts
+        if spec.podPolicy is PodPolicy.WAIT_FOR_PODS and not migphases.changes_mig(
+            record, policy, layouts=layouts
+        ):
+            misfit = self.held_by_pods(record, policy)
         now = self.cache.clock()
         since = self._held_since.get(record.name, now)
         place = replace(
@@ -212,9 +226,11 @@ class RolloutBook:
         )
         quiet_until = since + self.quiet if now < since + self.quiet else None
         if misfit is not None:
-            message = f"{misfit}: the node keeps its config until they fit (podPolicy WaitForPods)"
+            reason, why = misfit
+            until = "they are gone" if reason == memoryfits.REASON else "they fit"
+            message = f"{why}: the node keeps its config until {until} (podPolicy WaitForPods)"
             held = nodephases.held_back(
-                decision, reason="WaitingForPods", message=message, quiet_until=quiet_until
+                decision, reason=reason, message=message, quiet_until=quiet_until
             )
             return Judgement(held, place)
         who = f"GPUSharingPolicy {charged}" if charged else "the cluster"
@@ -304,25 +320,47 @@ class RolloutBook:
         return policy.spec.rollout, policy.paused
 
     def misfit(self, record: NodeRecord, policy: CompiledPolicy | None) -> str | None:
-        """Why the node's pods would not fit ``policy``'s config (None: the default one)."""
+        """Why the node's pods would not fit ``policy``'s config (None: the default one): the
+        slots they hold, or the memory some of them asked for (``memory_misfits``)."""
+        found = self.held_by_pods(record, policy)
+        return None if found is None else found[1]
+
+    def held_by_pods(
+        self, record: NodeRecord, policy: CompiledPolicy | None
+    ) -> tuple[str, str] | None:
+        """(reason, message) of a node whose pods would not fit ``policy``'s config; None when
+        they fit.  A broken memory promise (``memoryfits.REASON``) names its pods first."""
+        slots = self.slot_misfit(record, policy)
+        memory = self.memory_misfits(record, policy)
+        if memory:
+            also = f"; also {slots}" if slots is not None else ""
+            return memoryfits.REASON, memoryfits.describe(memory) + also
+        return None if slots is None else (WAITING_FOR_PODS, slots)
+
+    def slot_misfit(self, record: NodeRecord, policy: CompiledPolicy | None) -> str | None:
+        """Why the node's pods would hold more slots than ``policy``'s config advertises, per
+        resource (for a change of MIG layout: any GPU pod at all)."""
         held = self.cache.usage.node_slots(record.name)
         if not held:
             return None
-        if migphases.changes_mig(record, policy):
+        room = victims.room(record, policy, layouts=self.cache.mig_config.layouts)
+        if room is None:
             pods = len(self.cache.usage.node_pods(record.name))
             return f"{pods} GPU pod(s) on the node: {models.MIG_IDLE}"
-        gpus = record.gpus or 0
-        if policy is None or policy.sharing is None:
-            return rollouts.misfit(held, resource=GPU_RESOURCE, capacity=gpus)
-        if policy.mig is not None:  # the same layout, other replicas: per resource
-            slots = policy.mig.slots_per_gpu(record.product)
-            for resource in sorted(held):
-                capacity = gpus * slots.get(resource, 0)
-                if misfit := rollouts.misfit(held, resource=resource, capacity=capacity):
-                    return misfit
-            return None
-        resource = devconfigs.advertised_resource(policy.sharing)
-        return rollouts.misfit(held, resource=resource, capacity=gpus * (policy.replicas or 1))
+        return rollouts.misfit(held, room=room)
+
+    def memory_misfits(
+        self, record: NodeRecord, policy: CompiledPolicy | None
+    ) -> tuple[memoryfits.MemoryMisfit, ...]:
+        """The pods on the node whose GPU memory request ``policy``'s config would not hold,
+        judged against what the node runs now (``memoryfits.on_node``)."""
+        pods = [p for p in self.cache.usage.node_pods(record.name) if p.memory_mib is not None]
+        if not pods:
+            return ()
+        cache = self.cache
+        return memoryfits.on_node(
+            record, pods, policy, configs=cache.key_configs, layouts=cache.mig_config.layouts
+        )
 
     # -- recording -------------------------------------------------------------------------------
 

@@ -410,3 +410,52 @@ async def test_a_mig_slice_is_a_slot_class_of_its_own_resource(
         f"/api/v1/namespaces/{pods_ns}/pods", wh.memory_pod("too-big", memory="21Gi")
     )
     assert status == 403 and "20480 MiB of nvidia.com/mig-2g.20gb (mig)" in body["message"]
+
+
+ZONE = "topology.kubernetes.io/zone"
+
+
+async def test_an_empty_node_selector_term_does_not_widen_where_the_pod_may_run(
+    setup: Setup, pods_ns: str
+) -> None:
+    """``[{zone In [a]}, {}]``: the empty term matches no node, so only zone a may hold the
+    pod.  ANDed with our expressions it would match every node of a big enough slot, and
+    kube-scheduler would prefer the smaller MPS slots outside zone a."""
+    sim, pools = setup.sim, setup.pools
+    zone_a = pools.whole[0]  # a bigger slot than the request needs: never preferred
+    for node in [*pools.mps4, *pools.mps2, *pools.whole]:
+        zone = "a" if node == zone_a else "b"
+        status, body = await sim.client.patch(
+            f"/api/v1/nodes/{node}", {"metadata": {"labels": {ZONE: zone}}}
+        )
+        assert status == 200, body
+    in_a = {"key": ZONE, "operator": "In", "values": ["a"]}
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [in_a]}, {}]
+            }
+        }
+    }
+    await create(sim, pods_ns, wh.memory_pod("zoned", memory="10Gi", affinity=affinity))
+    zoned = await wait_bound(sim, pods_ns, "zoned")
+    assert zoned["spec"]["nodeName"] == zone_a
+    terms = zoned["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0] == in_a and len(terms[0]["matchExpressions"]) == 3
+    assert terms[1] == {}  # still empty: still matches no node
+    # Empty terms alone match no node: the pod stays Pending, as without gpushare (made into
+    # ours alone, it would run on any MPS node).
+    nowhere = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}]}}
+    }
+    await create(sim, pods_ns, wh.memory_pod("nowhere", memory="1Gi", affinity=nowhere))
+    pending = await eventually(
+        lambda: read(sim, pods_ns, "nowhere"),
+        until=lambda p: scheduled(p).get("reason") == "Unschedulable",
+        timeout=60,
+        what="kube-scheduler to find no node for empty terms alone",
+    )
+    assert "affinity" in scheduled(pending)["message"], scheduled(pending)
+    assert "nodeName" not in pending["spec"]

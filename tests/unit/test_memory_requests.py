@@ -250,10 +250,13 @@ def test_every_term_of_the_users_affinity_is_kept_and_anded_with_ours() -> None:
                 )
             }
         ),
+        min_size=1,
         max_size=4,
     )
 )
-def test_merging_keeps_each_term_and_adds_ours_to_each(terms: list[dict[str, Any]]) -> None:
+def test_merging_keeps_each_term_and_adds_ours_to_each_that_can_match(
+    terms: list[dict[str, Any]],
+) -> None:
     affinity = {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
@@ -261,9 +264,157 @@ def test_merging_keeps_each_term_and_adds_ours_to_each(terms: list[dict[str, Any
     }
     _, mutated = placed(pod("10Gi", affinity=copy.deepcopy(affinity)))
     merged = required(mutated)
-    assert len(merged) == max(1, len(terms))
-    for before, after in zip(terms or [{}], merged, strict=True):
-        assert after["matchExpressions"] == [*before.get("matchExpressions", []), *OURS]
+    assert len(merged) == len(terms)
+    for before, after in zip(terms, merged, strict=True):
+        if before["matchExpressions"]:
+            assert after["matchExpressions"] == [*before["matchExpressions"], *OURS]
+        else:  # an empty term matches nothing, and still does
+            assert after == before
+
+
+def test_an_empty_term_stays_empty_so_the_pod_stays_where_the_user_put_it() -> None:
+    zone = {"key": "zone", "operator": "In", "values": ["a"]}
+    theirs = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [zone]}, {}, {"matchFields": []}]
+            }
+        }
+    }
+    _, mutated = placed(pod("10Gi", affinity=theirs))
+    assert required(mutated) == [{"matchExpressions": [zone, *OURS]}, {}, {"matchFields": []}]
+
+
+@pytest.mark.parametrize(
+    "requirement",
+    [
+        {"nodeSelectorTerms": [{}]},  # matches no node: still none
+        {"nodeSelectorTerms": [{"matchExpressions": []}, {"matchFields": []}]},
+        {"nodeSelectorTerms": []},  # the API server refuses it after us, as without us
+        {},
+    ],
+)
+def test_a_requirement_no_node_meets_is_not_made_one_that_ours_meet(
+    requirement: dict[str, Any],
+) -> None:
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": requirement}}
+    _, mutated = placed(pod("10Gi", affinity=copy.deepcopy(affinity)))
+    node = mutated["spec"]["affinity"]["nodeAffinity"]
+    assert node["requiredDuringSchedulingIgnoredDuringExecution"] == requirement
+
+
+# -- node affinity as kube-scheduler reads it ----------------------------------------------------
+# A reference of Kubernetes' semantics (k8s.io/component-helpers/scheduling/corev1/nodeaffinity):
+# no required affinity admits every node; otherwise a node is admitted by any term that is not
+# empty and whose requirements all hold.  Gt and Lt compare integers; a label that is not one
+# fails them.
+
+
+def _holds(requirement: dict[str, Any], labels: dict[str, str]) -> bool:
+    key, op, values = requirement["key"], requirement["operator"], requirement.get("values", [])
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    if op == "In":
+        return key in labels and labels[key] in values
+    if op == "NotIn":
+        return key not in labels or labels[key] not in values
+    if key not in labels or not labels[key].lstrip("-").isdigit():
+        return False
+    return int(labels[key]) > int(values[0]) if op == "Gt" else int(labels[key]) < int(values[0])
+
+
+def _admits(spec: dict[str, Any], node: dict[str, Any]) -> bool:
+    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    requirement = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if requirement is None:
+        return True
+    fields = {"metadata.name": node["name"]}
+    for term in requirement.get("nodeSelectorTerms") or []:
+        expressions = term.get("matchExpressions") or []
+        by_field = term.get("matchFields") or []
+        if not expressions and not by_field:
+            continue  # "A null or empty node selector term matches no objects"
+        if all(_holds(r, node["labels"]) for r in expressions) and all(
+            _holds(r, fields) for r in by_field
+        ):
+            return True
+    return False
+
+
+KEYS = st.sampled_from(["zone", slotclasses.MEMORY_LABEL, slotclasses.RESOURCE_LABEL])
+REQUIREMENT = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "key": KEYS,
+            "operator": st.sampled_from(["In", "NotIn"]),
+            "values": st.lists(
+                st.sampled_from(["a", "b", "20389", "nvidia.com_gpu"]), min_size=1, max_size=2
+            ),
+        }
+    ),
+    st.fixed_dictionaries({"key": KEYS, "operator": st.sampled_from(["Exists", "DoesNotExist"])}),
+    st.fixed_dictionaries(
+        {
+            "key": st.just(slotclasses.MEMORY_LABEL),
+            "operator": st.sampled_from(["Gt", "Lt"]),
+            "values": st.sampled_from(["0", "10239", "20389", "40000"]).map(lambda v: [v]),
+        }
+    ),
+)
+TERM = st.fixed_dictionaries(
+    {},
+    optional={
+        "matchExpressions": st.lists(REQUIREMENT, max_size=3),
+        "matchFields": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "key": st.just("metadata.name"),
+                    "operator": st.sampled_from(["In", "NotIn"]),
+                    "values": st.lists(st.sampled_from(["n1", "n2"]), min_size=1, max_size=2),
+                }
+            ),
+            max_size=1,
+        ),
+    },
+)
+NODE = st.fixed_dictionaries(
+    {
+        "name": st.sampled_from(["n1", "n2", "n3"]),
+        "labels": st.fixed_dictionaries(
+            {},
+            optional={
+                "zone": st.sampled_from(["a", "b"]),
+                slotclasses.MEMORY_LABEL: st.sampled_from(["10194", "20389", "81559", "x"]),
+                slotclasses.RESOURCE_LABEL: st.sampled_from(["nvidia.com_gpu", "nvidia.com_x"]),
+            },
+        ),
+    }
+)
+
+
+@given(
+    requirement=st.one_of(
+        st.none(), st.fixed_dictionaries({"nodeSelectorTerms": st.lists(TERM, max_size=4)})
+    ),
+    nodes=st.lists(NODE, min_size=1, max_size=6),
+    memory=st.sampled_from(["1Gi", "10Gi", "20Gi"]),
+)
+def test_the_mutated_affinity_admits_exactly_the_nodes_both_admit(
+    requirement: dict[str, Any] | None, nodes: list[dict[str, Any]], memory: str
+) -> None:
+    """Never a node the user's affinity did not admit (an empty term widened, a term lost),
+    never one our slot class does not admit, and every node both admit."""
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": requirement}}
+    body = pod(memory, affinity=copy.deepcopy(affinity)) if requirement is not None else pod(memory)
+    placement, mutated = placed(body)
+    ours = placed(pod(memory))[1]["spec"]  # what our affinity alone admits
+    for node in nodes:
+        both = _admits(body["spec"], node) and _admits(ours, node)
+        assert _admits(mutated["spec"], node) == both, (node, mutated["spec"]["affinity"])
+        if _admits(mutated["spec"], node):
+            assert int(node["labels"][slotclasses.MEMORY_LABEL]) >= placement.request_mib
 
 
 # -- the view kopf diffs -------------------------------------------------------------------------

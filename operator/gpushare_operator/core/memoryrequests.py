@@ -149,8 +149,17 @@ def apply(pod: dict[str, Any], placement: Placement) -> list[str]:
 
 
 def _add_affinity(spec: dict[str, Any], placement: Placement) -> None:
-    """AND our two expressions into every required term (the user's own kept), and prefer
-    nodes of the chosen class over bigger ones."""
+    """AND our two expressions into every required term that can match (the user's own
+    kept), and prefer nodes of the chosen class over bigger ones.
+
+    An empty term (no expressions, no fields) is left empty: Kubernetes reads it as matching
+    no node (k8s.io/api core/v1 ``NodeSelectorTerm``: "A null or empty node selector term
+    matches no objects"; kube-scheduler's nodeaffinity skips it), and ANDed with ours it would
+    match every gpushare node, outside every term the user wrote.  It is kept, not dropped, so
+    that a required affinity of empty terms alone stays one that no node meets, as written,
+    instead of becoming ours alone.  A required affinity without terms is left as it is too:
+    the API server refuses it ("must have at least one node selector term") after the
+    webhooks, as it would without gpushare."""
     offer = placement.offer
     resource = slotclasses.encode_resource(offer.resource)
     ours = [
@@ -163,15 +172,11 @@ def _add_affinity(spec: dict[str, Any], placement: Placement) -> None:
     ]
     affinity = spec.get("affinity") or {}
     node = affinity.get("nodeAffinity") or {}
-    required = node.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    terms = list(required.get("nodeSelectorTerms") or [])
-    if not terms:
-        terms = [{}]
-    merged = []
-    for term in terms:
-        term = dict(term)
-        term["matchExpressions"] = [*(term.get("matchExpressions") or []), *ours]
-        merged.append(term)
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is None:  # no requirement of the user's: ours alone
+        required, terms = {}, [{"matchExpressions": ours}]
+    else:
+        terms = [_and(term or {}, ours) for term in required.get("nodeSelectorTerms") or []]
     preferred = list(node.get("preferredDuringSchedulingIgnoredDuringExecution") or [])
     smallest = {
         "key": slotclasses.MEMORY_LABEL,
@@ -183,13 +188,23 @@ def _add_affinity(spec: dict[str, Any], placement: Placement) -> None:
         **affinity,
         "nodeAffinity": {
             **node,
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                **required,
-                "nodeSelectorTerms": merged,
-            },
+            "requiredDuringSchedulingIgnoredDuringExecution": (
+                {**required, "nodeSelectorTerms": terms} if terms else required
+            ),
             "preferredDuringSchedulingIgnoredDuringExecution": preferred,
         },
     }
+
+
+def is_empty_term(term: Mapping[str, Any]) -> bool:
+    """Whether a node selector term is empty, and so matches no node."""
+    return not term.get("matchExpressions") and not term.get("matchFields")
+
+
+def _and(term: Mapping[str, Any], ours: list[dict[str, Any]]) -> dict[str, Any]:
+    if is_empty_term(term):
+        return dict(term)
+    return {**term, "matchExpressions": [*(term.get("matchExpressions") or []), *ours]}
 
 
 def admission_view(pod: Mapping[str, Any]) -> dict[str, Any]:

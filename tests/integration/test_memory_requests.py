@@ -459,3 +459,37 @@ async def test_an_empty_node_selector_term_does_not_widen_where_the_pod_may_run(
     )
     assert "affinity" in scheduled(pending)["message"], scheduled(pending)
     assert "nodeName" not in pending["spec"]
+
+
+async def test_a_pods_own_mps_limit_above_its_slot_is_refused_and_one_within_kept(
+    setup: Setup, pods_ns: str
+) -> None:
+    """NVIDIA's MPS obeys a client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT only below its daemon's
+    default (the slot); above it the value would mean more than the label asks for on a bigger
+    slot and nothing on the chosen one: refused, saying what would fit.  Within it, kept."""
+    sim = setup.sim
+    above = wh.memory_pod("above", memory="10Gi")
+    above["spec"]["containers"][0]["env"] = [{"name": wh.MPS_LIMIT_ENV, "value": "0=30G"}]
+    status, body = await sim.client.post(f"/api/v1/namespaces/{pods_ns}/pods", above)
+    assert status == 400, body
+    message = body["message"]
+    assert wh.WEBHOOK_NAME in message and "denied the request" in message
+    assert "30720 MiB on device 0 is more than the 20389 MiB of nvidia.com/gpu (mps)" in message
+    assert f"raise the {wh.REQUEST_LABEL} label" in message
+
+    within = wh.memory_pod("within", memory="10Gi")
+    within["spec"]["containers"][0]["env"] = [{"name": wh.MPS_LIMIT_ENV, "value": "0=8G"}]
+    client = sim.client
+    async with client.session.post(
+        f"{client.server}/api/v1/namespaces/{pods_ns}/pods", json=within
+    ) as response:
+        assert response.status == 201, await response.text()
+        created = await response.json()
+        warnings = response.headers.getall("Warning", [])
+    [container] = created["spec"]["containers"]
+    assert container["env"] == [{"name": wh.MPS_LIMIT_ENV, "value": "0=8G"}]  # theirs, alone
+    assert container["resources"]["limits"] == {GPU: "1"}
+    assert any(wh.MPS_LIMIT_ENV in w and "kept as it is" in w for w in warnings), warnings
+    metrics = await setup.operator.metrics()
+    assert metrics["gpushare_webhook_admissions_total{outcome=refused}"] == 1
+    assert metrics["gpushare_webhook_admissions_total{outcome=mutated}"] == 1

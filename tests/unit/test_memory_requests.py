@@ -163,15 +163,80 @@ def test_the_annotation_chooses_the_container_and_its_own_resources_are_kept() -
     assert "resources" not in mutated["spec"]["containers"][0]
 
 
-def test_a_limit_the_user_set_is_kept_with_a_warning() -> None:
-    body = pod()
-    body["spec"]["containers"][0]["env"] = [{"name": memoryrequests.MPS_LIMIT_ENV, "value": "0=1G"}]
-    placement = memoryrequests.place(body, offers=OFFERS, is_gpu_resource=known)
-    warnings = memoryrequests.apply(body, placement)
-    assert body["spec"]["containers"][0]["env"] == [
-        {"name": memoryrequests.MPS_LIMIT_ENV, "value": "0=1G"}
+def with_limit(*values: str | None, memory: str = "10Gi") -> dict[str, Any]:
+    """A pod whose first container sets CUDA_MPS_PINNED_DEVICE_MEM_LIMIT itself (None: from a
+    ConfigMap)."""
+    body = pod(memory)
+    body["spec"]["containers"][0]["env"] = [
+        {"name": "OTHER", "value": "x"},
+        *(
+            {"name": memoryrequests.MPS_LIMIT_ENV, "value": v}
+            if v is not None
+            else {
+                "name": memoryrequests.MPS_LIMIT_ENV,
+                "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}},
+            }
+            for v in values
+        ),
     ]
-    assert warnings and "kept" in warnings[0]
+    return body
+
+
+# 10Gi gets the MPS x4 slot, 20389 MiB: NVIDIA's MPS obeys a client's own value only below the
+# control daemon's, which the device plugin sets to the slot.
+@pytest.mark.parametrize(
+    "value", ["0=1G", "0=20389M", "0=19G", "0=19GB", "0=512MB,1=1G", "GPU-1a2b=20000m", ""]
+)
+def test_a_limit_the_user_set_within_the_slot_is_kept_with_a_warning(value: str) -> None:
+    body = with_limit(value)
+    before = copy.deepcopy(body["spec"]["containers"][0]["env"])
+    placement = memoryrequests.place(body, offers=OFFERS, is_gpu_resource=known)
+    assert placement.offer == MPS4
+    warnings = memoryrequests.apply(body, placement)
+    assert body["spec"]["containers"][0]["env"] == before  # nothing of ours added
+    assert len(warnings) == 1 and "kept" in warnings[0] and "20389 MiB slot" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("values", "said"),
+    [
+        (("0=20390M",), "20390 MiB on device 0 is more than the 20389 MiB"),
+        (("0=20G",), "20480 MiB on device 0"),  # 20 GiB: G is read as GiB, the larger
+        (("0=1G,1=30G",), "30720 MiB on device 1"),
+        (("GPU-1a2b=21G",), "on device GPU-1a2b"),
+        (("0=1G", "0=80G"), "81920 MiB on device 0"),  # the kubelet gives the process the last
+    ],
+)
+def test_a_limit_the_user_set_above_the_slot_is_refused_saying_what_would_fit(
+    values: tuple[str, ...], said: str
+) -> None:
+    with pytest.raises(Refusal) as refused:
+        memoryrequests.place(with_limit(*values), offers=OFFERS, is_gpu_resource=known)
+    message = refused.value.message
+    assert said in message and "nvidia.com/gpu (mps) slot" in message
+    assert "at most 20389 MiB" in message and f"raise the {memoryrequests.REQUEST_LABEL}" in message
+
+
+@pytest.mark.parametrize("value", ["lots", "20G", "0=1T", "0=1.5G", "0=", "0=1G,", "0=-1G"])
+def test_a_limit_the_user_set_that_does_not_read_as_nvidias_form_is_refused(value: str) -> None:
+    with pytest.raises(Refusal, match="does not read as NVIDIA's"):
+        memoryrequests.place(with_limit(value), offers=OFFERS, is_gpu_resource=known)
+
+
+def test_a_limit_taken_from_elsewhere_is_refused_as_unknowable() -> None:
+    with pytest.raises(Refusal, match=r"from elsewhere \(valueFrom\)"):
+        memoryrequests.place(with_limit(None), offers=OFFERS, is_gpu_resource=known)
+
+
+def test_a_limit_is_read_as_nvidia_writes_it() -> None:
+    assert memoryrequests.limit_mib("0=1G,1=512MB") == {"0": 1024, "1": 512}
+    assert memoryrequests.limit_mib(memoryrequests.limit_value(10240)) == {"0": 10240}
+
+
+def test_the_bigger_slot_chosen_for_a_bigger_request_takes_a_bigger_limit() -> None:
+    body = with_limit("0=20G", memory="20Gi")  # the MIG 2g.20gb slice: 20480 MiB
+    placement = memoryrequests.place(body, offers=OFFERS, is_gpu_resource=known)
+    assert placement.offer == MIG
 
 
 OURS = [
@@ -422,7 +487,10 @@ def test_the_mutated_affinity_admits_exactly_the_nodes_both_admit(
 ENV = st.lists(
     st.fixed_dictionaries(
         {"name": st.sampled_from(["A", "B", memoryrequests.MPS_LIMIT_ENV, "PATH"])},
-        optional={"value": st.text(max_size=5), "valueFrom": st.just({"fieldRef": {"x": 1}})},
+        optional={
+            "value": st.one_of(st.text(max_size=5), st.sampled_from(["0=1G", "0=900M", "0=80G"])),
+            "valueFrom": st.just({"fieldRef": {"x": 1}}),
+        },
     ),
     max_size=4,
 )
@@ -475,8 +543,14 @@ def test_kopfs_patch_of_the_view_does_to_the_whole_pod_what_apply_does(
         body["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
         body["status"] = {"phase": "Pending"}
     view = memoryrequests.admission_view(body)
-    placement = memoryrequests.place(view, offers=OFFERS, is_gpu_resource=known)
-    assert placement == memoryrequests.place(body, offers=OFFERS, is_gpu_resource=known)
+    try:
+        placement = memoryrequests.place(body, offers=OFFERS, is_gpu_resource=known)
+    except Refusal as refusal:  # the view is refused the same, for the same reason
+        with pytest.raises(Refusal) as refused:
+            memoryrequests.place(view, offers=OFFERS, is_gpu_resource=known)
+        assert refused.value.message == refusal.message
+        return
+    assert placement == memoryrequests.place(view, offers=OFFERS, is_gpu_resource=known)
     patch = patches.Patch(body=bodies.Body(view))
     patch.fns.append(lambda raw: memoryrequests.apply(raw, placement))
     answered = jsonpatch.apply_patch(body, patch.as_json_patch())

@@ -54,7 +54,13 @@ class ServingTLS:
             cert.write_text(data[certificates.CERT_KEY])
             key.touch(mode=0o600)
             key.write_text(data[certificates.KEY_KEY])
-            self.context.load_cert_chain(cert, key)
+            try:
+                self.context.load_cert_chain(cert, key)
+            except ssl.SSLError as exc:
+                # A pair cryptography reads but OpenSSL will not serve: keep serving the one
+                # loaded before (if any); the leader replaces what cannot be used.
+                log.warning("webhook serving certificate not loaded", error=str(exc))
+                return
         self.fingerprint = fingerprint
         self.ready.set()
         log.info("webhook serving certificate loaded", serving=fingerprint[:16])

@@ -12,10 +12,12 @@ objects or the API server's audit log.
 
 from __future__ import annotations
 
+import io
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import pytest
 
 from gpushare_testing import apiobjects as h
@@ -492,4 +494,35 @@ async def test_a_pods_own_mps_limit_above_its_slot_is_refused_and_one_within_kep
     assert any(wh.MPS_LIMIT_ENV in w and "kept as it is" in w for w in warnings), warnings
     metrics = await setup.operator.metrics()
     assert metrics["gpushare_webhook_admissions_total{outcome=refused}"] == 1
+    assert metrics["gpushare_webhook_admissions_total{outcome=mutated}"] == 1
+
+
+async def test_a_labelled_pod_whose_review_is_over_1_mib_is_admitted(
+    setup: Setup, pods_ns: str
+) -> None:
+    """aiohttp refuses a body over 1 MiB by default; the API server accepts a pod of up to
+    3 MiB (and etcd stores 1.5 MiB), and the review it sends carries the whole pod.  Big
+    annotations (at most 256 KiB, the API server's limit) and big env values make one of about
+    1.3 MiB: admitted and mutated like any other."""
+    big = wh.memory_pod("big", memory="10Gi")
+    big["metadata"]["annotations"]["example.com/notes"] = "n" * (250 * 1024)
+    big["spec"]["containers"][0]["env"] = [
+        {"name": f"BLOB_{i}", "value": str(i) * (256 * 1024)} for i in range(4)
+    ]
+    sent = orjson.dumps(big)
+    assert len(sent) > 1024 * 1024 + 200 * 1024, len(sent)  # the review holds all of it
+    client = setup.sim.client
+    async with client.session.post(
+        f"{client.server}/api/v1/namespaces/{pods_ns}/pods",
+        data=io.BytesIO(sent),  # aiohttp warns of a large body given as bytes
+        headers={"Content-Type": "application/json"},
+    ) as response:
+        assert response.status == 201, (await response.text())[:2000]
+        body = await response.json()
+    [container] = body["spec"]["containers"]
+    assert container["resources"]["limits"] == {GPU: "1"}
+    assert {"name": wh.MPS_LIMIT_ENV, "value": "0=10240M"} in container["env"]
+    placed = await wait_bound(setup.sim, pods_ns, "big")
+    assert setup.pools.kind_of(placed["spec"]["nodeName"]) == "mps4"
+    metrics = await setup.operator.metrics()
     assert metrics["gpushare_webhook_admissions_total{outcome=mutated}"] == 1

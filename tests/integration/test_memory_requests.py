@@ -450,7 +450,9 @@ async def test_an_empty_node_selector_term_does_not_widen_where_the_pod_may_run(
     # Empty terms alone match no node: the pod stays Pending, as without gpushare (made into
     # ours alone, it would run on any MPS node).
     nowhere = {
-        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}]}}
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}]}
+        }
     }
     await create(sim, pods_ns, wh.memory_pod("nowhere", memory="1Gi", affinity=nowhere))
     pending = await eventually(

@@ -237,7 +237,7 @@ def _add_affinity(spec: dict[str, Any], placement: Placement) -> None:
     webhooks, as it would without gpushare."""
     offer = placement.offer
     resource = slotclasses.encode_resource(offer.resource)
-    ours = [
+    ours: list[dict[str, Any]] = [
         {
             "key": slotclasses.MEMORY_LABEL,
             "operator": "Gt",

@@ -94,10 +94,12 @@ def plan(
         data.get(NEXT_CA_PRIVATE_KEY),
         names=(NEXT_CA_KEY, NEXT_CA_PRIVATE_KEY),
     )
+    if isinstance(read_next, Pair) and not _is_ca(read_next.cert):
+        read_next = f"{NEXT_CA_KEY} is not a CA certificate"
     next_ca = read_next if isinstance(read_next, Pair) else None
     bundle = load_bundle(data.get(BUNDLE_KEY, ""))
     trusted = {_fingerprint(c) for c in load_bundle(published or "")}
-    unusable = _unusable(read, hosts=hosts, now=now)
+    unusable = _unusable(read, hosts=hosts, now=now, bundle=bundle)
     problems = [p for p in (unusable, read_next) if isinstance(p, str) and p]
     reason = ""
     if isinstance(read, Pair) and unusable is None:
@@ -146,10 +148,15 @@ def plan(
 
 
 def _unusable(
-    read: Pair | str | None, *, hosts: Sequence[str], now: datetime.datetime
+    read: Pair | str | None,
+    *,
+    hosts: Sequence[str],
+    now: datetime.datetime,
+    bundle: Sequence[x509.Certificate],
 ) -> str | None:
     """Why the Secret's serving pair cannot be served ("" when there is none), or None when it
-    can."""
+    can.  One whose issuer is not in the Secret's bundle would be served until its renewal
+    while the API server, given that bundle, refuses to talk to it."""
     if read is None:
         return ""
     if isinstance(read, str):
@@ -159,7 +166,33 @@ def _unusable(
     named = _hosts(read.cert)
     if named != _wanted(hosts):
         return f"{CERT_KEY} names {', '.join(sorted(named)) or 'no host'}, not {', '.join(hosts)}"
+    if not any(_issued_by(read.cert, ca) for ca in bundle):
+        return f"{CERT_KEY} is not signed by a CA in {BUNDLE_KEY}"
     return None
+
+
+def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except Exception:  # a wrong issuer, a bad signature, an algorithm it cannot check: not
+        return False
+    return _is_ca(ca)
+
+
+def _is_ca(cert: x509.Certificate) -> bool:
+    """Whether ``cert`` may sign certificates, as a TLS client checks it: a CA by its basic
+    constraints (and by its key usage, when it has one)."""
+    try:
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except Exception:
+        return False
+    try:
+        usage = cert.extensions.get_extension_for_class(x509.KeyUsage).value
+    except x509.ExtensionNotFound:
+        return constraints.ca
+    except Exception:
+        return False
+    return constraints.ca and usage.key_cert_sign
 
 
 def _settled(ca: Pair) -> datetime.datetime:

@@ -12,10 +12,12 @@ objects or the API server's audit log.
 
 from __future__ import annotations
 
+import io
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import pytest
 
 from gpushare_testing import apiobjects as h
@@ -410,3 +412,119 @@ async def test_a_mig_slice_is_a_slot_class_of_its_own_resource(
         f"/api/v1/namespaces/{pods_ns}/pods", wh.memory_pod("too-big", memory="21Gi")
     )
     assert status == 403 and "20480 MiB of nvidia.com/mig-2g.20gb (mig)" in body["message"]
+
+
+ZONE = "topology.kubernetes.io/zone"
+
+
+async def test_an_empty_node_selector_term_does_not_widen_where_the_pod_may_run(
+    setup: Setup, pods_ns: str
+) -> None:
+    """``[{zone In [a]}, {}]``: the empty term matches no node, so only zone a may hold the
+    pod.  ANDed with our expressions it would match every node of a big enough slot, and
+    kube-scheduler would prefer the smaller MPS slots outside zone a."""
+    sim, pools = setup.sim, setup.pools
+    zone_a = pools.whole[0]  # a bigger slot than the request needs: never preferred
+    for node in [*pools.mps4, *pools.mps2, *pools.whole]:
+        zone = "a" if node == zone_a else "b"
+        status, body = await sim.client.patch(
+            f"/api/v1/nodes/{node}", {"metadata": {"labels": {ZONE: zone}}}
+        )
+        assert status == 200, body
+    in_a = {"key": ZONE, "operator": "In", "values": ["a"]}
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [in_a]}, {}]
+            }
+        }
+    }
+    await create(sim, pods_ns, wh.memory_pod("zoned", memory="10Gi", affinity=affinity))
+    zoned = await wait_bound(sim, pods_ns, "zoned")
+    assert zoned["spec"]["nodeName"] == zone_a
+    terms = zoned["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0] == in_a and len(terms[0]["matchExpressions"]) == 3
+    assert terms[1] == {}  # still empty: still matches no node
+    # Empty terms alone match no node: the pod stays Pending, as without gpushare (made into
+    # ours alone, it would run on any MPS node).
+    nowhere = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}]}
+        }
+    }
+    await create(sim, pods_ns, wh.memory_pod("nowhere", memory="1Gi", affinity=nowhere))
+    pending = await eventually(
+        lambda: read(sim, pods_ns, "nowhere"),
+        until=lambda p: scheduled(p).get("reason") == "Unschedulable",
+        timeout=60,
+        what="kube-scheduler to find no node for empty terms alone",
+    )
+    assert "affinity" in scheduled(pending)["message"], scheduled(pending)
+    assert "nodeName" not in pending["spec"]
+
+
+async def test_a_pods_own_mps_limit_above_its_slot_is_refused_and_one_within_kept(
+    setup: Setup, pods_ns: str
+) -> None:
+    """NVIDIA's MPS obeys a client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT only below its daemon's
+    default (the slot); above it the value would mean more than the label asks for on a bigger
+    slot and nothing on the chosen one: refused, saying what would fit.  Within it, kept."""
+    sim = setup.sim
+    above = wh.memory_pod("above", memory="10Gi")
+    above["spec"]["containers"][0]["env"] = [{"name": wh.MPS_LIMIT_ENV, "value": "0=30G"}]
+    status, body = await sim.client.post(f"/api/v1/namespaces/{pods_ns}/pods", above)
+    assert status == 400, body
+    message = body["message"]
+    assert wh.WEBHOOK_NAME in message and "denied the request" in message
+    assert "30720 MiB on device 0 is more than the 20389 MiB of nvidia.com/gpu (mps)" in message
+    assert f"raise the {wh.REQUEST_LABEL} label" in message
+
+    within = wh.memory_pod("within", memory="10Gi")
+    within["spec"]["containers"][0]["env"] = [{"name": wh.MPS_LIMIT_ENV, "value": "0=8G"}]
+    client = sim.client
+    async with client.session.post(
+        f"{client.server}/api/v1/namespaces/{pods_ns}/pods", json=within
+    ) as response:
+        assert response.status == 201, await response.text()
+        created = await response.json()
+        warnings = response.headers.getall("Warning", [])
+    [container] = created["spec"]["containers"]
+    assert container["env"] == [{"name": wh.MPS_LIMIT_ENV, "value": "0=8G"}]  # theirs, alone
+    assert container["resources"]["limits"] == {GPU: "1"}
+    assert any(wh.MPS_LIMIT_ENV in w and "kept as it is" in w for w in warnings), warnings
+    metrics = await setup.operator.metrics()
+    assert metrics["gpushare_webhook_admissions_total{outcome=refused}"] == 1
+    assert metrics["gpushare_webhook_admissions_total{outcome=mutated}"] == 1
+
+
+async def test_a_labelled_pod_whose_review_is_over_1_mib_is_admitted(
+    setup: Setup, pods_ns: str
+) -> None:
+    """aiohttp refuses a body over 1 MiB by default; the API server accepts a pod of up to
+    3 MiB (and etcd stores 1.5 MiB), and the review it sends carries the whole pod.  Big
+    annotations (at most 256 KiB, the API server's limit) and big env values make one of about
+    1.3 MiB: admitted and mutated like any other."""
+    big = wh.memory_pod("big", memory="10Gi")
+    big["metadata"]["annotations"]["example.com/notes"] = "n" * (250 * 1024)
+    big["spec"]["containers"][0]["env"] = [
+        {"name": f"BLOB_{i}", "value": str(i) * (256 * 1024)} for i in range(4)
+    ]
+    sent = orjson.dumps(big)
+    assert len(sent) > 1024 * 1024 + 200 * 1024, len(sent)  # the review holds all of it
+    client = setup.sim.client
+    async with client.session.post(
+        f"{client.server}/api/v1/namespaces/{pods_ns}/pods",
+        data=io.BytesIO(sent),  # aiohttp warns of a large body given as bytes
+        headers={"Content-Type": "application/json"},
+    ) as response:
+        assert response.status == 201, (await response.text())[:2000]
+        body = await response.json()
+    [container] = body["spec"]["containers"]
+    assert container["resources"]["limits"] == {GPU: "1"}
+    assert {"name": wh.MPS_LIMIT_ENV, "value": "0=10240M"} in container["env"]
+    placed = await wait_bound(setup.sim, pods_ns, "big")
+    assert setup.pools.kind_of(placed["spec"]["nodeName"]) == "mps4"
+    metrics = await setup.operator.metrics()
+    assert metrics["gpushare_webhook_admissions_total{outcome=mutated}"] == 1

@@ -9,17 +9,26 @@ API server: pods created meanwhile, and the audit log of the Secret and configur
 from __future__ import annotations
 
 import base64
+import datetime
 import time
 from typing import Any
 
 import aiohttp
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
+from gpushare_operator.core import certificates
 from gpushare_testing import apiobjects as h
 from gpushare_testing import webhooks as wh
 from gpushare_testing.controlplane import ControlPlane, free_port
-from gpushare_testing.operators import OPERATOR_NAMESPACE, OperatorFactory, RunningOperator
+from gpushare_testing.operators import (
+    OPERATOR_NAMESPACE,
+    OperatorFactory,
+    RunningOperator,
+    ensure_namespace,
+)
 from gpushare_testing.replicas import LEASE_PATH, TIMING_FLAGS, USERS, delete_lease
 from gpushare_testing.rolloutaudit import moment
 from gpushare_testing.simulator import GpuClusterSimulator
@@ -235,3 +244,108 @@ async def test_the_certificate_rotates_and_is_served_only_once_its_issuer_is_tru
             "a certificate was written to the Secret before the configuration trusted its issuer"
         )
     assert all(len(bundle) <= 5 for _, bundle in bundles)
+
+
+async def healthy(operator: RunningOperator) -> bool:
+    url = f"http://127.0.0.1:{operator.http_port}/healthz"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status == 200
+
+
+def encrypted_pair() -> dict[str, str]:
+    """A serving pair for the test's hosts whose key is encrypted (PKCS#8 with a password), as a
+    restore or a hand-made Secret can leave it: the certificate is fine, the key unreadable."""
+    made = certificates.plan(
+        data=None,
+        published=None,
+        hosts=["127.0.0.1", "localhost"],
+        now=datetime.datetime.now(datetime.UTC),
+        validity=datetime.timedelta(days=90),
+    )
+    assert made.data is not None
+    key = serialization.load_pem_private_key(made.data["tls.key"].encode(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    locked = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"a password gpushare never has"),
+    )
+    return {"tls.crt": made.data["tls.crt"], "tls.key": locked.decode()}
+
+
+async def test_an_encrypted_key_in_the_secret_is_replaced_and_the_operator_stays_healthy(
+    crds_installed: None,
+    sim: GpuClusterSimulator,
+    namespace: str,
+    pods_ns: str,
+    policies: list[str],
+    start_operator: OperatorFactory,
+    webhook_flags: wh.WebhookFlags,
+    control_plane: ControlPlane,
+) -> None:
+    """It used to raise out of the plan and out of every replica's Secret watch: /healthz
+    failed, the pod restarted into the same Secret, and labelled pods were refused."""
+    since = time.time()
+    node = await mps_pool(sim, policies)
+    ensure_namespace(control_plane, OPERATOR_NAMESPACE)  # before the operator, for its Secret
+    secrets = f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/secrets"
+    status, body = await sim.client.post(
+        secrets,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": webhook_flags.secret},
+            "type": "kubernetes.io/tls",
+            "data": certificates.encoded(encrypted_pair()),
+        },
+    )
+    assert status == 201, body
+    port = free_port()
+    await wh.install(sim, webhook_flags.configuration, port=port)
+    operator = await start_operator(
+        "--device-plugin-namespace", namespace, *webhook_flags.args(port=port)
+    )
+    await wh.wait_published(sim, webhook_flags.configuration)
+
+    async def secret_data() -> dict[str, str]:
+        status, body = await sim.client.get(f"{secrets}/{webhook_flags.secret}")
+        assert status == 200, body
+        return certificates.decoded(body) or {}
+
+    replaced = await eventually(
+        secret_data,
+        until=lambda data: certificates.serving_fingerprint(data) is not None,
+        timeout=60,
+        what="the leader to replace the encrypted key",
+    )
+    await eventually(lambda: ready(operator), what="the operator to serve the new certificate")
+    assert wh.fingerprint(wh.served_certificate(port)) == certificates.serving_fingerprint(replaced)
+    promised = await wait_promised(sim, node)
+    await wh.wait_offered(operator, {(policies[-1], promised): 1})
+    await create_memory_pod(sim, pods_ns, "after")  # admitted and mutated
+    assert await healthy(operator) and operator.proc.poll() is None
+    # It said why, on the Secret.
+    status, body = await sim.client.get(
+        f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/events",
+        params={"fieldSelector": f"involvedObject.name={webhook_flags.secret}"},
+    )
+    assert status == 200, body
+    said = [(e["type"], e["reason"], e["message"]) for e in body["items"]]
+    assert any(
+        kind == "Warning"
+        and reason == "WebhookCertificateReplaced"
+        and "tls.key is an encrypted private key" in message
+        for kind, reason, message in said
+    ), said
+    # One replacement, by the operator, with the resourceVersion precondition (a merge patch).
+    writes = [
+        e
+        for e in control_plane.audit_events()
+        if e["user"]["username"] == h.OPERATOR_USER
+        and e["objectRef"].get("resource") == "secrets"
+        and e["objectRef"].get("name") == webhook_flags.secret
+        and e["verb"] in ("create", "patch", "update")
+        and moment(e) >= since
+        and 200 <= e["responseStatus"]["code"] < 300
+    ]
+    assert [e["verb"] for e in writes][:1] == ["patch"], writes

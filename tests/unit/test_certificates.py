@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import datetime
 
+import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.x509.oid import NameOID
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -94,7 +99,8 @@ def test_an_expired_next_ca_is_replaced_and_published_before_it_signs() -> None:
     # The operator was down past the next CA's life (180 days), the certificate expired too:
     # a fresh pair at once, since nothing valid is left to serve.
     late = step(first.data, first.bundle, T0 + 200 * DAY)
-    assert late.data is not None and late.reason == "issued the webhook's serving certificate"
+    assert late.data is not None
+    assert late.reason.startswith("replaced the webhook's serving certificate: tls.crt expired")
     assert serving(late.data).not_valid_after_utc > T0 + 200 * DAY
 
 
@@ -110,6 +116,168 @@ def test_changed_hosts_are_reissued_at_once() -> None:
 def test_a_broken_secret_is_replaced_whole() -> None:
     plan = step({"tls.crt": "garbage", "tls.key": "junk"}, None, T0)
     assert plan.data is not None and serving(plan.data).not_valid_after_utc > T0
+
+
+# -- whatever the Secret holds -------------------------------------------------------------------
+# Someone (a restore from backup, a hand edit, another tool) may put anything in the Secret.
+# Nothing in it may make the plan raise: that crash-loops every leader in turn.
+
+
+def _self_signed(key: rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey) -> str:
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "other")])
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(T0 - DAY)
+        .not_valid_after(T0 + 90 * DAY)
+    )
+    algorithm = None if isinstance(key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
+    return builder.sign(key, algorithm).public_bytes(serialization.Encoding.PEM).decode()
+
+
+def _key_pem(key: object, password: bytes | None = None) -> str:
+    encryption = (
+        serialization.BestAvailableEncryption(password)
+        if password
+        else serialization.NoEncryption()
+    )
+    return key.private_bytes(  # type: ignore[attr-defined,no-any-return]
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption
+    ).decode()
+
+
+def _good() -> dict[str, str]:
+    plan = step(None, None, T0)
+    assert plan.data is not None
+    return plan.data
+
+
+def _broken(form: str) -> tuple[dict[str, str], str]:
+    """A settled Secret with one part made unreadable in ``form``; what the problem says."""
+    data = _good()
+    pair = certificates.read_pair(data["tls.crt"], data["tls.key"], names=("tls.crt", "tls.key"))
+    assert isinstance(pair, certificates.Pair)
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    ed_key = ed25519.Ed25519PrivateKey.generate()
+    der = pair.cert.public_bytes(serialization.Encoding.DER)
+    changes = {
+        "encrypted key": ({"tls.key": _key_pem(pair.key, b"secret")}, "tls.key is an encrypted"),
+        "garbage key": ({"tls.key": "junk"}, "tls.key is not a readable PEM private key"),
+        "garbage cert": ({"tls.crt": "junk"}, "tls.crt is not a readable PEM certificate"),
+        "a key of another cert": (
+            {"tls.key": _key_pem(ec.generate_private_key(ec.SECP256R1()))},
+            "tls.key is not the key of tls.crt",
+        ),
+        "a cert that is not PEM": (
+            {"tls.crt": base64.b64encode(der).decode()},
+            "tls.crt is not a readable PEM certificate",
+        ),
+        "an RSA pair": (
+            {"tls.crt": _self_signed(rsa_key), "tls.key": _key_pem(rsa_key)},
+            "tls.key is an RSA key",
+        ),
+        "an Ed25519 pair": (
+            {"tls.crt": _self_signed(ed_key), "tls.key": _key_pem(ed_key)},
+            "tls.key is an Ed25519 key",
+        ),
+        "a truncated key": (
+            {"tls.key": data["tls.key"][: len(data["tls.key"]) // 2]},
+            "tls.key is not a readable PEM private key",
+        ),
+        "a truncated cert": (
+            {"tls.crt": data["tls.crt"][: len(data["tls.crt"]) // 2]},
+            "tls.crt is not a readable PEM certificate",
+        ),
+        "no key": ({"tls.key": ""}, "tls.key is missing"),
+        "an encrypted next CA key": (
+            {"next-ca.key": _key_pem(ec.generate_private_key(ec.SECP256R1()), b"pw")},
+            "next-ca.key is an encrypted",
+        ),
+        # Readable, but the API server would refuse what it signs, or what it serves.
+        "a next CA that is no CA": (
+            {"next-ca.crt": data["tls.crt"], "next-ca.key": data["tls.key"]},
+            "next-ca.crt is not a CA certificate",
+        ),
+        "a pair no CA of the bundle signed": (
+            {"ca.crt": data["next-ca.crt"]},
+            "tls.crt is not signed by a CA in ca.crt",
+        ),
+    }
+    change, said = changes[form]
+    return {**data, **change}, said
+
+
+FORMS = [
+    "encrypted key",
+    "garbage key",
+    "garbage cert",
+    "a key of another cert",
+    "a cert that is not PEM",
+    "an RSA pair",
+    "an Ed25519 pair",
+    "a truncated key",
+    "a truncated cert",
+    "no key",
+    "an encrypted next CA key",
+    "a next CA that is no CA",
+    "a pair no CA of the bundle signed",
+]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_an_unreadable_part_is_replaced_saying_why(form: str) -> None:
+    data, said = _broken(form)
+    if "tls." in said:
+        assert certificates.serving_fingerprint(data) is None or "signed" in said
+    plan = step(data, None, T0 + DAY)
+    assert plan.data is not None
+    assert said in plan.problem and said in plan.reason, (plan.problem, plan.reason)
+    assert plan.reason.startswith("replaced the ")
+    # What replaces it is a usable pair and a usable next CA, and it stays as it is.
+    assert certificates.serving_fingerprint(plan.data) is not None
+    assert isinstance(
+        certificates.read_pair(
+            plan.data["next-ca.crt"], plan.data["next-ca.key"], names=("next-ca.crt", "next-ca.key")
+        ),
+        certificates.Pair,
+    )
+    again = step(plan.data, plan.bundle, T0 + DAY)
+    assert again.data is None and again.problem == ""
+
+
+KEYS = ["tls.crt", "tls.key", "ca.crt", "next-ca.crt", "next-ca.key"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    key=st.sampled_from(KEYS),
+    cut=st.integers(min_value=0, max_value=2000),
+    flip=st.integers(min_value=0, max_value=2000),
+    junk=st.text(max_size=40),
+    how=st.sampled_from(["truncate", "flip", "replace", "append"]),
+)
+def test_no_content_of_the_secret_makes_the_plan_raise(
+    key: str, cut: int, flip: int, junk: str, how: str
+) -> None:
+    data = _good()
+    text = data[key]
+    if how == "truncate":
+        text = text[: cut % (len(text) + 1)]
+    elif how == "flip":
+        i = flip % len(text)
+        text = text[:i] + chr((ord(text[i]) + 1) % 128) + text[i + 1 :]
+    elif how == "replace":
+        text = junk
+    else:
+        text = text + junk
+    broken = {**data, key: text}
+    certificates.serving_fingerprint(broken)
+    plan = step(broken, None, T0 + DAY)
+    result = plan.data if plan.data is not None else broken
+    assert certificates.serving_fingerprint(result) is not None
 
 
 @settings(max_examples=25)

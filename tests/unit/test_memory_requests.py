@@ -163,15 +163,80 @@ def test_the_annotation_chooses_the_container_and_its_own_resources_are_kept() -
     assert "resources" not in mutated["spec"]["containers"][0]
 
 
-def test_a_limit_the_user_set_is_kept_with_a_warning() -> None:
-    body = pod()
-    body["spec"]["containers"][0]["env"] = [{"name": memoryrequests.MPS_LIMIT_ENV, "value": "0=1G"}]
-    placement = memoryrequests.place(body, offers=OFFERS, is_gpu_resource=known)
-    warnings = memoryrequests.apply(body, placement)
-    assert body["spec"]["containers"][0]["env"] == [
-        {"name": memoryrequests.MPS_LIMIT_ENV, "value": "0=1G"}
+def with_limit(*values: str | None, memory: str = "10Gi") -> dict[str, Any]:
+    """A pod whose first container sets CUDA_MPS_PINNED_DEVICE_MEM_LIMIT itself (None: from a
+    ConfigMap)."""
+    body = pod(memory)
+    body["spec"]["containers"][0]["env"] = [
+        {"name": "OTHER", "value": "x"},
+        *(
+            {"name": memoryrequests.MPS_LIMIT_ENV, "value": v}
+            if v is not None
+            else {
+                "name": memoryrequests.MPS_LIMIT_ENV,
+                "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}},
+            }
+            for v in values
+        ),
     ]
-    assert warnings and "kept" in warnings[0]
+    return body
+
+
+# 10Gi gets the MPS x4 slot, 20389 MiB: NVIDIA's MPS obeys a client's own value only below the
+# control daemon's, which the device plugin sets to the slot.
+@pytest.mark.parametrize(
+    "value", ["0=1G", "0=20389M", "0=19G", "0=19GB", "0=512MB,1=1G", "GPU-1a2b=20000m", ""]
+)
+def test_a_limit_the_user_set_within_the_slot_is_kept_with_a_warning(value: str) -> None:
+    body = with_limit(value)
+    before = copy.deepcopy(body["spec"]["containers"][0]["env"])
+    placement = memoryrequests.place(body, offers=OFFERS, is_gpu_resource=known)
+    assert placement.offer == MPS4
+    warnings = memoryrequests.apply(body, placement)
+    assert body["spec"]["containers"][0]["env"] == before  # nothing of ours added
+    assert len(warnings) == 1 and "kept" in warnings[0] and "20389 MiB slot" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("values", "said"),
+    [
+        (("0=20390M",), "20390 MiB on device 0 is more than the 20389 MiB"),
+        (("0=20G",), "20480 MiB on device 0"),  # 20 GiB: G is read as GiB, the larger
+        (("0=1G,1=30G",), "30720 MiB on device 1"),
+        (("GPU-1a2b=21G",), "on device GPU-1a2b"),
+        (("0=1G", "0=80G"), "81920 MiB on device 0"),  # the kubelet gives the process the last
+    ],
+)
+def test_a_limit_the_user_set_above_the_slot_is_refused_saying_what_would_fit(
+    values: tuple[str, ...], said: str
+) -> None:
+    with pytest.raises(Refusal) as refused:
+        memoryrequests.place(with_limit(*values), offers=OFFERS, is_gpu_resource=known)
+    message = refused.value.message
+    assert said in message and "nvidia.com/gpu (mps) slot" in message
+    assert "at most 20389 MiB" in message and f"raise the {memoryrequests.REQUEST_LABEL}" in message
+
+
+@pytest.mark.parametrize("value", ["lots", "20G", "0=1T", "0=1.5G", "0=", "0=1G,", "0=-1G"])
+def test_a_limit_the_user_set_that_does_not_read_as_nvidias_form_is_refused(value: str) -> None:
+    with pytest.raises(Refusal, match="does not read as NVIDIA's"):
+        memoryrequests.place(with_limit(value), offers=OFFERS, is_gpu_resource=known)
+
+
+def test_a_limit_taken_from_elsewhere_is_refused_as_unknowable() -> None:
+    with pytest.raises(Refusal, match=r"from elsewhere \(valueFrom\)"):
+        memoryrequests.place(with_limit(None), offers=OFFERS, is_gpu_resource=known)
+
+
+def test_a_limit_is_read_as_nvidia_writes_it() -> None:
+    assert memoryrequests.limit_mib("0=1G,1=512MB") == {"0": 1024, "1": 512}
+    assert memoryrequests.limit_mib(memoryrequests.limit_value(10240)) == {"0": 10240}
+
+
+def test_the_bigger_slot_chosen_for_a_bigger_request_takes_a_bigger_limit() -> None:
+    body = with_limit("0=20G", memory="20Gi")  # the MIG 2g.20gb slice: 20480 MiB
+    placement = memoryrequests.place(body, offers=OFFERS, is_gpu_resource=known)
+    assert placement.offer == MIG
 
 
 OURS = [
@@ -250,10 +315,13 @@ def test_every_term_of_the_users_affinity_is_kept_and_anded_with_ours() -> None:
                 )
             }
         ),
+        min_size=1,
         max_size=4,
     )
 )
-def test_merging_keeps_each_term_and_adds_ours_to_each(terms: list[dict[str, Any]]) -> None:
+def test_merging_keeps_each_term_and_adds_ours_to_each_that_can_match(
+    terms: list[dict[str, Any]],
+) -> None:
     affinity = {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
@@ -261,9 +329,157 @@ def test_merging_keeps_each_term_and_adds_ours_to_each(terms: list[dict[str, Any
     }
     _, mutated = placed(pod("10Gi", affinity=copy.deepcopy(affinity)))
     merged = required(mutated)
-    assert len(merged) == max(1, len(terms))
-    for before, after in zip(terms or [{}], merged, strict=True):
-        assert after["matchExpressions"] == [*before.get("matchExpressions", []), *OURS]
+    assert len(merged) == len(terms)
+    for before, after in zip(terms, merged, strict=True):
+        if before["matchExpressions"]:
+            assert after["matchExpressions"] == [*before["matchExpressions"], *OURS]
+        else:  # an empty term matches nothing, and still does
+            assert after == before
+
+
+def test_an_empty_term_stays_empty_so_the_pod_stays_where_the_user_put_it() -> None:
+    zone = {"key": "zone", "operator": "In", "values": ["a"]}
+    theirs = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [zone]}, {}, {"matchFields": []}]
+            }
+        }
+    }
+    _, mutated = placed(pod("10Gi", affinity=theirs))
+    assert required(mutated) == [{"matchExpressions": [zone, *OURS]}, {}, {"matchFields": []}]
+
+
+@pytest.mark.parametrize(
+    "requirement",
+    [
+        {"nodeSelectorTerms": [{}]},  # matches no node: still none
+        {"nodeSelectorTerms": [{"matchExpressions": []}, {"matchFields": []}]},
+        {"nodeSelectorTerms": []},  # the API server refuses it after us, as without us
+        {},
+    ],
+)
+def test_a_requirement_no_node_meets_is_not_made_one_that_ours_meet(
+    requirement: dict[str, Any],
+) -> None:
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": requirement}}
+    _, mutated = placed(pod("10Gi", affinity=copy.deepcopy(affinity)))
+    node = mutated["spec"]["affinity"]["nodeAffinity"]
+    assert node["requiredDuringSchedulingIgnoredDuringExecution"] == requirement
+
+
+# -- node affinity as kube-scheduler reads it ----------------------------------------------------
+# A reference of Kubernetes' semantics (k8s.io/component-helpers/scheduling/corev1/nodeaffinity):
+# no required affinity admits every node; otherwise a node is admitted by any term that is not
+# empty and whose requirements all hold.  Gt and Lt compare integers; a label that is not one
+# fails them.
+
+
+def _holds(requirement: dict[str, Any], labels: dict[str, str]) -> bool:
+    key, op, values = requirement["key"], requirement["operator"], requirement.get("values", [])
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    if op == "In":
+        return key in labels and labels[key] in values
+    if op == "NotIn":
+        return key not in labels or labels[key] not in values
+    if key not in labels or not labels[key].lstrip("-").isdigit():
+        return False
+    return int(labels[key]) > int(values[0]) if op == "Gt" else int(labels[key]) < int(values[0])
+
+
+def _admits(spec: dict[str, Any], node: dict[str, Any]) -> bool:
+    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    requirement = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if requirement is None:
+        return True
+    fields = {"metadata.name": node["name"]}
+    for term in requirement.get("nodeSelectorTerms") or []:
+        expressions = term.get("matchExpressions") or []
+        by_field = term.get("matchFields") or []
+        if not expressions and not by_field:
+            continue  # "A null or empty node selector term matches no objects"
+        if all(_holds(r, node["labels"]) for r in expressions) and all(
+            _holds(r, fields) for r in by_field
+        ):
+            return True
+    return False
+
+
+KEYS = st.sampled_from(["zone", slotclasses.MEMORY_LABEL, slotclasses.RESOURCE_LABEL])
+REQUIREMENT = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "key": KEYS,
+            "operator": st.sampled_from(["In", "NotIn"]),
+            "values": st.lists(
+                st.sampled_from(["a", "b", "20389", "nvidia.com_gpu"]), min_size=1, max_size=2
+            ),
+        }
+    ),
+    st.fixed_dictionaries({"key": KEYS, "operator": st.sampled_from(["Exists", "DoesNotExist"])}),
+    st.fixed_dictionaries(
+        {
+            "key": st.just(slotclasses.MEMORY_LABEL),
+            "operator": st.sampled_from(["Gt", "Lt"]),
+            "values": st.sampled_from(["0", "10239", "20389", "40000"]).map(lambda v: [v]),
+        }
+    ),
+)
+TERM = st.fixed_dictionaries(
+    {},
+    optional={
+        "matchExpressions": st.lists(REQUIREMENT, max_size=3),
+        "matchFields": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "key": st.just("metadata.name"),
+                    "operator": st.sampled_from(["In", "NotIn"]),
+                    "values": st.lists(st.sampled_from(["n1", "n2"]), min_size=1, max_size=2),
+                }
+            ),
+            max_size=1,
+        ),
+    },
+)
+NODE = st.fixed_dictionaries(
+    {
+        "name": st.sampled_from(["n1", "n2", "n3"]),
+        "labels": st.fixed_dictionaries(
+            {},
+            optional={
+                "zone": st.sampled_from(["a", "b"]),
+                slotclasses.MEMORY_LABEL: st.sampled_from(["10194", "20389", "81559", "x"]),
+                slotclasses.RESOURCE_LABEL: st.sampled_from(["nvidia.com_gpu", "nvidia.com_x"]),
+            },
+        ),
+    }
+)
+
+
+@given(
+    requirement=st.one_of(
+        st.none(), st.fixed_dictionaries({"nodeSelectorTerms": st.lists(TERM, max_size=4)})
+    ),
+    nodes=st.lists(NODE, min_size=1, max_size=6),
+    memory=st.sampled_from(["1Gi", "10Gi", "20Gi"]),
+)
+def test_the_mutated_affinity_admits_exactly_the_nodes_both_admit(
+    requirement: dict[str, Any] | None, nodes: list[dict[str, Any]], memory: str
+) -> None:
+    """Never a node the user's affinity did not admit (an empty term widened, a term lost),
+    never one our slot class does not admit, and every node both admit."""
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": requirement}}
+    body = pod(memory, affinity=copy.deepcopy(affinity)) if requirement is not None else pod(memory)
+    placement, mutated = placed(body)
+    ours = placed(pod(memory))[1]["spec"]  # what our affinity alone admits
+    for node in nodes:
+        both = _admits(body["spec"], node) and _admits(ours, node)
+        assert _admits(mutated["spec"], node) == both, (node, mutated["spec"]["affinity"])
+        if _admits(mutated["spec"], node):
+            assert int(node["labels"][slotclasses.MEMORY_LABEL]) >= placement.request_mib
 
 
 # -- the view kopf diffs -------------------------------------------------------------------------
@@ -271,7 +487,10 @@ def test_merging_keeps_each_term_and_adds_ours_to_each(terms: list[dict[str, Any
 ENV = st.lists(
     st.fixed_dictionaries(
         {"name": st.sampled_from(["A", "B", memoryrequests.MPS_LIMIT_ENV, "PATH"])},
-        optional={"value": st.text(max_size=5), "valueFrom": st.just({"fieldRef": {"x": 1}})},
+        optional={
+            "value": st.one_of(st.text(max_size=5), st.sampled_from(["0=1G", "0=900M", "0=80G"])),
+            "valueFrom": st.just({"fieldRef": {"x": 1}}),
+        },
     ),
     max_size=4,
 )
@@ -304,6 +523,14 @@ AFFINITY = st.sampled_from(
 )
 
 
+def _decide(body: dict[str, Any]) -> Placement | str:
+    """The placement, or the refusal's message."""
+    try:
+        return memoryrequests.place(body, offers=OFFERS, is_gpu_resource=known)
+    except Refusal as refusal:
+        return refusal.message
+
+
 @given(
     containers=st.lists(CONTAINER, min_size=1, max_size=3),
     affinity=AFFINITY,
@@ -324,8 +551,11 @@ def test_kopfs_patch_of_the_view_does_to_the_whole_pod_what_apply_does(
         body["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
         body["status"] = {"phase": "Pending"}
     view = memoryrequests.admission_view(body)
-    placement = memoryrequests.place(view, offers=OFFERS, is_gpu_resource=known)
-    assert placement == memoryrequests.place(body, offers=OFFERS, is_gpu_resource=known)
+    decided = [_decide(b) for b in (body, view)]
+    assert decided[0] == decided[1]  # the same placement, or the same refusal
+    placement = decided[0]
+    if isinstance(placement, str):
+        return
     patch = patches.Patch(body=bodies.Body(view))
     patch.fns.append(lambda raw: memoryrequests.apply(raw, placement))
     answered = jsonpatch.apply_patch(body, patch.as_json_patch())

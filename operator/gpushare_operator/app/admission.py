@@ -30,6 +30,16 @@ from gpushare_operator.core import certificates, memoryrequests
 log = structlog.get_logger(__name__)
 
 WEBHOOK_ID = "gpu-memory"  # the path the configuration calls: /gpu-memory
+# The largest AdmissionReview accepted (aiohttp's default is 1 MiB, which refused a labelled pod
+# of a little more).  kube-apiserver decodes a write request of at most 3 MiB
+# (MaxRequestBodyBytes in k8s.io/apiserver/pkg/server/config.go: twice etcd's default 1.5 MiB
+# --max-request-bytes, since JSON is larger than the protobuf etcd stores; kube-apiserver has
+# no flag for it).  A review carries the object and, for an update, the old object too, plus
+# less than 1 MiB of the rest: 7 MiB, the bound controller-runtime's webhook server uses for the
+# same reason.  Ours sees pod creations only (no old object), so this also leaves room for a
+# protobuf request that grows as JSON.  Reviews come from anyone who reaches the port, and
+# each is read whole into memory: it is a bound, not "no limit".
+MAX_REVIEW_BYTES = 7 * 1024 * 1024
 
 
 class ServingTLS:
@@ -54,7 +64,13 @@ class ServingTLS:
             cert.write_text(data[certificates.CERT_KEY])
             key.touch(mode=0o600)
             key.write_text(data[certificates.KEY_KEY])
-            self.context.load_cert_chain(cert, key)
+            try:
+                self.context.load_cert_chain(cert, key)
+            except ssl.SSLError as exc:
+                # A pair cryptography reads but OpenSSL will not serve: keep serving the one
+                # loaded before (if any); the leader replaces what cannot be used.
+                log.warning("webhook serving certificate not loaded", error=str(exc))
+                return
         self.fingerprint = fingerprint
         self.ready.set()
         log.info("webhook serving certificate loaded", serving=fingerprint[:16])
@@ -77,7 +93,7 @@ class AdmissionServer:
             return await self._serve(fn, request)
 
         await self._tls.ready.wait()
-        app = web.Application()
+        app = web.Application(client_max_size=MAX_REVIEW_BYTES)
         app.router.add_post("/{id:.*}", serve)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
@@ -106,6 +122,9 @@ class AdmissionServer:
             answer = await fn(review, webhook=webhook)
         except orjson.JSONDecodeError as exc:
             return web.Response(status=400, text=f"not JSON: {exc}\n")
+        except web.HTTPRequestEntityTooLarge as exc:
+            log.warning("admission review too large", limit=MAX_REVIEW_BYTES, error=exc.text)
+            return web.Response(status=413, text=f"{exc.text}\n")
         except Exception as exc:  # kopf's errors of a malformed review: not the pod's fault
             log.warning("admission review failed", error=repr(exc))
             return web.Response(status=400, text=f"{exc}\n")

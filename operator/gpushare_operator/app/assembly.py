@@ -143,6 +143,7 @@ class Assembly:
                 cache=self.cache,
                 telemetry=self.telemetry,
                 may_write=lambda: self.writer.may_write(),
+                recorder=self.recorder,
                 caches_synced=lambda: self.caches_synced,
                 admitted=self.telemetry.admitted,
                 admission_took=self.telemetry.admission_took,

@@ -18,6 +18,7 @@ from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.heldobject import HeldObject
 from gpushare_operator.kube import reading, rotating
 from gpushare_operator.kube.connection import ApiHandle
+from gpushare_operator.kube.events import EventRecorder
 from gpushare_operator.kube.informer import Informer
 from gpushare_operator.kube.telemetry import Telemetry
 
@@ -31,6 +32,7 @@ class Webhook:
         cache: ClusterCache,
         telemetry: Telemetry,
         may_write: Callable[[], bool],
+        recorder: EventRecorder,
         caches_synced: Callable[[], bool],
         admitted: Callable[[str], None],
         admission_took: Callable[[float], None],
@@ -49,6 +51,7 @@ class Webhook:
             hosts=s.webhook_names(),
             validity=s.webhook_cert_validity,
             may_write=may_write,
+            recorder=recorder,
         )
         self.server = AdmissionServer(port=s.webhook_port, tls=self.tls, observe=admission_took)
         self.handler = MemoryRequests(cache=cache, synced=caches_synced, count=admitted)

@@ -11,6 +11,11 @@ leave the bundle when they expire; a CA outlives the certificate it signs.
 ``plan`` is a pure function of the Secret's data, the bundle the configuration shows, the
 wanted host names and the clock: any leader, at any moment, decides the same.  Only the keys it
 generates differ, which is why the Secret is written with a resourceVersion precondition.
+
+Whatever the Secret holds, reading it never raises: a key or certificate that cannot be used
+(encrypted, not PEM, truncated, of another key type, not matching its certificate) is reported
+with the reason and replaced like a missing one.  A crash here would not fix it: every replica
+would restart into the same Secret, and the webhook would refuse labelled pods everywhere.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Final
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 CERT_KEY: Final = "tls.crt"
@@ -68,6 +73,9 @@ class CertPlan:
     bundle: str  # the CA bundle (PEM) that the configuration's caBundle must carry
     reason: str  # why the data changes (empty when it does not), for the log and an Event
     recheck_at: datetime.datetime  # when time alone changes the plan: look again then
+    # What the Secret held that could not be used, and is replaced (empty: nothing): a Warning
+    # Event, since someone or something other than the leader put it there.
+    problem: str = ""
 
 
 def plan(
@@ -80,30 +88,44 @@ def plan(
 ) -> CertPlan:
     """``data``: the Secret's data (decoded); ``published``: the configuration's caBundle."""
     data = data or {}
-    serving = _pair(data.get(CERT_KEY), data.get(KEY_KEY))
-    next_ca = _pair(data.get(NEXT_CA_KEY), data.get(NEXT_CA_PRIVATE_KEY))
+    read = read_pair(data.get(CERT_KEY), data.get(KEY_KEY), names=(CERT_KEY, KEY_KEY))
+    read_next = read_pair(
+        data.get(NEXT_CA_KEY),
+        data.get(NEXT_CA_PRIVATE_KEY),
+        names=(NEXT_CA_KEY, NEXT_CA_PRIVATE_KEY),
+    )
+    if isinstance(read_next, Pair) and not _is_ca(read_next.cert):
+        read_next = f"{NEXT_CA_KEY} is not a CA certificate"
+    next_ca = read_next if isinstance(read_next, Pair) else None
     bundle = load_bundle(data.get(BUNDLE_KEY, ""))
     trusted = {_fingerprint(c) for c in load_bundle(published or "")}
-    good = serving is not None and now < serving.cert.not_valid_after_utc
-    good = good and serving is not None and _hosts(serving.cert) == _wanted(hosts)
+    unusable = _unusable(read, hosts=hosts, now=now, bundle=bundle)
+    problems = [p for p in (unusable, read_next) if isinstance(p, str) and p]
     reason = ""
-    if not good or serving is None:
-        # Nothing to serve (first start, or a broken or expired Secret): at once, with a CA
-        # of its own; the API server trusts it once the configuration shows the bundle.
+    if isinstance(read, Pair) and unusable is None:
+        serving = read
+        if now >= renew_at(serving.cert):
+            if next_ca is not None and _can_sign(next_ca, now, validity):
+                if _fingerprint(next_ca.cert) in trusted and now >= _settled(next_ca):
+                    serving = issue(next_ca, hosts=hosts, now=now, validity=validity)
+                    next_ca, reason = None, "rotated the webhook's serving certificate"
+            else:
+                next_ca = None  # expired unused (the operator was down): a new one, published first
+    else:
+        # Nothing to serve (first start, or a broken, expired or misnamed pair): at once, with
+        # a CA of its own; the API server trusts it once the configuration shows the bundle.
         signer = next_ca if next_ca is not None and _can_sign(next_ca, now, validity) else None
         signer = signer or new_ca(now, validity)
         serving = issue(signer, hosts=hosts, now=now, validity=validity)
         bundle.append(signer.cert)
-        next_ca, reason = None, "issued the webhook's serving certificate"
-    elif now >= renew_at(serving.cert):
-        if next_ca is not None and _can_sign(next_ca, now, validity):
-            if _fingerprint(next_ca.cert) in trusted and now >= _settled(next_ca):
-                serving = issue(next_ca, hosts=hosts, now=now, validity=validity)
-                next_ca, reason = None, "rotated the webhook's serving certificate"
-        else:
-            next_ca = None  # expired unused (the operator was down): a new one, published first
+        next_ca = None
+        reason = "issued the webhook's serving certificate"
+        if unusable:
+            reason = f"replaced the webhook's serving certificate: {unusable}"
     if next_ca is None or not _can_sign(next_ca, renew_at(serving.cert), validity):
         next_ca = new_ca(now, validity)
+        if isinstance(read_next, str):
+            reason = reason or f"replaced the next serving certificate's CA: {read_next}"
         reason = reason or "published the CA of the next serving certificate"
     bundle = _pruned([*bundle, next_ca.cert], now)
     wanted = {
@@ -121,7 +143,56 @@ def plan(
     ]
     later = [m for m in moments if m > now]
     recheck = min(later) if later else now + RECHECK_SOON
-    return CertPlan(wanted if changed else None, wanted[BUNDLE_KEY], reason, recheck)
+    problem = "; ".join(problems) if changed else ""
+    return CertPlan(wanted if changed else None, wanted[BUNDLE_KEY], reason, recheck, problem)
+
+
+def _unusable(
+    read: Pair | str | None,
+    *,
+    hosts: Sequence[str],
+    now: datetime.datetime,
+    bundle: Sequence[x509.Certificate],
+) -> str | None:
+    """Why the Secret's serving pair cannot be served ("" when there is none), or None when it
+    can.  One whose issuer is not in the Secret's bundle would be served until its renewal
+    while the API server, given that bundle, refuses to talk to it."""
+    if read is None:
+        return ""
+    if isinstance(read, str):
+        return read
+    if now >= read.cert.not_valid_after_utc:
+        return f"{CERT_KEY} expired at {read.cert.not_valid_after_utc.isoformat()}"
+    named = _hosts(read.cert)
+    if named != _wanted(hosts):
+        return f"{CERT_KEY} names {', '.join(sorted(named)) or 'no host'}, not {', '.join(hosts)}"
+    if not any(_issued_by(read.cert, ca) for ca in bundle):
+        return f"{CERT_KEY} is not signed by a CA in {BUNDLE_KEY}"
+    return None
+
+
+def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except Exception:  # a wrong issuer, a bad signature, an algorithm it cannot check: not
+        return False
+    return _is_ca(ca)
+
+
+def _is_ca(cert: x509.Certificate) -> bool:
+    """Whether ``cert`` may sign certificates, as a TLS client checks it: a CA by its basic
+    constraints (and by its key usage, when it has one)."""
+    try:
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except Exception:
+        return False
+    try:
+        usage = cert.extensions.get_extension_for_class(x509.KeyUsage).value
+    except x509.ExtensionNotFound:
+        return constraints.ca
+    except Exception:
+        return False
+    return constraints.ca and usage.key_cert_sign
 
 
 def _settled(ca: Pair) -> datetime.datetime:
@@ -213,19 +284,58 @@ def _builder(
 
 
 def _pair(cert_pem: str | None, key_pem: str | None) -> Pair | None:
-    """The pair, or None when either is missing, does not parse, or they do not match."""
-    if not cert_pem or not key_pem:
+    """The pair, or None when either is missing or it cannot be used."""
+    read = read_pair(cert_pem, key_pem, names=(CERT_KEY, KEY_KEY))
+    return read if isinstance(read, Pair) else None
+
+
+def read_pair(
+    cert_pem: str | None, key_pem: str | None, *, names: tuple[str, str]
+) -> Pair | str | None:
+    """The pair; None when both are missing; otherwise why it cannot be used (``names``: the
+    Secret's keys they came from, for the message).  Never raises.
+
+    cryptography says "cannot read" in several ways: ValueError (not PEM, truncated, bad
+    structure), TypeError (an encrypted key given no password), UnsupportedAlgorithm (a key
+    or curve it does not know), and errors of the parts it parses only when asked (the public
+    key, the extensions, which are read here at once for that reason).  All of them mean the
+    same thing here: the pair is replaced."""
+    cert_name, key_name = names
+    if not cert_pem and not key_pem:
         return None
+    if not cert_pem or not key_pem:
+        return f"{cert_name if not cert_pem else key_name} is missing"
     try:
         cert = x509.load_pem_x509_certificate(cert_pem.encode())
+        public = cert.public_key().public_bytes(*_SPKI)
+        _ = cert.extensions
+    except Exception:  # any failure to read is the same: see above
+        return f"{cert_name} is not a readable PEM certificate"
+    try:
         key = serialization.load_pem_private_key(key_pem.encode(), password=None)
-    except ValueError:
-        return None
+    except TypeError:
+        return f"{key_name} is an encrypted private key (gpushare has no password for it)"
+    except Exception:
+        return f"{key_name} is not a readable PEM private key"
     if not isinstance(key, ec.EllipticCurvePrivateKey):
-        return None
-    if cert.public_key().public_bytes(*_SPKI) != key.public_key().public_bytes(*_SPKI):
-        return None
+        return f"{key_name} is {_kind(key)} key, not an EC key as gpushare issues"
+    try:
+        matches = key.public_key().public_bytes(*_SPKI) == public
+    except Exception:
+        matches = False
+    if not matches:
+        return f"{key_name} is not the key of {cert_name}"
     return Pair(cert, key)
+
+
+def _kind(key: object) -> str:
+    kinds = (
+        (rsa.RSAPrivateKey, "an RSA"),
+        (dsa.DSAPrivateKey, "a DSA"),
+        (ed25519.Ed25519PrivateKey, "an Ed25519"),
+        (ed448.Ed448PrivateKey, "an Ed448"),
+    )
+    return next((name for kind, name in kinds if isinstance(key, kind)), "another kind of")
 
 
 _SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
@@ -261,7 +371,7 @@ def load_bundle(pem: str) -> list[x509.Certificate]:
         try:
             text = block[start:] + "-----END CERTIFICATE-----\n"
             certs.append(x509.load_pem_x509_certificate(text.encode()))
-        except ValueError:
+        except Exception:  # whatever cryptography raises, the part is unreadable: dropped
             continue
     return certs
 

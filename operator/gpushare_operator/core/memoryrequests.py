@@ -7,10 +7,20 @@ lets kube-scheduler place it only on nodes whose slots enforce at least the requ
 ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` set to the request in that container (an MPS client may
 lower its own limit below the daemon's; elsewhere the variable does nothing).  What cannot be
 done is refused with a message that says what would fit: the webhook never guesses.
+
+A limit the container sets itself is kept when it is at most the chosen slot, and refused
+above it.  NVIDIA's MPS documentation (Appendix: Environment Variables,
+CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) says a client's value only ever tightens the limit its control
+daemon set (``set_default_device_pinned_mem_limit``, which NVIDIA's device plugin sets to the
+slot): a higher one is ignored.  On the chosen slot such a value would therefore do nothing, but
+the affinity also admits nodes with bigger slots, where it would be obeyed; a pod whose own
+limit says more than its label asks for has asked for two things, and the answer is to raise
+the label, not for the webhook to pick one.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -23,6 +33,11 @@ CONTAINER_ANNOTATION: Final = "gpushare.dev/gpu-container"
 MPS_LIMIT_ENV: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 # The smallest class that fits is preferred over bigger ones that fit too (a soft term).
 PREFERENCE_WEIGHT: Final = 100
+# One entry of CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: a device (ordinal or UUID) = an amount, whose
+# unit NVIDIA writes M, MB, G or GB ("0=1G,1=512MB").  M is read as MiB and G as GiB: the larger
+# reading, so that a value is never let through as smaller than CUDA may take it to be.
+_LIMIT_ENTRY: Final = re.compile(r"\s*([^=,\s]+)\s*=\s*([0-9]+)\s*([MG])B?\s*", re.IGNORECASE)
+_UNIT_MIB: Final = {"M": 1, "G": 1024}
 
 
 class Refusal(Exception):
@@ -86,7 +101,9 @@ def place(
     containers = list(spec.get("containers") or [])
     _refuse_gpu_requests(containers, spec.get("initContainers") or [], is_gpu_resource)
     index = _container(containers, (metadata.get("annotations") or {}).get(CONTAINER_ANNOTATION))
-    return Placement(index, choose(request_mib, offers), request_mib)
+    offer = choose(request_mib, offers)
+    _refuse_limit_above(containers[index], offer)
+    return Placement(index, offer, request_mib)
 
 
 def _refuse_gpu_requests(
@@ -121,6 +138,59 @@ def _container(containers: Sequence[Mapping[str, Any]], wanted: object) -> int:
     )
 
 
+def user_limits(container: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The container's own ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` entries (the kubelet gives the
+    process the last of several; each is checked)."""
+    return [e for e in container.get("env") or [] if e.get("name") == MPS_LIMIT_ENV]
+
+
+def limit_mib(value: str) -> dict[str, int]:
+    """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` as {device: MiB}; raises ``ValueError`` for what
+    does not read as NVIDIA's form."""
+    limits: dict[str, int] = {}
+    for part in value.split(","):
+        found = _LIMIT_ENTRY.fullmatch(part)
+        if found is None:
+            raise ValueError(part)
+        device, amount, unit = found.groups()
+        limits[device] = int(amount) * _UNIT_MIB[unit.upper()]
+    return limits
+
+
+def _refuse_limit_above(container: Mapping[str, Any], offer: Offer) -> None:
+    """Refuse a limit of the container's own that the chosen slot cannot be shown to hold."""
+    most = quantities.describe_mib(offer.memory_mib)
+    fix = (
+        f"set it to at most {most} (the slot chosen), or remove it and let gpushare set it;"
+        f" for more memory raise the {REQUEST_LABEL} label"
+    )
+    name = container.get("name")
+    for entry in user_limits(container):
+        value = entry.get("value") or ""
+        if not value and "valueFrom" not in entry:
+            continue  # set to nothing: no limit of its own, the daemon's (the slot) holds
+        if "valueFrom" in entry or not isinstance(value, str):
+            raise Refusal(
+                f"container {name!r} takes {MPS_LIMIT_ENV} from elsewhere (valueFrom), so"
+                f" gpushare cannot tell whether it stays within its GPU slot: {fix}"
+            )
+        try:
+            limits = limit_mib(value)
+        except ValueError:
+            raise Refusal(
+                f"container {name!r} sets {MPS_LIMIT_ENV}={value!r}, which does not read as"
+                f" NVIDIA's <device>=<amount><M|G>[,...] (e.g. 0=20G): {fix}"
+            ) from None
+        over = {device: mib for device, mib in limits.items() if mib > offer.memory_mib}
+        if over:
+            device, mib = next(iter(over.items()))
+            raise Refusal(
+                f"container {name!r} sets {MPS_LIMIT_ENV}={value!r}: {mib} MiB on device"
+                f" {device} is more than the {offer.slot.describe()} slot its"
+                f" {REQUEST_LABEL} label gets: {fix}"
+            )
+
+
 def limit_value(request_mib: int) -> str:
     """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for the request: device 0 (a slot shows its pod one
     GPU, as device 0), in the M suffix that the device plugin's own MPS daemon uses."""
@@ -137,23 +207,37 @@ def apply(pod: dict[str, Any], placement: Placement) -> list[str]:
         resources[section] = {**(resources.get(section) or {}), offer.resource: "1"}
     warnings: list[str] = []
     env = container.setdefault("env", [])
-    existing = next((e for e in env if e.get("name") == MPS_LIMIT_ENV), None)
-    if existing is None:
+    existing = user_limits(container)
+    if not existing:
         env.append({"name": MPS_LIMIT_ENV, "value": limit_value(placement.request_mib)})
     else:
+        # ``place`` refused every value above the slot: what is left is the user's own
+        # tighter limit, which MPS obeys even below the request.
         warnings.append(
             f"container {container.get('name')!r} sets {MPS_LIMIT_ENV} itself: kept as it is"
+            f" (at most the {quantities.describe_mib(offer.memory_mib)} slot; under MPS a"
+            f" value below the {quantities.describe_mib(placement.request_mib)} asked for"
+            " caps the process below it)"
         )
     _add_affinity(spec, placement)
     return warnings
 
 
 def _add_affinity(spec: dict[str, Any], placement: Placement) -> None:
-    """AND our two expressions into every required term (the user's own kept), and prefer
-    nodes of the chosen class over bigger ones."""
+    """AND our two expressions into every required term that can match (the user's own
+    kept), and prefer nodes of the chosen class over bigger ones.
+
+    An empty term (no expressions, no fields) is left empty: Kubernetes reads it as matching
+    no node (k8s.io/api core/v1 ``NodeSelectorTerm``: "A null or empty node selector term
+    matches no objects"; kube-scheduler's nodeaffinity skips it), and ANDed with ours it would
+    match every gpushare node, outside every term the user wrote.  It is kept, not dropped, so
+    that a required affinity of empty terms alone stays one that no node meets, as written,
+    instead of becoming ours alone.  A required affinity without terms is left as it is too:
+    the API server refuses it ("must have at least one node selector term") after the
+    webhooks, as it would without gpushare."""
     offer = placement.offer
     resource = slotclasses.encode_resource(offer.resource)
-    ours = [
+    ours: list[dict[str, Any]] = [
         {
             "key": slotclasses.MEMORY_LABEL,
             "operator": "Gt",
@@ -163,15 +247,11 @@ def _add_affinity(spec: dict[str, Any], placement: Placement) -> None:
     ]
     affinity = spec.get("affinity") or {}
     node = affinity.get("nodeAffinity") or {}
-    required = node.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    terms = list(required.get("nodeSelectorTerms") or [])
-    if not terms:
-        terms = [{}]
-    merged = []
-    for term in terms:
-        term = dict(term)
-        term["matchExpressions"] = [*(term.get("matchExpressions") or []), *ours]
-        merged.append(term)
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is None:  # no requirement of the user's: ours alone
+        required, terms = {}, [{"matchExpressions": ours}]
+    else:
+        terms = [_and(term or {}, ours) for term in required.get("nodeSelectorTerms") or []]
     preferred = list(node.get("preferredDuringSchedulingIgnoredDuringExecution") or [])
     smallest = {
         "key": slotclasses.MEMORY_LABEL,
@@ -183,13 +263,23 @@ def _add_affinity(spec: dict[str, Any], placement: Placement) -> None:
         **affinity,
         "nodeAffinity": {
             **node,
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                **required,
-                "nodeSelectorTerms": merged,
-            },
+            "requiredDuringSchedulingIgnoredDuringExecution": (
+                {**required, "nodeSelectorTerms": terms} if terms else required
+            ),
             "preferredDuringSchedulingIgnoredDuringExecution": preferred,
         },
     }
+
+
+def is_empty_term(term: Mapping[str, Any]) -> bool:
+    """Whether a node selector term is empty, and so matches no node."""
+    return not term.get("matchExpressions") and not term.get("matchFields")
+
+
+def _and(term: Mapping[str, Any], ours: list[dict[str, Any]]) -> dict[str, Any]:
+    if is_empty_term(term):
+        return dict(term)
+    return {**term, "matchExpressions": [*(term.get("matchExpressions") or []), *ours]}
 
 
 def admission_view(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -200,7 +290,8 @@ def admission_view(pod: Mapping[str, Any]) -> dict[str, Any]:
     that is 2 ms of CPU per admission, 60 times the decision itself.  Given this view instead, it
     diffs a few hundred bytes, and the JSON patch it answers with is the same: its paths are
     absolute, and every list it indexes into (containers, their env) keeps its length and
-    order here (env entries keep only their names, which is all ``apply`` looks at).
+    order here (env entries keep only their names, and the MPS limit's entries their value or
+    valueFrom: all that ``place`` and ``apply`` look at).
     """
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
@@ -217,8 +308,14 @@ def admission_view(pod: Mapping[str, Any]) -> dict[str, Any]:
 def _container_view(container: Mapping[str, Any]) -> dict[str, Any]:
     view = {k: container[k] for k in ("name", "resources") if k in container}
     if "env" in container:
-        view["env"] = [{"name": entry.get("name")} for entry in container["env"] or []]
+        view["env"] = [_env_view(entry) for entry in container["env"] or []]
     return view
+
+
+def _env_view(entry: Mapping[str, Any]) -> dict[str, Any]:
+    if entry.get("name") == MPS_LIMIT_ENV:
+        return {k: entry[k] for k in ("name", "value", "valueFrom") if k in entry}
+    return {"name": entry.get("name")}
 
 
 def is_gpu_resource(name: str, *, known: frozenset[str] | set[str]) -> bool:

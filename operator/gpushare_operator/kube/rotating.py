@@ -23,6 +23,7 @@ from kubernetes_asyncio import client
 from gpushare_operator.cache.heldobject import HeldObject
 from gpushare_operator.core import certificates
 from gpushare_operator.kube import http
+from gpushare_operator.kube.events import EventRecorder, ObjectRef
 from gpushare_operator.kube.sending import FIELD_MANAGER, JSON_PATCH
 
 log = structlog.get_logger(__name__)
@@ -30,6 +31,8 @@ log = structlog.get_logger(__name__)
 CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 FOLLOWER_PAUSE = 5.0  # a follower looks again this often (a gained lease also wakes it)
 RETRY_PAUSE = 5.0  # after a failed write
+# The Warning Event on the Secret when what it held could not be used and was replaced.
+REPLACED_EVENT = "WebhookCertificateReplaced"
 
 
 def secrets_path(namespace: str) -> str:
@@ -67,6 +70,7 @@ class CertRotator:
         hosts: Sequence[str],
         validity: float,
         may_write: Callable[[], bool],
+        recorder: EventRecorder | None = None,
         now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
     ) -> None:
         self._api = api
@@ -78,6 +82,7 @@ class CertRotator:
         self._hosts = tuple(hosts)
         self._validity = datetime.timedelta(seconds=validity)
         self._may_write = may_write
+        self._recorder = recorder
         self._now = now
         self._wake = asyncio.Event()
         self._missing_said = False
@@ -109,7 +114,7 @@ class CertRotator:
         pause = max(0.5, (plan.recheck_at - now).total_seconds())
         try:
             if plan.data is not None:
-                await self._write_secret(plan.data, reason=plan.reason)
+                await self._write_secret(plan.data, reason=plan.reason, problem=plan.problem)
                 return 0.0
             if await self._publish(plan.bundle):
                 return 0.0
@@ -121,7 +126,9 @@ class CertRotator:
             return RETRY_PAUSE
         return pause
 
-    async def _write_secret(self, data: Mapping[str, str], *, reason: str) -> None:
+    async def _write_secret(
+        self, data: Mapping[str, str], *, reason: str, problem: str = ""
+    ) -> None:
         body = self._secret.body
         encoded = certificates.encoded(data)
         if body is None:
@@ -154,13 +161,30 @@ class CertRotator:
                 content_type=http.MERGE_PATCH,
             )
         self.writes += 1
-        log.info(
+        (log.warning if problem else log.info)(
             reason or "rewrote the webhook's certificate Secret",
             secret=self._secret_name,
             serving=(certificates.serving_fingerprint(data) or "")[:16],
         )
         if isinstance(answer, dict):  # what we wrote is what we plan from next
             self._secret.apply("MODIFIED", answer)
+            if problem:
+                await self._tell(answer, reason=reason)
+
+    async def _tell(self, secret: Mapping[str, Any], *, reason: str) -> None:
+        """A Warning Event on the Secret: what it held could not be used (someone else put
+        it there), and the leader replaced it."""
+        if self._recorder is None:
+            return
+        metadata = secret.get("metadata") or {}
+        ref = ObjectRef(
+            api_version="v1",
+            kind="Secret",
+            name=self._secret_name,
+            uid=str(metadata.get("uid") or ""),
+            namespace=self._namespace,
+        )
+        await self._recorder.post(ref=ref, type_="Warning", reason=REPLACED_EVENT, message=reason)
 
     async def _publish(self, bundle: str) -> bool:
         """Bring the configuration's caBundle to ``bundle``; whether it sent a patch."""

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from gpushare_testing import auditlog
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.simulator import GpuClusterSimulator, RawClient
 from gpushare_testing.waiting import eventually
@@ -106,7 +107,10 @@ def condition(status: Mapping[str, Any] | None, kind: str) -> Mapping[str, Any]:
 
 
 def operator_writes(plane: ControlPlane, *, user: str = OPERATOR_USER) -> list[dict[str, Any]]:
-    return [e for e in plane.audit_events() if e["user"]["username"] == user]
+    """Every write ``user`` made (the audit log holds some reads too: not those)."""
+    return [
+        e for e in plane.audit_events() if e["user"]["username"] == user and not auditlog.is_read(e)
+    ]
 
 
 def writes_to(events: list[dict[str, Any]], *, resource: str, name: str) -> list[dict[str, Any]]:

@@ -23,13 +23,20 @@ __all__ = [
 READS_AUDITED: Final = "gpushare-testing:reads-audited"
 
 # Writes are logged with who made them; reads are not (a watch-heavy test would drown the log),
-# but those of the READS_AUDITED group.
+# but those of the READS_AUDITED group and lists of pods.
 AUDIT_POLICY: Final[dict[str, Any]] = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
     "omitStages": ["RequestReceived"],
     "rules": [
         {"level": "Metadata", "userGroups": [READS_AUDITED]},
+        # Lists of pods, with their query but no body: which node's pods a client looked at
+        # (before a MIG layout the operator lists the pods bound to the node, test_mig_idle).
+        {
+            "level": "Metadata",
+            "verbs": ["list"],
+            "resources": [{"group": "", "resources": ["pods"]}],
+        },
         {"level": "None", "verbs": ["get", "list", "watch"]},
         {
             "level": "None",

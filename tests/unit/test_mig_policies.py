@@ -294,8 +294,12 @@ def test_a_gpu_pod_holds_a_mig_change_under_our_taint() -> None:
     assert held.taint is not None  # tainted first, while it waits
     assert held.facts.decision is not None and held.facts.decision.reason == "WaitingForPods"
     cache.delete_pod("p1")
+    tainted = h100()
+    tainted["spec"] = {"taints": [dict(rollouts.TAINT)]}
+    cache.upsert_node(tainted)  # our taint, as the informer delivers it
     go = planner.plan_admitted("n1")
     assert go.labels is not None and go.labels[MIG_CONFIG_LABEL] == mig.names[H100]
+    assert go.idle_check  # only if the node's pods, listed now, are none
 
 
 def test_a_new_leader_keeps_a_waiting_mig_change_admitted_from_its_node_state() -> None:
@@ -435,6 +439,12 @@ def test_disabling_mig_for_another_policy_is_under_that_policys_budget() -> None
     plans = planner.plan_queued_nodes()
     planner.due()
     plans = [planner.plan_node(name) for name in names]
+    # Admitted, n0 is tainted first; the other nodes are left as they are.
+    assert [p.name for p in plans if p.taint is not None] == ["n0"]
+    assert not any(p.labels for p in plans)
+    taints = {"taints": [dict(rollouts.TAINT)]}
+    cache.upsert_node(h100("n0", allocatable="14", **verified) | {"spec": taints})
+    plans = [planner.plan_node(name) for name in names]
     disabling = [p.name for p in plans if p.labels and p.labels.get(MIG_CONFIG_LABEL)]
     assert disabling == ["n0"], [
         (p.name, p.facts.decision and p.facts.decision.reason) for p in plans
@@ -445,7 +455,7 @@ def test_disabling_mig_for_another_policy_is_under_that_policys_budget() -> None
         MIG_CONFIG_LABEL: "all-disabled",
         "nvidia.com/mig.config.state": "pending",
     }
-    cache.upsert_node(h100("n0", allocatable="14", **labels))
+    cache.upsert_node(h100("n0", allocatable="14", **labels) | {"spec": taints})
     planner.due()
     again = [planner.plan_node(name) for name in names]
     assert [p.name for p in again if p.labels] == []
@@ -621,11 +631,15 @@ def test_a_relayout_under_the_same_key_goes_one_node_at_a_time() -> None:
     planner.plan_queued_nodes()
     planner.due()
     plans = [planner.plan_node(name) for name in names]
-    relabelled = [p.name for p in plans if p.labels]
-    assert len(relabelled) == 1, [
+    # The one admitted is tainted first (its layout label waits for the taint in the cache).
+    changing = [p for p in plans if p.taint is not None]
+    assert len(changing) == 1, [
         (p.name, p.facts.decision and p.facts.decision.reason) for p in plans
     ]
-    held = [p for p in plans if not p.labels]
+    assert changing[0].facts.decision is not None
+    assert changing[0].facts.decision.reason == "ConfirmingIdle"
+    held = [p for p in plans if p.taint is None]
+    assert not any(p.labels for p in plans)
     assert all(p.facts.decision and p.facts.decision.reason == "RolloutWaiting" for p in held)
 
 

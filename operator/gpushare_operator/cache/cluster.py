@@ -17,7 +17,7 @@ from gpushare_operator.cache.index import MatchIndex
 from gpushare_operator.cache.migconfig import MigConfigState
 from gpushare_operator.cache.slotoffers import SlotOffers
 from gpushare_operator.cache.usage import UsageLedger
-from gpushare_operator.core import defaults, nodephases, resolution
+from gpushare_operator.core import defaults, nodephases, resolution, rollouts
 from gpushare_operator.core import nodes as core_nodes
 from gpushare_operator.core import pods as core_pods
 from gpushare_operator.core.devconfigs import SharingConfig, parse_config_text
@@ -53,6 +53,9 @@ class ClusterCache:
         self.clock = clock
         self.wallclock = wallclock
         self.nodes: dict[str, NodeRecord] = {}
+        # Node name -> resourceVersion of the newest Node the informer delivered; a write's
+        # answer may be ahead of it (see ``watch_shows``).  Only for nodes in ``nodes``.
+        self.node_watched: dict[str, int] = {}
         self.policies: dict[str, CompiledPolicy] = {}
         self.policy_status: dict[str, Mapping[str, Any]] = {}
         self.policy_versions: dict[str, int] = {}  # name -> resourceVersion of what we hold
@@ -165,11 +168,14 @@ class ClusterCache:
                 if counts[value] <= 0:
                     del counts[value]
 
-    def upsert_node(self, obj: Mapping[str, Any]) -> None:
+    def upsert_node(self, obj: Mapping[str, Any], *, answer: bool = False) -> None:
+        """Take a Node from the informer, or (``answer``) as a write of ours returned it."""
         name = (obj.get("metadata") or {}).get("name")
         if not isinstance(name, str):
             return
         old = self.nodes.get(name)
+        if not answer and old is not None and self._watched(name, obj, old):
+            self.queue.node(name)
         if old is not None and core_nodes.content_unchanged(old, obj):
             return  # a heartbeat or another change we do not read: no index, no dirt
         if old is not None and core_nodes.older_than(obj, old):
@@ -183,6 +189,9 @@ class ClusterCache:
         self._count_config_label(old, -1)
         self._count_config_label(new, +1)
         self.nodes[name] = new
+        version = _version(obj.get("metadata") or {})
+        if old is None and not answer and version is not None:
+            self.node_watched[name] = version
         before = self.index.policies_of(name)
         # Capacity alone can make (or unmake) a GPU node: that re-matches it too.
         if old is None or old.labels != new.labels or old.is_gpu_node != new.is_gpu_node:
@@ -197,7 +206,31 @@ class ClusterCache:
         ):
             self.queue.config()
 
+    def _watched(self, name: str, obj: Mapping[str, Any], old: NodeRecord) -> bool:
+        """Note the version the informer delivered; True when it catches up with a write's
+        answer that put our taint in the record: a plan waiting for the watch to show the
+        taint (``reconcile.drains``) may go on now."""
+        version = _version(obj.get("metadata") or {})
+        if version is None:
+            return False
+        before = self.node_watched.get(name)
+        self.node_watched[name] = version
+        held = _version({"resourceVersion": old.resource_version})
+        caught_up = held is not None and (before is None or before < held) and version >= held
+        return caught_up and any(rollouts.is_ours(taint) for taint in old.taints)
+
+    def watch_shows(self, name: str) -> bool:
+        """Whether the node's record is one the informer has delivered, not only a write's
+        answer: the change has reached the API server's watchers (ours at least), not just
+        etcd."""
+        record = self.nodes.get(name)
+        if record is None:
+            return False
+        held = _version({"resourceVersion": record.resource_version})
+        return held is None or self.node_watched.get(name, -1) >= held
+
     def delete_node(self, name: str) -> None:
+        self.node_watched.pop(name, None)
         old = self.nodes.pop(name, None)
         if old is None:
             return
@@ -325,7 +358,7 @@ class ClusterCache:
                 slim = dataclasses.replace(record, requests=kept) if kept else None
                 self._pod_changed(uid, slim)
 
-    def _tracked(self, resource: str) -> bool:
+    def tracks(self, resource: str) -> bool:
         """Whether pod requests of ``resource`` are kept: the resources policies advertise,
         and every MIG device resource whatever the policies say now, so that a pod on a MIG
         device holds a layout change however the policies changed since."""
@@ -340,9 +373,7 @@ class ClusterCache:
     # -- pods (informer sink) ------------------------------------------------------------------
 
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
-        record = core_pods.project_pod(
-            obj, tracked=self._tracked, label_keys=self.budgets.label_keys
-        )
+        record = core_pods.project_pod(obj, tracked=self.tracks, label_keys=self.budgets.label_keys)
         self._pod_changed(core_pods.uid_of(obj), record)
 
     def delete_pod(self, uid: str) -> None:

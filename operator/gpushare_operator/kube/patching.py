@@ -2,9 +2,10 @@
 
 ``kube.writeloop`` decides what to write and when; this module makes the requests of one plan
 (server-side apply of a node's labels, JSON patches of its taint and of a policy's finalizer,
-status patches) under the loop's permit, posts the Events they call for, and returns a
-``reconcile.outcomes`` value: what was written, what the API server answered, and an
-``Outcome``.  It changes no cache and no queue: ``Reconciler.learn`` takes the answer in.
+status patches, and the pod list a MIG layout label waits on) under the loop's permit, posts
+the Events they call for, and returns a ``reconcile.outcomes`` value: what was written, what
+the API server answered, and an ``Outcome``.  It changes no cache and no queue:
+``Reconciler.learn`` takes the answer in.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import announcements, models
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.core.rollouts import TAINT_KEY
-from gpushare_operator.kube import evicting, http
+from gpushare_operator.kube import checking, evicting, http
 from gpushare_operator.kube.events import ObjectRef
 from gpushare_operator.kube.sending import (
     API,
@@ -82,6 +83,17 @@ class Patches:
                     log.info("node taints changed meanwhile", kind="Node", name=plan.name)
                     return NodeWritten(Retry("taints changed"))
             what = f"GPUNodeState {plan.name} status"
+            if plan.labels is not None and plan.idle_check:
+                busy = await checking.gpu_pods(
+                    self._sender, node=plan.name, tracked=self._cache.tracks
+                )
+                if busy:  # bound after our taint, not yet in our cache: its event follows
+                    log.info(
+                        "GPU pods on the node; its MIG layout waits", name=plan.name, pods=busy
+                    )
+                    return NodeWritten(
+                        Retry(f"GPU pods on the node: {', '.join(busy)}"), node, busy=busy
+                    )
             if plan.labels is not None:
                 return await self._write_labels(plan, tokens, node)
             evicted = evicting.Evicted()

@@ -108,6 +108,14 @@ class Sender:
         self._telemetry.wrote(kind, "ok", time.perf_counter() - started)
         return result
 
+    async def read(self, **request: Any) -> Any:
+        """A read that a write of this job waits on (the idle check before a MIG layout):
+        under the permit like a write, within the lease's time, but with no write token."""
+        if not self._permit.may_write():
+            raise NotSent()
+        request.setdefault("timeout", max(0.1, min(30.0, self._permit.time_left())))
+        return await http.request(self._api, method="GET", **request)
+
     async def report(self, ref: ObjectRef, problem: str) -> None:
         """A Warning Event for a refused write (the recorder rate-limits and de-duplicates)."""
         await self.recorder.post(ref=ref, type_="Warning", reason="WriteFailed", message=problem)

@@ -9,6 +9,14 @@ the change goes ahead.  Meanwhile it is ``Evicting`` and counts against its poli
 as admitted.  The victims are chosen again at every judgement, from the budgets as they
 allow now: a 429 moves the choice to pods their budgets let go, where there are such.
 
+A MIG change repartitions the GPUs, so its layout label waits for more than an empty ledger:
+the cache may not show yet a pod the scheduler bound a moment ago, its choice made before our
+taint reached it.  An admitted MIG change whose pods are gone is tainted first; once the taint
+is in the node cache as the informer delivered it, the plan asks the kube layer for a pod list
+taken then (``NodePlan.idle_check``) and labels only if it shows no GPU pod on the node.  Both
+halves are read from the cluster (the taint on the Node, a fresh list), so a new leader halfway
+reaches the same answer.
+
 What a deadline depends on is in the node's GPUNodeState (``status.eviction``): when the first
 eviction was asked for, for which policy generation and target.  A new leader reads the same
 start and gives up at the same moment.  Given up (the timeout passed, or pods we never evict
@@ -20,12 +28,13 @@ policy's spec (a new generation) arms the evictions again.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Final
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import migphases, nodephases, victims
+from gpushare_operator.core import migphases, nodephases, rollouts, victims
 from gpushare_operator.core.budgets import BudgetRecord
 from gpushare_operator.core.models import NodePhase, PodPolicy
 from gpushare_operator.core.nodes import NodeRecord
@@ -37,6 +46,15 @@ from gpushare_operator.reconcile.rollouts import Judgement, RolloutBook, Step
 # An accepted eviction's watch event (the pod turning Terminating) normally follows within
 # a second; until then the pod is not asked again.
 RESEND_AFTER = 10.0
+# The Ready reason of an admitted MIG change between our taint and its layout label.
+CONFIRMING_IDLE: Final = "ConfirmingIdle"
+
+
+class IdleGate(enum.Enum):
+    """Where an admitted MIG change whose pods are gone stands on its way to the label."""
+
+    TAINT_FIRST = "taint-first"  # our taint is not in the node cache yet: taint, then wait
+    CHECK = "check"  # it is: label with a pod list taken now, if it shows no GPU pod
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +72,11 @@ class Eviction:
 class Drain:
     judgement: Judgement  # as judged, or turned into Evicting / EvictionBlocked
     evictions: tuple[Eviction, ...] = ()  # to ask for now
-    draining: bool = False  # evicting: the node must carry our taint first
+    draining: bool = False  # evicting (or a MIG change): the node must carry our taint first
     done: tuple[str, ...] = ()  # uids of pods we evicted that are gone now
+    # A MIG change with no pod left in the cache (None: no such change): never labelled
+    # before our taint is in the cache, and then only with an idle pod list.
+    idle: IdleGate | None = None
 
 
 class Drains:
@@ -85,11 +106,20 @@ class Drains:
         if planned.labels is None or (spec.podPolicy is not PodPolicy.EVICT and not mig):
             return Drain(judged, done=done)
         misfit = self.book.misfit(record, policy)
+        if misfit is None and mig and place.step is Step.ADMITTED:
+            return Drain(judged, done=done, draining=True, idle=self._gate(record))
         if misfit is None:
             return Drain(judged, done=done)  # the pods fit: the change goes ahead
         if spec.podPolicy is not PodPolicy.EVICT:
             admitted = place.step is Step.ADMITTED  # tainted while it waits its pods out
-            return Drain(self._idle_wait(planned, judged, misfit), done=done, draining=admitted)
+            message = f"tainted; {misfit}: the layout changes once they are gone"
+            waiting = self._idle_wait(
+                planned,
+                judged,
+                reason="WaitingForPods",
+                message=f"{message} (podPolicy WaitForPods)",
+            )
+            return Drain(waiting, done=done, draining=admitted)
         target = "" if policy is None else str(policy.config_key)
         generation = self._generation(place.charged)
         prior = self._prior(record.name, place.charged, generation, target)
@@ -144,15 +174,34 @@ class Drains:
             evicting = replace(evicting, recheck_at=min(evicting.recheck_at, again))
         return Drain(replace(judged, decision=evicting), evictions, draining=True, done=done)
 
+    def tainting(self, planned: nodephases.NodeDecision, judged: Judgement) -> Judgement:
+        """``IdleGate.TAINT_FIRST``: what the node shows while our taint goes on and the
+        cache has yet to show it: waiting, admitted (``idleWait``), with no label.  The
+        judgement ``judge`` returned keeps its labels, for whoever only asks whether the
+        change goes ahead (the plugin's forecast)."""
+        message = (
+            f"tainted {rollouts.TAINT_KEY}; the layout changes once the node cache shows the"
+            " taint and a list of the node's pods taken after it shows no GPU pod"
+        )
+        return self._idle_wait(planned, judged, reason=CONFIRMING_IDLE, message=message)
+
     # -- pieces ----------------------------------------------------------------------------------
 
+    def _gate(self, record: NodeRecord) -> IdleGate:
+        """CHECK once the node cache has our taint as the informer delivered it (a write's
+        answer alone is not enough: the watchers of the API server may not have it yet)."""
+        tainted = any(rollouts.is_ours(taint) for taint in record.taints)
+        if tainted and self.cache.watch_shows(record.name):
+            return IdleGate.CHECK
+        return IdleGate.TAINT_FIRST
+
     def _idle_wait(
-        self, planned: nodephases.NodeDecision, judged: Judgement, misfit: str
+        self, planned: nodephases.NodeDecision, judged: Judgement, *, reason: str, message: str
     ) -> Judgement:
-        """A MIG change admitted while GPU pods run (podPolicy WaitForPods): the node is
-        tainted and keeps its layout until they are gone, counting against the budget.  The
-        admission is written in the GPUNodeState (``idleWait``): a new leader reads it back
-        (``RolloutBook.judge``) and keeps the node admitted and tainted."""
+        """A MIG change admitted while GPU pods may run: the node is tainted and keeps its
+        layout until none does, counting against the budget.  The admission is written in the
+        GPUNodeState (``idleWait``): a new leader reads it back (``RolloutBook.judge``) and
+        keeps the node admitted and tainted."""
         place = judged.placement
         if place.step is not Step.ADMITTED or place.grant is None:
             return judged  # waiting its turn, untainted
@@ -166,13 +215,10 @@ class Drains:
             "target": target,
             "since": prior.get("since") if same else rfc3339(self._epoch()),
         }
-        message = (
-            f"tainted; {misfit}: the layout changes once they are gone (podPolicy WaitForPods)"
-        )
         waiting = nodephases.NodeDecision(
             planned.policy,
             NodePhase.PENDING,
-            "WaitingForPods",
+            reason,
             message,
             None,
             released_from=planned.released_from,
@@ -304,3 +350,19 @@ def _evicting_message(block: Mapping[str, Any], target: str) -> str:
     if block.get("blockedBy"):
         message += f"; refused for now by PodDisruptionBudget(s) {', '.join(block['blockedBy'])}"
     return message
+
+
+def keeps_joiner_taint(record: NodeRecord, decision: nodephases.NodeDecision) -> bool:
+    """Whether our taint stays on a node that waits to join a MIG pool, whatever the rollout
+    says: it carries none of our labels (the taint is one it registered with, a startup taint,
+    or ours from a leader before us) and a MIG policy governs it and can work there.  Lifted,
+    it would take the pods its layout must then wait out; it goes once the layout is Verified,
+    as any MIG change's taint does."""
+    policy = decision.policy
+    if policy is None or policy.mig is None or nodephases.releases(decision):
+        return False
+    if decision.phase in (NodePhase.UNSUPPORTED, NodePhase.MISMATCH):
+        return False
+    if record.config_label is not None or record.policy_label is not None:
+        return False
+    return not migphases.carries_ours(record)

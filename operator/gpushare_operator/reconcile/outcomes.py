@@ -68,6 +68,9 @@ class NodeWritten:
     evicted: tuple[str, ...] = ()  # uids of pods whose eviction the API server accepted
     # uid -> the PodDisruptionBudgets (namespace/name) that refused its eviction now (429)
     refused: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # The GPU pods (namespace/name) the idle check found bound to the node: its MIG layout
+    # label was not sent (empty: no check, or the node was idle)
+    busy: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

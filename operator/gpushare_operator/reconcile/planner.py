@@ -37,7 +37,7 @@ from gpushare_operator.core.workqueue import MIG_CONFIG
 from gpushare_operator.reconcile import tallies
 from gpushare_operator.reconcile.appliedclocks import AppliedClocks
 from gpushare_operator.reconcile.configplan import ConfigPlanner
-from gpushare_operator.reconcile.drains import Drains
+from gpushare_operator.reconcile.drains import Drains, IdleGate, keeps_joiner_taint
 from gpushare_operator.reconcile.memory import WriteMemory
 from gpushare_operator.reconcile.migconfigplan import MigConfigPlanner
 from gpushare_operator.reconcile.plans import ConfigPlan, NodeFacts, NodePlan, PolicyPlan, Stage
@@ -165,7 +165,9 @@ class Planner:
     def plan_node(self, name: str, *, stage: Stage = Stage.FIRST) -> NodePlan:
         """The node's writes, in order: our taint, then its labels; its status only when the
         labels need no change (after a label write, the LABELLED stage plans it from the Node
-        the API server returned; after a refusal, the STATUS stage says why)."""
+        the API server returned; after a refusal, the STATUS stage says why).  A MIG layout's
+        labels never go with the taint: they wait for the cache to show it, and then go only
+        if the pod list they ask for (``idle_check``) shows the node idle."""
         cache = self.cache
         record = cache.nodes.get(name)
         if record is None:  # gone: its GPUNodeState follows through the ownerReference
@@ -173,6 +175,8 @@ class Planner:
         planned = self.decide(record)
         drain = self.drains.judge(record, planned, self.book.judge(record, planned))
         judged = drain.judgement
+        if drain.idle is IdleGate.TAINT_FIRST:  # no layout label before the cache has our taint
+            judged = self.drains.tainting(planned, judged)
         decision = judged.decision
         held_until = self._held_until(decision)
         taint, uncordon_at = self._taint(
@@ -205,6 +209,7 @@ class Planner:
             create,
             evictions=drain.evictions,
             evictions_done=drain.done,
+            idle_check=labels is not None and drain.idle is IdleGate.CHECK,
         )
 
     def _taint(
@@ -218,10 +223,12 @@ class Planner:
         """Our NoSchedule taint: on from just before a cordoned change's label write until the
         node is available again; only ever ours (key and effect), added and removed in place.
 
-        A node that will not recover by itself loses it: at once when it turns Mismatch (it has
-        been unconfirmed for a whole --mismatch-timeout since its label changed), and after one
-        --mismatch-timeout in Degraded (time for a device plugin to restart).  Also returns
-        when the taint is due to go, to look again then."""
+        A node waiting to join a MIG pool keeps it (a startup taint it registered with too)
+        until its layout is Verified.  A node that will not recover by itself loses it: at
+        once when it turns Mismatch (it has been unconfirmed for a whole --mismatch-timeout
+        since its label changed), and after one --mismatch-timeout in Degraded (time for a
+        device plugin to restart).  Also returns when the taint is due to go, to look again
+        then."""
         tainted = any(rollouts.is_ours(taint) for taint in record.taints)
         target = None if nodephases.releases(decision) else decision.policy
         layouts = self.cache.mig_config.layouts
@@ -235,6 +242,7 @@ class Planner:
             and (tainted or not migphases.in_force(record, layouts=layouts))
         )
         wanted = self.book.wants_taint(placement, tainted=tainted, draining=draining, mig=mig)
+        wanted = wanted or (tainted and keeps_joiner_taint(record, decision))
         due = None
         if wanted and decision.phase is NodePhase.MISMATCH:
             wanted = False

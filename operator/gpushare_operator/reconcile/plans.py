@@ -55,6 +55,9 @@ class NodePlan:
     # podPolicy Evict: pods to evict, after the taint and before the status (never with labels)
     evictions: tuple[Eviction, ...] = ()
     evictions_done: tuple[str, ...] = ()  # uids of pods we evicted that are gone (counted)
+    # A MIG layout label (with ``labels`` only): sent only if a list of the node's pods,
+    # taken just before it, shows none that holds a GPU (``kube.checking``).
+    idle_check: bool = False
 
     @property
     def key(self) -> Key:

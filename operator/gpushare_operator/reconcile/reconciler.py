@@ -132,7 +132,7 @@ class Reconciler:
         current = cache.nodes.get(name)
         if written.node is not None and current is not None and current.uid == plan.uid:
             # Not if a DELETED event came while we waited: a response must not revive a node.
-            cache.upsert_node(written.node)
+            cache.upsert_node(written.node, answer=True)
         if written.status is not None:
             cache.sent("nodestate", name, written.status)
             if written.echo is not None:

@@ -277,7 +277,11 @@ class RolloutBook:
         admitted, waiting or failed in its rollout, and it is neither halted nor paused.  The
         last node of a rollout under way is no joiner, nor is a node already held back in it:
         it goes under the budget like the rest.  A new policy over an idle pool is no such
-        pool: its first node is its canary, the rest go under its budget."""
+        pool: its first node is its canary, the rest go under its budget.
+
+        In a MIG pool "at once" keeps the layout's order (``reconcile.drains``): our taint
+        (unless the node registered with it), a list of its pods that shows none, then the
+        label; a pod bound before our taint makes the node no joiner any more."""
         if not self.primed:
             return False  # a new leader that has not looked at every node yet
         if record.name in self._held_since:

@@ -162,7 +162,9 @@ def _reason_nodes(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
         elif isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple):
             # ``return "InvalidNodeLabel", message``: the (reason, message) of unsupported().
             elements = node.value.elts
-            if len(elements) == 2 and isinstance(elements[1], (ast.Name, ast.JoinedStr)):
+            if len(elements) == 2 and isinstance(
+                elements[1], (ast.Name, ast.JoinedStr, ast.Constant)
+            ):
                 yield "reason", elements[0]
 
 
@@ -282,7 +284,9 @@ def test_every_metric_is_documented() -> None:
 
 def test_every_label_is_documented() -> None:
     missing = sorted(label for label in labels() if not _named(label, _reference()))
-    assert missing == [], f"gpushare.dev/ names missing from docs/api.md and operations.md: {missing}"
+    assert missing == [], (
+        f"gpushare.dev/ names missing from docs/api.md and operations.md: {missing}"
+    )
 
 
 def test_every_phase_is_documented() -> None:
@@ -355,7 +359,9 @@ def _label_exists(name: str) -> bool:
 def test_every_label_a_page_names_exists(path: Path) -> None:
     named = set(_DOC_LABEL.findall(path.read_text())) - _NOT_LABELS
     unknown = sorted(name for name in named if not _label_exists(name))
-    assert unknown == [], f"{path.name} names gpushare.dev/ keys the operator does not use: {unknown}"
+    assert unknown == [], (
+        f"{path.name} names gpushare.dev/ keys the operator does not use: {unknown}"
+    )
 
 
 def _flags_table() -> list[str]:
@@ -398,9 +404,13 @@ def test_every_event_the_operations_page_names_exists() -> None:
     named = set(re.findall(r"`([A-Z][A-Za-z]+)`", section))
     known = stated()
     every = known["event"] | known["reason"] | known["condition"]
-    unknown = sorted(name for name in named if name not in every and name not in ("Normal", "Warning"))
+    unknown = sorted(
+        name for name in named if name not in every and name not in ("Normal", "Warning")
+    )
     assert len(named) > 10
-    assert unknown == [], f"docs/operations.md#events names Events the operator never posts: {unknown}"
+    assert unknown == [], (
+        f"docs/operations.md#events names Events the operator never posts: {unknown}"
+    )
 
 
 # -- tables render ------------------------------------------------------------------------------

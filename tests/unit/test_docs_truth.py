@@ -80,9 +80,9 @@ def _constants() -> dict[str, str]:
                 target, value = node.targets[0], node.value
             elif isinstance(node, ast.AnnAssign):
                 target, value = node.target, node.value
-            if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
-                if isinstance(value.value, str):
-                    found[target.id] = value.value
+            literal = isinstance(value, ast.Constant) and isinstance(value.value, str)
+            if isinstance(target, ast.Name) and literal:
+                found[target.id] = value.value  # type: ignore[union-attr]
     return found
 
 
@@ -127,13 +127,13 @@ def labels() -> set[str]:
     found = set()
     for _, tree in _modules():
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                if _LABEL.match(node.value) and node.value not in _NOT_LABELS:
-                    found.add(node.value)
+            text = node.value if isinstance(node, ast.Constant) else None
+            if isinstance(text, str) and _LABEL.match(text) and text not in _NOT_LABELS:
+                found.add(text)
     return found
 
 
-def _reason_nodes(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
+def _reason_nodes(tree: ast.Module) -> Iterator[tuple[str, ast.AST | None]]:
     """(what, expression) for every place the package states a condition type or a reason."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -168,7 +168,7 @@ def _reason_nodes(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
                 yield "reason", elements[0]
 
 
-def _rule_tables(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
+def _rule_tables(tree: ast.Module) -> Iterator[tuple[str, ast.AST | None]]:
     """The event rules of core.announcements: the values of its policy table, and the reasons
     of its node table."""
     for node in tree.body:

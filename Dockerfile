@@ -32,6 +32,7 @@ COPY --from=build /opt/gpushare /opt/gpushare
 ENV PATH=/opt/gpushare/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 # Non-root, numeric so that runAsNonRoot can verify it.
 USER 65532:65532
-# 8080: /healthz and /readyz (plain HTTP); 8443: /metrics (HTTPS, TokenReview-guarded).
-EXPOSE 8080 8443
+# 8080: /healthz and /readyz (plain HTTP); 8443: /metrics (HTTPS, TokenReview-guarded);
+# 9443: the memory-request webhook (HTTPS, its certificate from the Secret the leader keeps).
+EXPOSE 8080 8443 9443
 ENTRYPOINT ["python", "-m", "gpushare_operator", "run"]

@@ -128,7 +128,8 @@ def apiserver_args(
 def controller_manager_args(*, kubeconfig: Path, port: int) -> list[str]:
     """The controllers the tests live with, without election.
 
-    Garbage collection (ownerReferences), namespace deletion and the type check of
+    Garbage collection (ownerReferences), namespace deletion, ClusterRole aggregation (the
+    chart's viewer role gathered into the built-in ``view``) and the type check of
     ValidatingAdmissionPolicies (their ``status.typeChecking``, which the chart's node guard is
     tested by); and the workload controllers an eviction is judged by: Deployments and their
     ReplicaSets (an evicted pod is made again, for kube-scheduler to place), PodDisruptionBudgets'
@@ -140,6 +141,7 @@ def controller_manager_args(*, kubeconfig: Path, port: int) -> list[str]:
     ServiceAccount controllers (see ``apiserver_args``).
     """
     controllers = (
+        "clusterrole-aggregation-controller",
         "daemonset-controller",
         "deployment-controller",
         "disruption-controller",

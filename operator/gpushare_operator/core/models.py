@@ -74,8 +74,9 @@ MIG_IDLE: Final = (
 )
 
 # A policy's name goes into the `gpushare.dev/policy` node label and into its config key
-# `<name>-<ts|mps><replicas>-<6 hex>`, which is itself a node label value (63 characters at most);
-# the longest suffix is "-mps64-abcdef" (13 characters), which leaves 50 for the name.
+# (`<name>-ts<replicas>-<6 hex>`, `-mps<replicas>-`, `-excl-`, `-mig[<replicas>]-`), which is
+# itself a node label value (63 characters at most); the longest suffix is "-mps48-abcdef" (or
+# "-ts64-", "-mig64-": 13 characters), which leaves 50 for the name.
 POLICY_NAME_MAX_LENGTH: Final = 50
 
 # Bounds on selector collections: Kubernetes has none, but CEL rules iterate over them, and the
@@ -401,7 +402,8 @@ class GPUSharingPolicySpec(ApiModel):
     priority: Annotated[StrictInt, Field(ge=0, le=MAX_PRIORITY)] = 0
     """Where policies overlap, the highest priority wins; ties go to the name that sorts first."""
     strategy: SharingStrategy
-    """How replicas share a GPU: TimeSlicing, MPS, or Exclusive (no sharing)."""
+    """How a GPU is shared: TimeSlicing, MPS, Exclusive (no sharing), or MIG (hardware slices,
+    laid out by spec.mig)."""
     replicas: SpecReplicas | None = None
     """Slots advertised per physical GPU: 2 to 64 (MPS: to 48); absent or 1 for Exclusive;
     absent for MIG (mig.replicas time-slices each MIG device)."""

@@ -58,7 +58,7 @@ def test_rendered_manifests_pass_server_side_dry_run(
         stdin=rendered,
     )
     applied = [line for line in out.splitlines() if line.endswith("(server dry run)")]
-    assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]) == 23, out
+    assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]) == 25, out
     # A dry run: nothing was created.
     status, _ = control_plane.request(
         "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/dry-gpushare-operator"
@@ -132,6 +132,8 @@ def test_install_creates_everything_and_uninstall_leaves_nothing(
                 ("rolebindings", plugin_ns, f"{full}-device-plugin-config"),
                 ("clusterroles", "", full),
                 ("clusterroles", "", f"{full}-metrics-reader"),
+                ("clusterroles", "", "gpushare-policy-admin"),  # roles for people
+                ("clusterroles", "", "gpushare-viewer"),
                 ("clusterrolebindings", "", full),
                 ("validatingadmissionpolicies", "", f"{full}-node-guard"),
                 ("validatingadmissionpolicybindings", "", f"{full}-node-guard"),

@@ -63,6 +63,7 @@ def test_minimal_spec_takes_the_documented_defaults() -> None:
             "failureThreshold": 1,
             "podPolicy": "WaitForPods",
             "eviction": {"timeout": "10m", "gracePeriodSeconds": None},
+            "progressDeadlineSeconds": 600,
             "cordonDuringChange": False,
         },
     }
@@ -112,6 +113,7 @@ def test_full_spec_from_the_design_round_trips() -> None:
             "failureThreshold": 3,
             "podPolicy": "Evict",
             "eviction": {"timeout": "1h30m", "gracePeriodSeconds": 30},
+            "progressDeadlineSeconds": 900,
             "cordonDuringChange": True,
         },
     }

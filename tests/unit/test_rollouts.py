@@ -79,7 +79,9 @@ def test_the_canary_goes_alone_then_the_budget_rules() -> None:
 
 
 def test_failures_halt_and_the_state_says_so() -> None:
-    spec = RolloutSpec(failureThreshold=2)
+    # A budget of 2: one failure leaves room to go on (one failure holding a budget of one is
+    # a halt of its own, BudgetHeldByFailedNodes).
+    spec = RolloutSpec(failureThreshold=2, maxUnavailable=2)
     one = rollouts.Counts(total=5, failed=1, unavailable=1, waiting=3, updated=1)
     two = rollouts.Counts(total=5, failed=2, unavailable=2, waiting=2, updated=1)
     assert rollouts.phase(one, spec, paused=False) is RolloutPhase.PROGRESSING
@@ -438,3 +440,118 @@ def test_an_unsupported_node_keeps_the_labels_of_a_policy_that_still_selects_it(
     assert labelled(cache, planner, clock) == []
     plan = planner.plan_node("n1")
     assert plan is None or plan.labels is None
+
+
+# -- a rollout that cannot move says so ---------------------------------------------------------
+
+
+def test_failed_nodes_holding_the_whole_budget_halt_a_rollout_below_its_threshold() -> None:
+    spec = RolloutSpec(maxUnavailable=2, failureThreshold=3)
+    held = rollouts.Counts(total=6, failed=2, unavailable=2, waiting=4)
+    assert rollouts.halt_reason(held, spec) == rollouts.BUDGET_HELD
+    assert rollouts.phase(held, spec, paused=False) is RolloutPhase.HALTED
+    assert rollouts.room(held, spec, cluster_room=100) == 0
+    # A degraded node holds the budget as surely as a failed one.
+    drift = rollouts.Counts(total=6, failed=1, degraded=1, unavailable=2, waiting=4)
+    assert rollouts.halt_reason(drift, spec) == rollouts.BUDGET_HELD
+    # The near misses: room left, a node still on its way, nothing left to change.
+    room_left = rollouts.Counts(total=6, failed=1, unavailable=1, waiting=4)
+    changing = rollouts.Counts(total=6, failed=2, changing=1, unavailable=3, waiting=3)
+    nothing_waits = rollouts.Counts(total=6, failed=2, unavailable=2, updated=4)
+    for counts in (room_left, changing, nothing_waits):
+        assert rollouts.halt_reason(counts, spec) is None, counts
+    assert rollouts.phase(room_left, spec, paused=False) is RolloutPhase.PROGRESSING
+    # The threshold, when reached, is the reason given.
+    spent = rollouts.Counts(total=6, failed=3, unavailable=3, waiting=3)
+    assert rollouts.halt_reason(spent, spec) == rollouts.FAILURE_THRESHOLD
+
+
+def test_progress_is_a_node_updated_or_one_fewer_waiting_and_nothing_else() -> None:
+    before = {"state": "Progressing", "updatedNodes": 1, "waitingNodes": 3, "progressedAt": "T0"}
+    still = {"state": RolloutPhase.PROGRESSING, "updated": 1, "waiting": 3}
+    assert rollouts.progressed(before, **still, now="T1") == "T0"
+    assert rollouts.progressed(before, **{**still, "updated": 2}, now="T1") == "T1"
+    assert rollouts.progressed(before, **{**still, "waiting": 2}, now="T1") == "T1"
+    # A node that joins the waiters, or one more failure, is no progress.
+    assert rollouts.progressed(before, **{**still, "waiting": 4}, now="T1") == "T0"
+    assert rollouts.progressed({}, **still, now="T1") == "T1"  # a new generation
+    paused = {**before, "state": "Paused"}
+    assert rollouts.progressed(paused, **still, now="T1") == "T1"  # resumed: counts anew
+
+
+def test_the_progress_deadline_is_judged_from_the_recorded_time_alone() -> None:
+    rollout = {"state": "Halted", "progressedAt": "2026-12-03T10:00:00Z"}
+    start = 1_796_292_000.0  # 2026-12-03T10:00:00Z
+    assert rollouts.deadline_left(rollout, deadline=600, now=start + 100) == 500
+    assert rollouts.deadline_left(rollout, deadline=600, now=start + 601) == -1
+    for state in ("Complete", "Paused"):
+        assert (
+            rollouts.deadline_left({**rollout, "state": state}, deadline=1, now=start + 9) is None
+        )
+
+
+def _status_at(
+    view_counts: rollouts.Counts, *, previous: dict[str, Any] | None, now: str, **rollout: Any
+) -> dict[str, Any]:
+    from gpushare_operator.core import policystatus
+    from gpushare_operator.core.policies import compile_policy
+
+    spec = policy("p", rollout={"maxUnavailable": 2, **rollout})["spec"]
+    compiled = compile_policy(name="p", uid="u", generation=3, spec=spec)
+    view = policystatus.RolloutView(
+        counts=view_counts, failed_nodes=["n1"], degraded_nodes=["n2"], waiting_nodes=["n3"]
+    )
+    return policystatus.render_policy_status(
+        policy=compiled,
+        tally=policystatus.PolicyTally(),
+        previous=previous,
+        now=now,
+        rollout=view,
+    )
+
+
+def test_a_rollout_standing_still_past_its_deadline_is_not_progressing() -> None:
+    from gpushare_operator.core.announcements import policy_announcements
+
+    moving = rollouts.Counts(total=4, updated=1, changing=1, unavailable=1, waiting=2)
+    first = _status_at(
+        moving, previous=None, now="2026-12-03T10:00:00Z", progressDeadlineSeconds=60
+    )
+    progressing = [c for c in first["conditions"] if c["type"] == "Progressing"]
+    assert [(c["status"], c["reason"]) for c in progressing] == [("True", "NodesChanging")]
+    assert first["rollout"]["progressedAt"] == "2026-12-03T10:00:00Z"
+    later = _status_at(
+        moving, previous=first, now="2026-12-03T10:00:59Z", progressDeadlineSeconds=60
+    )
+    assert later == first  # nothing moved, the deadline not yet passed: nothing to write
+    past = _status_at(
+        moving, previous=first, now="2026-12-03T10:01:00Z", progressDeadlineSeconds=60
+    )
+    [cond] = [c for c in past["conditions"] if c["type"] == "Progressing"]
+    assert (cond["status"], cond["reason"]) == ("False", rollouts.DEADLINE_EXCEEDED)
+    assert "2026-12-03T10:00:00Z" in cond["message"]
+    events = [a.reason for a in policy_announcements(first, past)]
+    assert events == [rollouts.DEADLINE_EXCEEDED]
+    # One node more updated: progress again, and the condition says so.
+    moved = rollouts.Counts(total=4, updated=2, changing=1, unavailable=1, waiting=1)
+    again = _status_at(moved, previous=past, now="2026-12-03T10:02:00Z", progressDeadlineSeconds=60)
+    [cond] = [c for c in again["conditions"] if c["type"] == "Progressing"]
+    assert (cond["status"], cond["reason"]) == ("True", "NodesChanging")
+    assert again["rollout"]["progressedAt"] == "2026-12-03T10:02:00Z"
+
+
+def test_a_budget_held_by_failed_nodes_is_a_halt_with_its_reason_the_nodes_and_an_event() -> None:
+    from gpushare_operator.core.announcements import rollout_announcements
+
+    busy = rollouts.Counts(total=6, updated=1, changing=1, unavailable=2, failed=1, waiting=3)
+    held = rollouts.Counts(total=6, updated=1, unavailable=2, failed=1, degraded=1, waiting=3)
+    before = _status_at(busy, previous=None, now="2026-12-03T10:00:00Z", failureThreshold=3)
+    after = _status_at(held, previous=before, now="2026-12-03T10:00:05Z", failureThreshold=3)
+    assert after["rollout"]["state"] == "Halted"
+    assert after["rollout"]["waitingOn"] == ["n1", "n2"]
+    [cond] = [c for c in after["conditions"] if c["type"] == "RolloutHalted"]
+    assert (cond["status"], cond["reason"]) == ("True", rollouts.BUDGET_HELD)
+    assert "n1" in cond["message"] and "n2" in cond["message"]
+    [event] = rollout_announcements(before["rollout"], after["rollout"])
+    assert (event.type, event.reason) == ("Warning", "RolloutHalted")
+    assert "hold the whole budget" in event.message

@@ -20,6 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from gpushare_operator.core import rollouts
 from gpushare_operator.core.rollouts import Counts
 from gpushare_operator.core.slotclasses import Offer
 
@@ -40,6 +41,14 @@ _ROLLOUT_STATES = (
     "waiting",
     "blocked",
     "unavailable",
+)
+
+# The policy conditions that say a rollout cannot move, and every reason they give.
+_STALLING = frozenset({("RolloutHalted", "True"), ("Progressing", "False")})
+_STALL_REASONS = (
+    rollouts.FAILURE_THRESHOLD,
+    rollouts.BUDGET_HELD,
+    rollouts.DEADLINE_EXCEEDED,
 )
 
 
@@ -263,6 +272,28 @@ class StateCollector(Collector):
         yield nodes
         yield slots
         yield per_resource
+        yield self._stalled(policies)
+
+    def _stalled(self, policies: list[str]) -> Metric:
+        """1 for each reason a policy's rollout cannot move (the one to page on), else 0."""
+        stalled = GaugeMetricFamily(
+            "gpushare_rollout_stalled",
+            "1 while a policy's rollout cannot move for this reason (RolloutHalted's, or"
+            " ProgressDeadlineExceeded), else 0",
+            labels=["policy", "reason"],
+        )
+        for name in policies:
+            status = self._readings.rendered_status(name)
+            if status is None:
+                continue
+            holding = {
+                str(c.get("reason"))
+                for c in status.get("conditions") or ()
+                if (c.get("type"), c.get("status")) in _STALLING
+            }
+            for reason in _STALL_REASONS:
+                stalled.add_metric([name, reason], int(reason in holding))
+        return stalled
 
     def _rollout_metrics(self, policies: list[str]) -> Iterator[Metric]:
         """Live from the rollout book, not from the last status written (which waits for nodes

@@ -30,6 +30,7 @@ _POLICY_RULES = {
     ("Unsupported", "True", None): "NodesUnsupported",
     ("SchemaOutdated", "True", None): "SchemaOutdated",
     ("SpecAdjusted", "True", None): "SpecAdjusted",
+    ("Progressing", "False", "ProgressDeadlineExceeded"): "ProgressDeadlineExceeded",
 }
 
 # Node conditions: type → reasons that deserve a Warning on the Node when they appear.
@@ -87,11 +88,13 @@ def rollout_announcements(
         )
     if state != before.get("state") or new:
         if state == "Halted":
-            message = (
-                f"generation {generation}: {rollout.get('failedNodes', 0)} node(s) ended in"
-                " Mismatch; no further node is changed until they recover or the spec changes"
+            # The rollout's message says which halt: failures past the threshold, or failed
+            # and degraded nodes holding the whole budget; and names the nodes.
+            why = rollout.get("message") or (
+                f"{rollout.get('failedNodes', 0)} node(s) ended in Mismatch; no further node is"
+                " changed until they recover or the spec changes"
             )
-            yield Announcement("Warning", "RolloutHalted", message)
+            yield Announcement("Warning", "RolloutHalted", f"generation {generation}: {why}")
         elif state == "Complete":
             message = f"generation {generation} is on all {rollout.get('updatedNodes', 0)} node(s)"
             yield Announcement("Normal", "RolloutComplete", message)

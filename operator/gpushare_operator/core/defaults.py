@@ -13,6 +13,8 @@ from typing import Final
 
 # A policy's ``rollout.maxUnavailable`` when it says none: a share of the nodes it governs.
 ROLLOUT_MAX_UNAVAILABLE: Final = "10%"
+# A policy's ``rollout.progressDeadlineSeconds``: a Deployment's default.
+ROLLOUT_PROGRESS_DEADLINE: Final = 600
 # ``--max-unavailable``, over all policies: by default the cluster lets change at once the
 # share one policy may, so that a policy over every GPU node is paced the same either way.
 MAX_UNAVAILABLE: Final = ROLLOUT_MAX_UNAVAILABLE

@@ -208,6 +208,7 @@ SelectorOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 # A Kubernetes int-or-string: a whole number of nodes, or a percentage such as "10%".
 PERCENT_PATTERN: Final = "^(100|[1-9]?[0-9])%$"
 MAX_ROLLOUT_NODES: Final = 1_000_000
+MAX_PROGRESS_DEADLINE: Final = 2**31 - 1  # a Deployment's progressDeadlineSeconds is an int32
 IntOrPercent = Annotated[
     StrictInt | str,
     AfterValidator(lambda value: _int_or_percent(value)),
@@ -389,6 +390,12 @@ class RolloutSpec(ApiModel):
     change it."""
     eviction: EvictionSpec = EvictionSpec()
     """With podPolicy Evict: how long the evictions may take, and their grace period."""
+    progressDeadlineSeconds: Annotated[StrictInt, Field(ge=1, le=MAX_PROGRESS_DEADLINE)] = (
+        defaults.ROLLOUT_PROGRESS_DEADLINE
+    )
+    """Seconds a rollout with nodes still to change may go without a node moving (one more
+    updated, one fewer waiting) before its Progressing condition turns False with
+    ProgressDeadlineExceeded, whatever holds it; not counted while paused."""
     cordonDuringChange: StrictBool = False
     """Taint the node NoSchedule (gpushare.dev/reconfiguring) from just before its label
     changes until it is Verified, so no pod is admitted while the device plugin restarts."""

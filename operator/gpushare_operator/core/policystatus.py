@@ -11,6 +11,7 @@ from gpushare_operator.core.conditions import Cond
 from gpushare_operator.core.models import MAX_LISTED_NODES, PodPolicy, RolloutPhase, RolloutSpec
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.core.slotstatus import ClassTally
+from gpushare_operator.core.stamps import epoch_of
 
 
 @dataclass(slots=True)
@@ -123,6 +124,7 @@ class RolloutView:
     unavailable_nodes: Sequence[str] = ()  # charged to this policy, not yet confirmed
     blocked_nodes: Sequence[str] = ()  # keeping their config until their pods fit
     waiting_nodes: Sequence[str] = ()  # waiting for their turn (or for a key to propagate)
+    degraded_nodes: Sequence[str] = ()  # confirmed once, disagreeing since (unavailable)
 
 
 def waiting_on(
@@ -135,11 +137,18 @@ def waiting_on(
         more = len(nodes) - MAX_LISTED_NODES
         return ", ".join(nodes[:MAX_LISTED_NODES]) + (f" and {more} more" if more > 0 else "")
 
-    if state is RolloutPhase.HALTED:
+    if state is RolloutPhase.HALTED and rollouts.halted(counts, spec):
         nodes = list(view.failed_nodes)
         return nodes[:MAX_LISTED_NODES], (
             f"halted: {counts.failed} node(s) never confirmed their new config (failureThreshold"
             f" {spec.failureThreshold}): {named(nodes)}; fix them, or change the spec"
+        )
+    if state is RolloutPhase.HALTED:
+        nodes = list(view.failed_nodes) + list(view.degraded_nodes)
+        return nodes[:MAX_LISTED_NODES], (
+            f"halted: {len(nodes)} failed or degraded node(s) hold the whole budget"
+            f" (maxUnavailable {spec.maxUnavailable}) and {counts.waiting} wait for their turn:"
+            f" {named(nodes)}; it resumes when one of them is Verified or the spec changes"
         )
     if state is RolloutPhase.PAUSED:
         nodes = list(view.waiting_nodes) + list(view.blocked_nodes)
@@ -191,13 +200,14 @@ def render_rollout(
     waiting, why = waiting_on(view, policy.spec.rollout, state=state)
     before = previous if previous and previous.get("generation") == generation else {}
     complete = state is RolloutPhase.COMPLETE
+    waiting_nodes = counts.waiting + counts.blocked + counts.admitted
     rollout = {
         "generation": generation,
         "state": str(state),
         "totalNodes": counts.total,
         "updatedNodes": counts.updated,
         "unavailableNodes": counts.unavailable,
-        "waitingNodes": counts.waiting + counts.blocked + counts.admitted,
+        "waitingNodes": waiting_nodes,
         "failedNodes": counts.failed,
         "degradedNodes": counts.degraded,
         "waitingOn": waiting,
@@ -205,14 +215,24 @@ def render_rollout(
         "progress": f"{counts.updated}/{counts.total}",
         "startedAt": before.get("startedAt") or now,
         "completedAt": (before.get("completedAt") or now) if complete else None,
+        "progressedAt": rollouts.progressed(
+            before, state=state, updated=counts.updated, waiting=waiting_nodes, now=now
+        ),
     }
     return {k: v for k, v in rollout.items() if v is not None}
 
 
-def _rollout_conditions(policy: CompiledPolicy, view: RolloutView) -> list[Cond]:
+def _rollout_conditions(
+    policy: CompiledPolicy,
+    view: RolloutView,
+    *,
+    rendered: Mapping[str, Any] | None,
+    now: str,
+) -> list[Cond]:
     wanted = []
     spec = policy.spec.rollout if policy.spec is not None else rollouts.DEFAULT_ROLLOUT
-    if rollouts.halted(view.counts, spec):
+    reason = rollouts.halt_reason(view.counts, spec)
+    if reason == rollouts.FAILURE_THRESHOLD:
         names = ", ".join(view.failed_nodes[:MAX_LISTED_NODES])
         more = len(view.failed_nodes) - MAX_LISTED_NODES
         message = (
@@ -221,9 +241,14 @@ def _rollout_conditions(policy: CompiledPolicy, view: RolloutView) -> list[Cond]
             + (f" and {more} more" if more > 0 else "")
             + "; no further node is changed until they are Verified or the spec changes"
         )
-        wanted.append(Cond("RolloutHalted", "True", "FailureThresholdReached", message))
+        wanted.append(Cond("RolloutHalted", "True", rollouts.FAILURE_THRESHOLD, message))
+    elif reason == rollouts.BUDGET_HELD:
+        message = str((rendered or {}).get("message") or "")
+        wanted.append(Cond("RolloutHalted", "True", rollouts.BUDGET_HELD, message))
     else:
         wanted.append(Cond("RolloutHalted", "False", "NoFailures", ""))
+    if rendered is not None:
+        wanted.append(_progressing(rendered, spec, now=now))
     if view.releasing is not None:
         message = (
             f"{view.releasing} node(s) still carry this policy's config; they are released"
@@ -239,6 +264,39 @@ def _rollout_conditions(policy: CompiledPolicy, view: RolloutView) -> list[Cond]
             )
         wanted.append(Cond("Deleting", "True", "ReleasingNodes", message))
     return wanted
+
+
+def _progressing(rendered: Mapping[str, Any], spec: RolloutSpec, *, now: str) -> Cond:
+    """A Deployment's Progressing condition: False with ProgressDeadlineExceeded once a rollout
+    with nodes still to change has gone ``progressDeadlineSeconds`` without a node moving."""
+    state = rendered.get("state")
+    if state == RolloutPhase.PAUSED:
+        return Cond("Progressing", "Unknown", "RolloutPaused", "not judged while paused")
+    if state == RolloutPhase.COMPLETE:
+        return Cond("Progressing", "True", "RolloutComplete", "every node is on the config")
+    left = rollouts.deadline_left(
+        rendered, deadline=spec.progressDeadlineSeconds, now=epoch_of(now) or 0.0
+    )
+    if left is not None and left <= 0:
+        message = (
+            f"no node has moved since {rendered.get('progressedAt')} (progressDeadlineSeconds"
+            f" {spec.progressDeadlineSeconds}): {rendered.get('message') or ''}"
+        )
+        return Cond("Progressing", "False", rollouts.DEADLINE_EXCEEDED, message)
+    return Cond("Progressing", "True", "NodesChanging", "")
+
+
+def deadline_recheck(
+    status: Mapping[str, Any], policy: CompiledPolicy, *, now: str
+) -> float | None:
+    """Seconds from ``now`` until time alone turns the policy's Progressing condition False;
+    None when it will not (complete, paused, already passed, no rollout)."""
+    rollout = status.get("rollout")
+    if not isinstance(rollout, Mapping) or policy.spec is None:
+        return None
+    deadline = policy.spec.rollout.progressDeadlineSeconds
+    left = rollouts.deadline_left(rollout, deadline=deadline, now=epoch_of(now) or 0.0)
+    return None if left is None or left <= 0 else left
 
 
 def _overcommitted(tally: PolicyTally) -> Cond:
@@ -289,8 +347,13 @@ def render_policy_status(
     """The status dict, with transition times kept while conditions hold."""
     previous = previous or {}
     wanted = policy_conditions(policy, tally, config_problem=config_problem)
+    rendered = (
+        None
+        if rollout is None
+        else render_rollout(policy=policy, view=rollout, previous=previous.get("rollout"), now=now)
+    )
     if rollout is not None:
-        wanted.extend(_rollout_conditions(policy, rollout))
+        wanted.extend(_rollout_conditions(policy, rollout, rendered=rendered, now=now))
     if schema_problem is not None:
         wanted.append(Cond("SchemaOutdated", "True", "CRDOutdated", schema_problem))
     adjusted = policy.spec.rollout.eviction.adjustment() if policy.spec is not None else None
@@ -309,9 +372,7 @@ def render_policy_status(
         "resourcesSummary": resources_summary(by_resource(tally)),
         "configKey": policy.config_key,
         "appliedSpec": _applied(policy),
-        "rollout": None
-        if rollout is None
-        else render_rollout(policy=policy, view=rollout, previous=previous.get("rollout"), now=now),
+        "rollout": rendered,
         "conditions": conditions.render_conditions(
             wanted,
             previous=previous.get("conditions"),

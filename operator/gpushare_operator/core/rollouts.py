@@ -15,6 +15,7 @@ from typing import Any, Final
 from gpushare_operator.core import listpatches
 from gpushare_operator.core.listpatches import JsonPatch
 from gpushare_operator.core.models import RolloutPhase, RolloutSpec
+from gpushare_operator.core.stamps import epoch_of
 
 TAINT_KEY: Final = "gpushare.dev/reconfiguring"
 TAINT: Final[Mapping[str, str]] = {"key": TAINT_KEY, "effect": "NoSchedule"}
@@ -67,8 +68,36 @@ class Counts:
     unavailable: int = 0  # between label change and Verified, whatever their target
 
 
+# Why a rollout is halted (the RolloutHalted condition's reason).
+FAILURE_THRESHOLD: Final = "FailureThresholdReached"
+BUDGET_HELD: Final = "BudgetHeldByFailedNodes"
+# Why a rollout is not Progressing: no node moved for progressDeadlineSeconds.
+DEADLINE_EXCEEDED: Final = "ProgressDeadlineExceeded"
+
+
 def halted(counts: Counts, spec: RolloutSpec) -> bool:
+    """Halted by failures: no node is admitted until they recover or the spec changes."""
     return counts.failed >= spec.failureThreshold
+
+
+def budget_held(counts: Counts, spec: RolloutSpec) -> bool:
+    """Nodes wait for their turn, none is changing, and failed or degraded nodes (unavailable
+    for good until they recover) fill the whole budget: nothing can move, though too few
+    failed to reach failureThreshold.  Such a rollout is no more Progressing than a halted
+    one, and says so."""
+    if counts.waiting == 0 or counts.changing or counts.admitted:
+        return False
+    held = counts.failed + counts.degraded
+    return held > 0 and held >= max_unavailable(spec.maxUnavailable, total=counts.total)
+
+
+def halt_reason(counts: Counts, spec: RolloutSpec) -> str | None:
+    """Why the rollout is halted, or None while it is not."""
+    if halted(counts, spec):
+        return FAILURE_THRESHOLD
+    if budget_held(counts, spec):
+        return BUDGET_HELD
+    return None
 
 
 def canary_room(counts: Counts, spec: RolloutSpec) -> int | None:
@@ -104,11 +133,46 @@ def room(
 def phase(counts: Counts, spec: RolloutSpec, *, paused: bool) -> RolloutPhase:
     if paused:
         return RolloutPhase.PAUSED
-    if halted(counts, spec):
+    if halt_reason(counts, spec) is not None:
         return RolloutPhase.HALTED
     if counts.waiting + counts.admitted + counts.unavailable == 0:
         return RolloutPhase.WAITING_FOR_PODS if counts.blocked else RolloutPhase.COMPLETE
     return RolloutPhase.PROGRESSING
+
+
+# -- the progress deadline ---------------------------------------------------------------------
+
+
+def progressed(
+    before: Mapping[str, Any], *, state: RolloutPhase, updated: int, waiting: int, now: str
+) -> str:
+    """When a node of the rollout last moved (``status.rollout.progressedAt``): now for a new
+    generation, a resume, one more node updated or one fewer waiting; otherwise the time the
+    status recorded, so that a new leader measures the same stillness from the cluster."""
+    last = before.get("progressedAt")
+    if not before or not isinstance(last, str):
+        return now
+    if before.get("state") == RolloutPhase.PAUSED and state is not RolloutPhase.PAUSED:
+        return now
+    if updated > _count(before, "updatedNodes") or waiting < _count(before, "waitingNodes"):
+        return now
+    return last
+
+
+def _count(block: Mapping[str, Any], field: str) -> int:
+    value = block.get(field)
+    return value if isinstance(value, int) else 0
+
+
+def deadline_left(rollout: Mapping[str, Any], *, deadline: int, now: float) -> float | None:
+    """Seconds until a rollout that has not moved passes its progress deadline (0 or less:
+    passed); None while it is not judged (complete, paused, or no readable time)."""
+    if rollout.get("state") in (RolloutPhase.COMPLETE, RolloutPhase.PAUSED):
+        return None
+    since = epoch_of(rollout.get("progressedAt"))
+    if since is None:
+        return None
+    return since + deadline - now
 
 
 # -- the taint ----------------------------------------------------------------------------------

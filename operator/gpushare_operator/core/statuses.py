@@ -128,6 +128,9 @@ class RolloutStatus(ApiModel):
     """When this generation's rollout started (RFC 3339)."""
     completedAt: Rfc3339 | None = None
     """When it completed (RFC 3339); absent until then."""
+    progressedAt: Rfc3339 | None = None
+    """When a node of this rollout last moved: one more updated, one fewer waiting (RFC 3339).
+    The progress deadline counts from it."""
 
     @computed_field  # type: ignore[prop-decorator]  # as slotsSummary
     @property

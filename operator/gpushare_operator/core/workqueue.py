@@ -70,6 +70,9 @@ class WorkQueue:
         self._timers: list[tuple[float, str, str]] = []
         # The earliest live timer per key.
         self._due: dict[Key, float] = {}
+        # Keys taken out of the queue until a time (a held-back write): each has a timer in
+        # _due.  Other timers (a deadline to look at again) are no work yet.
+        self._postponed: set[Key] = set()
         # Failed writes in a row per key; absent once a write of the key succeeded.
         self._failures: dict[Key, int] = {}
         # When the key was first marked since it was last done with nothing pending; only ever
@@ -173,6 +176,7 @@ class WorkQueue:
             key = (kind, name)
             if self._due.get(key) == when:
                 del self._due[key]
+                self._postponed.discard(key)
                 self.add(key)
         while timers and self._due.get((timers[0][1], timers[0][2])) != timers[0][0]:
             heapq.heappop(timers)  # superseded by an earlier timer for the same key
@@ -204,6 +208,8 @@ class WorkQueue:
         waiting time keeps counting from when it was first marked."""
         self._queued.get(key[0], {}).pop(key[1], None)
         self.add_at(key, when)
+        if key in self._due:
+            self._postponed.add(key)
 
     def done(self, key: Key) -> None:
         """Processing of ``key`` ended; queue it again if it was marked meanwhile (its wait
@@ -247,6 +253,10 @@ class WorkQueue:
     def timers(self, kind: str) -> int:
         """Keys of ``kind`` waiting on a timer."""
         return sum(1 for k in self._due if k[0] == kind)
+
+    def postponed(self, kind: str) -> int:
+        """Keys of ``kind`` held back until a time: work waiting, unlike a plain timer."""
+        return sum(1 for k in self._postponed if k[0] == kind)
 
     def retrying(self) -> int:
         """Keys whose last write failed and that wait for their back-off."""

@@ -113,10 +113,10 @@ class WriteLoop:
     def backlog(self) -> int:
         """Objects still to be written: queued, being written, a policy status held back, or
         a failed write waiting for its back-off (plain timers, such as a node's Mismatch
-        deadline, are not work yet)."""
+        deadline or a rollout's progress deadline, are not work yet)."""
         queue = self._queue
         sizes = queue.sizes()
-        return sizes["queued"] + sizes["processing"] + queue.timers(POLICY) + queue.retrying()
+        return sizes["queued"] + sizes["processing"] + queue.postponed(POLICY) + queue.retrying()
 
     # -- the permit every request asks (kube.patching.Permit) ------------------------------------
 

@@ -334,11 +334,12 @@ class Planner:
             if finalizer is not None:
                 return PolicyPlan(name, policy.uid, stage, finalizer=finalizer)
         previous = self.cache.in_flight.get(("policy", name)) or self.cache.policy_status.get(name)
+        now = self._wallclock()
         status = policystatus.render_policy_status(
             policy=policy,
             tally=self.tally(policy),
             previous=previous,
-            now=self._wallclock(),
+            now=now,
             config_problem=self.config_problem(policy),
             schema_problem=self.schema_problem(),
             rollout=self._rollout_view(name),
@@ -347,8 +348,14 @@ class Planner:
         written = (
             _same_status(previous, status) or self.cache.in_flight.get(("policy", name)) == status
         )
+        left = policystatus.deadline_recheck(status, policy, now=now)
         return PolicyPlan(
-            name, policy.uid, stage, status=None if written else status, rendered=status
+            name,
+            policy.uid,
+            stage,
+            status=None if written else status,
+            rendered=status,
+            recheck_at=None if left is None else self.cache.clock() + left,
         )
 
     def _rollout_view(self, name: str) -> policystatus.RolloutView:
@@ -363,6 +370,7 @@ class Planner:
             unavailable_nodes=book.down_nodes(name),
             blocked_nodes=book.nodes_at(name, Step.BLOCKED),
             waiting_nodes=book.nodes_at(name, Step.WAITING) + book.nodes_at(name, Step.PREPARING),
+            degraded_nodes=book.nodes_at(name, Step.DEGRADED),
         )
 
     def labelled_nodes(self, name: str) -> int:

@@ -82,6 +82,7 @@ class PolicyPlan:
     status: dict[str, Any] | None = None
     rendered: dict[str, Any] | None = None  # the status as rendered, written or not (/metrics)
     gone: bool = False  # the policy is no longer in the cache
+    recheck_at: float | None = None  # its progress deadline passes then (time alone)
 
     @property
     def key(self) -> Key:

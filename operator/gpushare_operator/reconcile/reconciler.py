@@ -188,8 +188,10 @@ class Reconciler:
             return Orders()
         if plan.rendered is not None:
             self.memory.rendered_policies[name] = plan.rendered
+        # A rollout standing still: look again when its progress deadline passes.
+        at = () if plan.recheck_at is None else ((plan.key, plan.recheck_at),)
         if written is None:
-            return Orders()
+            return Orders(at=at)
         mark = set[Key]()
         if written.policy is not None:
             cache.upsert_policy(written.policy)
@@ -203,8 +205,9 @@ class Reconciler:
         if proceed and self.planner.policy_unsettled(name, busy=cache.queue.processing(NODE)):
             # The finalizer went at once (the nodes wait for it); the status waits its turn
             # like any other, until the counts it would show stop moving.
-            return Orders(written.outcome, frozenset(mark | {(POLICY, name)}))
-        return Orders(written.outcome, frozenset(mark), again=Stage.STATUS if proceed else None)
+            return Orders(written.outcome, frozenset(mark | {(POLICY, name)}), at=at)
+        again = Stage.STATUS if proceed else None
+        return Orders(written.outcome, frozenset(mark), at=at, again=again)
 
     def _learn_mig_config(self, plan: ConfigPlan, written: ConfigWritten | None) -> Orders:
         memory, cache = self.memory, self.cache

@@ -481,13 +481,14 @@ def test_progress_is_a_node_updated_or_one_fewer_waiting_and_nothing_else() -> N
 
 def test_the_progress_deadline_is_judged_from_the_recorded_time_alone() -> None:
     rollout = {"state": "Halted", "progressedAt": "2026-12-03T10:00:00Z"}
-    start = 1_796_292_000.0  # 2026-12-03T10:00:00Z
-    assert rollouts.deadline_left(rollout, deadline=600, now=start + 100) == 500
-    assert rollouts.deadline_left(rollout, deadline=600, now=start + 601) == -1
+    assert rollouts.deadline_left(rollout, deadline=600, now="2026-12-03T10:01:40Z") == 500
+    assert rollouts.deadline_left(rollout, deadline=600, now="2026-12-03T10:10:01Z") == -1
+    later = "2026-12-03T11:00:00Z"
     for state in ("Complete", "Paused"):
-        assert (
-            rollouts.deadline_left({**rollout, "state": state}, deadline=1, now=start + 9) is None
-        )
+        assert rollouts.deadline_left({**rollout, "state": state}, deadline=1, now=later) is None
+    # No readable time on either side: not judged, never taken for a deadline long passed.
+    assert rollouts.deadline_left(rollout, deadline=1, now="T1") is None
+    assert rollouts.deadline_left({**rollout, "progressedAt": "T0"}, deadline=1, now=later) is None
 
 
 def _status_at(

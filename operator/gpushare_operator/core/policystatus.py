@@ -11,7 +11,6 @@ from gpushare_operator.core.conditions import Cond
 from gpushare_operator.core.models import MAX_LISTED_NODES, PodPolicy, RolloutPhase, RolloutSpec
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.core.slotstatus import ClassTally
-from gpushare_operator.core.stamps import epoch_of
 
 
 @dataclass(slots=True)
@@ -274,9 +273,7 @@ def _progressing(rendered: Mapping[str, Any], spec: RolloutSpec, *, now: str) ->
         return Cond("Progressing", "Unknown", "RolloutPaused", "not judged while paused")
     if state == RolloutPhase.COMPLETE:
         return Cond("Progressing", "True", "RolloutComplete", "every node is on the config")
-    left = rollouts.deadline_left(
-        rendered, deadline=spec.progressDeadlineSeconds, now=epoch_of(now) or 0.0
-    )
+    left = rollouts.deadline_left(rendered, deadline=spec.progressDeadlineSeconds, now=now)
     if left is not None and left <= 0:
         message = (
             f"no node has moved since {rendered.get('progressedAt')} (progressDeadlineSeconds"
@@ -295,7 +292,7 @@ def deadline_recheck(
     if not isinstance(rollout, Mapping) or policy.spec is None:
         return None
     deadline = policy.spec.rollout.progressDeadlineSeconds
-    left = rollouts.deadline_left(rollout, deadline=deadline, now=epoch_of(now) or 0.0)
+    left = rollouts.deadline_left(rollout, deadline=deadline, now=now)
     return None if left is None or left <= 0 else left
 
 

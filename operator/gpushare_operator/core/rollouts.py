@@ -164,15 +164,15 @@ def _count(block: Mapping[str, Any], field: str) -> int:
     return value if isinstance(value, int) else 0
 
 
-def deadline_left(rollout: Mapping[str, Any], *, deadline: int, now: float) -> float | None:
+def deadline_left(rollout: Mapping[str, Any], *, deadline: int, now: str) -> float | None:
     """Seconds until a rollout that has not moved passes its progress deadline (0 or less:
     passed); None while it is not judged (complete, paused, or no readable time)."""
     if rollout.get("state") in (RolloutPhase.COMPLETE, RolloutPhase.PAUSED):
         return None
-    since = epoch_of(rollout.get("progressedAt"))
-    if since is None:
+    since, at = epoch_of(rollout.get("progressedAt")), epoch_of(now)
+    if since is None or at is None:
         return None
-    return since + deadline - now
+    return since + deadline - at
 
 
 # -- the taint ----------------------------------------------------------------------------------

@@ -254,6 +254,12 @@ REJECTED = [
         "greater than or equal to 1",
     ),
     Rejected(
+        "rollout-progress-deadline-0",
+        spec(rollout={"progressDeadlineSeconds": 0}),
+        "spec.rollout.progressDeadlineSeconds",
+        "greater than or equal to 1",
+    ),
+    Rejected(
         "rollout-pod-policy-unknown",
         spec(rollout={"podPolicy": "Sometimes"}),
         "spec.rollout.podPolicy",
@@ -762,6 +768,7 @@ DEFAULTED_SPEC: Json = {
         "failureThreshold": 1,
         "podPolicy": "WaitForPods",
         "eviction": {"timeout": "10m"},
+        "progressDeadlineSeconds": 600,
         "cordonDuringChange": False,
     },
 }
@@ -785,6 +792,7 @@ DOCUMENTED_EXAMPLE: Json = {
         "failureThreshold": 1,
         "podPolicy": "WaitForPods",
         "eviction": {"timeout": "10m"},
+        "progressDeadlineSeconds": 600,
         "cordonDuringChange": False,
     },
 }
@@ -794,6 +802,7 @@ EVERY_ROLLOUT_FIELD: Json = {
     "failureThreshold": 3,
     "podPolicy": "Evict",
     "eviction": {"timeout": "1h30m", "gracePeriodSeconds": 30},
+    "progressDeadlineSeconds": 900,
     "cordonDuringChange": True,
 }
 ACCEPTED: list[tuple[str, Json, Json]] = [

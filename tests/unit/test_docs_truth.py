@@ -364,6 +364,41 @@ def test_every_label_a_page_names_exists(path: Path) -> None:
     )
 
 
+def _section_rows(heading: str) -> list[list[str]]:
+    """The cells of each row of the first table under ``heading`` in docs/api.md."""
+    section = API.read_text().split(f"\n{heading}\n", 1)[1].split("\n#", 1)[0]
+    rows = next(_tables(section))
+    return [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows[2:]]
+
+
+def test_every_phase_the_api_page_names_exists() -> None:
+    phases = {str(p) for p in (*models.NodePhase, *models.RolloutPhase)}
+    rows = _section_rows("### Phases")
+    assert len(rows) >= 8
+    named = [re.fullmatch(r"`([A-Za-z]+)`", row[0]) for row in rows]
+    unknown = [row[0] for row, match in zip(rows, named, strict=True) if not match]
+    unknown += [m.group(1) for m in named if m and m.group(1) not in phases]
+    assert unknown == [], f"docs/api.md#phases names phases the code does not have: {unknown}"
+
+
+@pytest.mark.parametrize("heading", ["### Status", "## GPUNodeState"])
+def test_every_status_field_the_api_page_names_exists(heading: str) -> None:
+    # The names status_fields() leaves out as a condition's keys are fields of ours too.
+    fields = status_fields() | {"conditions", "lastTransitionTime", "observedGeneration", "message"}
+    rows = _section_rows(heading)
+    assert len(rows) >= 8
+    unknown = [
+        part
+        for row in rows
+        for name in re.findall(r"`([A-Za-z.]+)`", row[0])
+        for part in name.split(".")
+        if part not in fields
+    ]
+    assert unknown == [], (
+        f"docs/api.md ({heading}) names status fields that do not exist: {unknown}"
+    )
+
+
 def _flags_table() -> list[str]:
     text = OPERATIONS.read_text()
     section = text.split("\n## Flags", 1)[1].split("\n## ", 1)[0]

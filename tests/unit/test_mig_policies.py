@@ -19,7 +19,7 @@ from gpushare_operator.core import (
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, MIG_CONFIG_LABEL, POLICY_LABEL, project_node
 from gpushare_operator.core.policies import CompiledPolicy, compile_policy
-from gpushare_operator.core.workqueue import CONFIG, MIG_CONFIG, MIG_CONFIG_KEY
+from gpushare_operator.core.workqueue import CONFIG, DEVICE_CLASSES, MIG_CONFIG, MIG_CONFIG_KEY
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing.builders import Clock, config_texts, node, pod, policy, sync_config
@@ -592,7 +592,7 @@ def test_a_policy_event_queues_the_mig_configmap_too() -> None:
     sync_mig(cache, None)
     drain(cache.queue)
     cache.upsert_policy(mig_policy("m"))
-    assert drain(cache.queue).get(CONFIG) == ["", MIG_CONFIG]
+    assert drain(cache.queue).get(CONFIG) == ["", MIG_CONFIG, DEVICE_CLASSES]
     plan = planner.reconciler.plan(MIG_CONFIG_KEY)
     assert plan.data is not None and migconfigs.CONFIGMAP_KEY in plan.data
 

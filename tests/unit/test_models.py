@@ -66,6 +66,7 @@ def test_minimal_spec_takes_the_documented_defaults() -> None:
             "progressDeadlineSeconds": 600,
             "cordonDuringChange": False,
         },
+        "backend": "DevicePlugin",
     }
     assert parsed.strategy is SharingStrategy.TIME_SLICING
     assert parsed.fail_requests_greater_than_one is False  # the plugin's time-slicing default
@@ -116,6 +117,7 @@ def test_full_spec_from_the_design_round_trips() -> None:
             "progressDeadlineSeconds": 900,
             "cordonDuringChange": True,
         },
+        "backend": "DevicePlugin",
     }
     parsed = GPUSharingPolicySpec.model_validate(body)
     assert parsed.model_dump(mode="json", exclude_none=True) == body

@@ -19,9 +19,11 @@ from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import (
     BudgetSink,
     ConfigMapSink,
+    DeviceClassSink,
     NodeSink,
     NodeStateSink,
     PodSink,
+    SliceSink,
 )
 from gpushare_operator.core import models
 from gpushare_operator.core.nodes import carries_mig_config
@@ -61,6 +63,21 @@ PODS = reading.Collection(
 BUDGETS = reading.Collection(
     path="/apis/policy/v1/poddisruptionbudgets",
     kind="PodDisruptionBudget",
+    forbidden_is_empty=True,
+)
+# Backend DRA: NVIDIA's kubelet plugin's ResourceSlices (a node's devices) and DeviceClasses
+# (ours, and any other serving the same extended resource).  On a cluster without
+# resource.k8s.io/v1 (before 1.34) or a ClusterRole from before the chart granted them, both
+# list as empty (kube/informer.py) and are retried; DRA policies' nodes then wait.
+SLICES = reading.Collection(
+    path="/apis/resource.k8s.io/v1/resourceslices",
+    kind="ResourceSlice",
+    batch_window=READ_ONLY_BATCH_WINDOW,
+    forbidden_is_empty=True,
+)
+DEVICE_CLASSES = reading.Collection(
+    path="/apis/resource.k8s.io/v1/deviceclasses",
+    kind="DeviceClass",
     forbidden_is_empty=True,
 )
 # A watch is re-opened every ~5 minutes and bookmarks arrive about once a minute: an informer
@@ -148,6 +165,8 @@ class Assembly:
                 admitted=self.telemetry.admitted,
                 admission_took=self.telemetry.admission_took,
             )
+            tls = self.webhook.tls
+            self.registry.register(metrics.WebhookCertificate(lambda: tls.validity))
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._http: serving.Servers | None = None
         self._primed = False
@@ -177,6 +196,8 @@ class Assembly:
         node_states = reading.Collection(path=NODE_STATES_PATH, kind="GPUNodeState")
         read: list[tuple[reading.Collection, reading.Sink]] = [
             (nodes, NodeSink(self.cache)),
+            (SLICES, SliceSink(self.cache)),
+            (DEVICE_CLASSES, DeviceClassSink(self.cache)),
             (node_states, NodeStateSink(self.cache)),
             (configmap, ConfigMapSink(self.cache)),
             (mig_configmap, ConfigMapSink(self.cache, mig=True)),

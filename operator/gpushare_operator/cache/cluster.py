@@ -13,11 +13,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpushare_operator.cache.budgets import BudgetCache
+from gpushare_operator.cache.drastate import DraState
 from gpushare_operator.cache.index import MatchIndex
 from gpushare_operator.cache.migconfig import MigConfigState
 from gpushare_operator.cache.slotoffers import SlotOffers
 from gpushare_operator.cache.usage import UsageLedger
-from gpushare_operator.core import defaults, nodephases, resolution, rollouts
+from gpushare_operator.core import defaults, dra, nodephases, resolution, rollouts
 from gpushare_operator.core import nodes as core_nodes
 from gpushare_operator.core import pods as core_pods
 from gpushare_operator.core.devconfigs import SharingConfig, parse_config_text
@@ -78,6 +79,8 @@ class ClusterCache:
         self.mig_config = MigConfigState(clock=clock, wallclock=wallclock)
         self.mig_config_name = defaults.MIG_PARTED_CONFIGMAP  # set by the assembly, for messages
         self.policy_label_counts: Counter[str] = Counter()  # policy label value -> nodes
+        # The same, of the nodes that carry our DRA switch (their class must stay).
+        self.dra_label_counts: Counter[str] = Counter()
         # Policies being deleted (deletionTimestamp set): they govern nothing, and are kept
         # until our finalizer goes, which is when no node carries their label any more.
         self.deleting: set[str] = set()
@@ -91,6 +94,9 @@ class ClusterCache:
         # Payloads written but not yet seen back through a watch: (kind, name) → payload.
         self.in_flight: dict[tuple[str, str], Any] = {}
         self.usage = UsageLedger()
+        # ResourceSlices of gpu.nvidia.com and DeviceClasses (backend DRA).
+        self.dra = DraState(queue=self.queue)
+        self.dra.on_classes = self._device_classes_changed
         # PodDisruptionBudgets, for the victims podPolicy Evict chooses; they say which pod
         # labels the pod records keep.
         self.budgets = BudgetCache()
@@ -153,15 +159,30 @@ class ClusterCache:
             if old != governor:
                 self.queue.many_policies(g[0] for g in (old, governor) if g is not None)
 
+    def dra_policies(self) -> list[CompiledPolicy]:
+        """Usable policies of backend DRA, not being deleted."""
+        return [
+            p for p in self.policies.values() if p.usable and p.dra and p.name not in self.deleting
+        ]
+
+    def _device_classes_changed(self) -> None:
+        """A DeviceClass came, went or changed: DRA policies' nodes may stop waiting for theirs
+        (or meet a conflict), and the class writer looks again."""
+        policies = {p.name for p in self.dra_policies()}
+        self.queue.many_nodes({n for p in policies for n in self.index.nodes_of(p)})
+        self.queue.many_policies(policies)
+
     # -- nodes (informer sink) -----------------------------------------------------------------
 
     def _count_config_label(self, record: NodeRecord | None, delta: int) -> None:
         if record is None:
             return
         self.mig_config.count(record.mig_config_label, delta)
+        dra_policy = record.policy_label if dra.is_on(record) else None
         for counts, value in (
             (self.config_label_counts, record.config_label),
             (self.policy_label_counts, record.policy_label),
+            (self.dra_label_counts, dra_policy),
         ):
             if value is not None:
                 counts[value] += delta

@@ -68,6 +68,30 @@ class NodeSink(_ReplacingSink):
         self._cache.delete_node(key)
 
 
+class SliceSink(_ReplacingSink):
+    """ResourceSlices (only ``gpu.nvidia.com`` ones are kept: ``cache.drastate``)."""
+
+    def keys(self) -> list[str]:
+        return self._cache.dra.slice_names()
+
+    def upsert(self, obj: dict[str, Any]) -> None:
+        self._cache.dra.upsert_slice(obj)
+
+    def delete(self, key: str) -> None:
+        self._cache.dra.delete_slice(key)
+
+
+class DeviceClassSink(_ReplacingSink):
+    def keys(self) -> list[str]:
+        return self._cache.dra.class_names()
+
+    def upsert(self, obj: dict[str, Any]) -> None:
+        self._cache.dra.upsert_class(obj)
+
+    def delete(self, key: str) -> None:
+        self._cache.dra.delete_class(key)
+
+
 class NodeStateSink(_ReplacingSink):
     def keys(self) -> list[str]:
         return list(self._cache.node_states)

@@ -91,9 +91,11 @@ STABLE_REQUIREMENT_RULES: Final = (
 )
 _EXCLUSIVE: Final = cel_string(models.SharingStrategy.EXCLUSIVE)
 _MPS: Final = cel_string(models.SharingStrategy.MPS)
+_TIME_SLICING: Final = cel_string(models.SharingStrategy.TIME_SLICING)
 _MIG: Final = cel_string(models.SharingStrategy.MIG)
 _DEFAULT_RESOURCE: Final = cel_string(models.DEFAULT_RESOURCE_NAME)
 _PROCEED: Final = cel_string(models.PodPolicy.PROCEED)
+_DRA: Final = cel_string(models.Backend.DRA)
 MIG_SPEC_RULES: Final = (
     _rule(
         f"self.strategy != {_MIG} || has(self.mig)",
@@ -146,6 +148,15 @@ SPEC_RULES: Final = (
         "renameByDefault applies only to TimeSlicing and MPS",
     ),
     *MIG_SPEC_RULES,
+    _rule(
+        f"!has(self.backend) || self.backend != {_DRA}"
+        f" || (self.strategy != {_TIME_SLICING} && self.strategy != {_MPS})",
+        models.DRA_SHARING_ALPHA,
+    ),
+    _rule(
+        f"!has(self.backend) || self.backend != {_DRA} || self.strategy != {_MIG}",
+        models.DRA_MIG_LATER,
+    ),
 )
 _SINGLE: Final = cel_string(migspec.MigStrategy.SINGLE)
 MIG_RULES: Final = (

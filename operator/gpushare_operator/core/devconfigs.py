@@ -240,7 +240,7 @@ def render_default_text() -> str:
     return _dump(rendered)
 
 
-def config_key(*, policy_name: str, config: SharingConfig) -> str:
+def config_key(*, policy_name: str, config: SharingConfig, dra: bool = False) -> str:
     """The ConfigMap key for this policy and content: ``<policy>-<ts|mps><replicas>-<6 hex>``.
 
     The hash covers the rendered text, so any change of content is a change of key. The key is
@@ -251,6 +251,10 @@ def config_key(*, policy_name: str, config: SharingConfig) -> str:
     text = render_config_text(config)
     digest = hashlib.sha256(text.encode()).hexdigest()[:_HASH_LENGTH]
     tag = _KEY_TAGS[_checked_strategy(config.strategy)]
+    if dra:
+        # The same device-plugin text (what GFD reads there), but another key: a move between
+        # backends changes every node's key, and so is a rollout like any other change.
+        tag = f"dra{tag}"
     suffix = f"{tag}{config.replicas if config.shared else ''}-{digest}"
     prefix = label_value_prefix(policy_name, budget=MAX_KEY_LENGTH - len(suffix) - 1)
     return f"{prefix}-{suffix}" if prefix else suffix

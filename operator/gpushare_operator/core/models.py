@@ -279,6 +279,24 @@ class LabelSelector(ApiModel):
     """Label selector requirements, all of which must hold."""
 
 
+class Backend(enum.StrEnum):
+    """What serves a node's GPUs to pods: NVIDIA's device plugin, or its DRA kubelet plugin."""
+
+    DEVICE_PLUGIN = "DevicePlugin"
+    DRA = "DRA"
+
+
+# Why a policy under backend DRA is refused sharing and (in this release) MIG.
+DRA_SHARING_ALPHA: Final = (
+    "TimeSlicing and MPS under backend DRA need NVIDIA's DRA driver alpha feature gates"
+    " (TimeSlicingSettings, MPSSupport): use backend DevicePlugin for shared GPUs"
+)
+DRA_MIG_LATER: Final = (
+    "MIG under backend DRA is not served by this release of gpushare: use backend"
+    " DevicePlugin for MIG pools"
+)
+
+
 class PodPolicy(enum.StrEnum):
     """What a change does to a node whose pods hold more slots than the new config has."""
 
@@ -427,6 +445,20 @@ class GPUSharingPolicySpec(ApiModel):
     """Change no node while true; status keeps being reported."""
     rollout: RolloutSpec = RolloutSpec()
     """How a change reaches the nodes: budget, canary, failure threshold, pods, cordon."""
+    backend: Backend = Backend.DEVICE_PLUGIN
+    """What serves the GPUs: DevicePlugin (NVIDIA's device plugin, configured by a ConfigMap
+    key), or DRA (NVIDIA's DRA kubelet plugin publishes ResourceSlices; DeviceClasses with
+    extendedResourceName keep nvidia.com/gpu requests working). DRA takes Exclusive only.
+    Changing it moves the nodes under the rollout, like any other change."""
+
+    @model_validator(mode="after")
+    def _backend_serves_strategy(self) -> Self:
+        if self.backend is Backend.DRA:
+            if self.strategy in (SharingStrategy.TIME_SLICING, SharingStrategy.MPS):
+                raise ValueError(DRA_SHARING_ALPHA)
+            if self.strategy is SharingStrategy.MIG:
+                raise ValueError(DRA_MIG_LATER)
+        return self
 
     @model_validator(mode="after")
     def _replicas_fit_strategy(self) -> Self:

@@ -13,7 +13,7 @@ changes only the slot labels restates the config labels the node carries.
 
 from __future__ import annotations
 
-from gpushare_operator.core import migphases, slotclasses
+from gpushare_operator.core import dra, migphases, slotclasses
 from gpushare_operator.core.decisions import Labels, NodeDecision
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, MIG_CONFIG_LABEL, POLICY_LABEL, NodeRecord
@@ -52,4 +52,5 @@ def _carried(record: NodeRecord) -> Labels:
     carried: Labels = {CONFIG_LABEL: record.config_label, POLICY_LABEL: record.policy_label}
     if migphases.carries_ours(record):
         carried[MIG_CONFIG_LABEL] = record.mig_config_label
+    carried.update(dra.carried(record))
     return carried

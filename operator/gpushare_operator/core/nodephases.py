@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gpushare_operator.core import conditions, devconfigs, migphases, slotstatus
+from gpushare_operator.core import conditions, devconfigs, dra, migphases, slotstatus
 from gpushare_operator.core.decisions import NOTHING_PUBLISHED as NOTHING_PUBLISHED
 from gpushare_operator.core.decisions import KeyReadiness as KeyReadiness
 from gpushare_operator.core.decisions import Labels as Labels
@@ -80,9 +80,20 @@ def _applied(
     published: Published,
     now: float,
     mismatch_timeout: float,
+    devices: tuple[dra.Device, ...] = (),
 ) -> NodeDecision:
     assert policy.sharing is not None
-    if policy.mig is not None:
+    if policy.dra:
+        resource = devconfigs.advertised_resource(policy.sharing)
+        problems = dra.disagreements(record, devices, resource=resource)
+        if not problems:
+            gpus = sum(1 for d in devices if d.type == dra.GPU_TYPE)
+            message = (
+                f"the {dra.DRIVER} ResourceSlice lists {gpus} GPUs; kubelet shows no {resource}"
+                " from the device plugin"
+            )
+            return NodeDecision(policy, NodePhase.VERIFIED, "Verified", message, None)
+    elif policy.mig is not None:
         waiting = migphases.waiting(
             record, policy, published=published, applied_since=applied_since, now=now
         )
@@ -124,6 +135,8 @@ def _applied(
     # What is seen is left out until the timeout: it changes as the plugin restarts and GFD
     # relabels, and every change would be one more status write per node of a rollout.
     message = "label applied; waiting for the device plugin and GPU Feature Discovery to confirm"
+    if policy.dra:
+        message = f"labels applied; waiting for the {dra.DRIVER} kubelet plugin's ResourceSlice"
     return NodeDecision(policy, NodePhase.APPLIED, "Applied", message, None, recheck_at=deadline)
 
 
@@ -162,6 +175,8 @@ def shows_target(record: NodeRecord, policy: CompiledPolicy) -> bool:
     layout (and for any other policy, no MIG layout of ours left enabled)."""
     if record.config_label != policy.config_key or record.policy_label != policy.name:
         return False
+    if not dra.shows(record, dra=policy.dra):
+        return False
     if policy.mig is None:
         return not migphases.mig_enabled_by_us(record)
     return record.mig_config_label == migphases.layout_name(record, policy)
@@ -177,10 +192,12 @@ def decide(
     mismatch_timeout: float,
     published: Published = NOTHING_PUBLISHED,
     mig_key: KeyReadiness = MIG_NOT_NEEDED,
+    backend: dra.Readiness = dra.NOT_DRA,
 ) -> NodeDecision:
     """The node's phase and the labels we want on it, from current state alone (level-based):
     the node's record, and what its GPUNodeState says (which any leader reads the same).
-    ``mig_key``: what is known of the node's MIG layout name in the mig-parted ConfigMap."""
+    ``mig_key``: what is known of the node's MIG layout name in the mig-parted ConfigMap;
+    ``backend``: for a DRA policy, its DeviceClass and the node's slice devices."""
     if policy is None or policy.config_key is None:
         return released(record, published=published, now=now, timeout=mismatch_timeout)
     problem = _unsupported(record, policy)
@@ -196,6 +213,7 @@ def decide(
             published=published,
             now=now,
             mismatch_timeout=mismatch_timeout,
+            devices=backend.devices,
         )
     if policy.paused:
         message = "policy is paused: the node is left as it is"
@@ -203,6 +221,17 @@ def decide(
     if not key.present:
         message = f"config key {policy.config_key} is not in the device-plugin ConfigMap yet"
         return NodeDecision(policy, NodePhase.PENDING, "ConfigNotWritten", message, None)
+    if policy.dra and backend.conflict is not None:
+        return NodeDecision(
+            policy, NodePhase.PENDING, "DeviceClassConflict", backend.conflict, None
+        )
+    if policy.dra and not backend.class_ready:
+        resource = devconfigs.advertised_resource(policy.sharing) if policy.sharing else "?"
+        message = (
+            f"DeviceClass {dra.class_name(resource)} (extendedResourceName {resource}) is not"
+            " written yet: without it no nvidia.com/gpu request would be served on a DRA node"
+        )
+        return NodeDecision(policy, NodePhase.PENDING, "DeviceClassNotWritten", message, None)
     layout = migphases.layout_name(record, policy)
     if not mig_key.present:
         message = f"MIG layout {layout} is not in the mig-parted ConfigMap yet"
@@ -224,7 +253,10 @@ def decide(
             config_ready_at=key.ready_at_wall,
         )
     labels: Labels = {CONFIG_LABEL: policy.config_key, POLICY_LABEL: policy.name}
+    labels.update(dra.switch(record, dra=policy.dra))
     message = f"labelling the node with config key {policy.config_key}"
+    if policy.dra:
+        message += f" and {dra.DRA_DRIVER_LABEL}=true (backend DRA)"
     if layout is not None:
         labels[MIG_CONFIG_LABEL] = layout
         message += f" and MIG layout {layout}"

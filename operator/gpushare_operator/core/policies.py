@@ -16,7 +16,7 @@ import pydantic
 
 from gpushare_operator.core import devconfigs, selectors
 from gpushare_operator.core.migpolicies import CompiledMig, compile_mig
-from gpushare_operator.core.models import GPUSharingPolicySpec, SharingStrategy
+from gpushare_operator.core.models import Backend, GPUSharingPolicySpec, SharingStrategy
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +78,11 @@ class CompiledPolicy:
         if self.mig is not None:
             return tuple(dict.fromkeys(self.mig.resources[p] for p in self.mig.profiles))
         return (devconfigs.advertised_resource(self.sharing),)
+
+    @property
+    def dra(self) -> bool:
+        """Whether NVIDIA's DRA kubelet plugin serves this policy's nodes (backend DRA)."""
+        return self.spec is not None and self.spec.backend is Backend.DRA
 
     @property
     def replicas(self) -> int | None:
@@ -189,7 +194,9 @@ def compile_policy(
         parsed = GPUSharingPolicySpec.model_validate(raw)
         sharing = sharing_config(parsed)
         text = devconfigs.render_config_text(sharing)
-        key = devconfigs.config_key(policy_name=name, config=sharing)
+        key = devconfigs.config_key(
+            policy_name=name, config=sharing, dra=parsed.backend is Backend.DRA
+        )
         mig = None if parsed.mig is None else compile_mig(policy_name=name, spec=parsed.mig)
     except pydantic.ValidationError as exc:
         message = _validation_message(exc)

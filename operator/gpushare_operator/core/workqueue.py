@@ -41,6 +41,8 @@ CONFIG: Final = "config"
 CONFIG_KEY: Final = (CONFIG, "")
 MIG_CONFIG: Final = "mig"  # the name of the mig-parted ConfigMap's key (kind CONFIG)
 MIG_CONFIG_KEY: Final = (CONFIG, MIG_CONFIG)
+DEVICE_CLASSES: Final = "deviceclasses"  # our DeviceClasses, all at once (kind CONFIG)
+DEVICE_CLASSES_KEY: Final = (CONFIG, DEVICE_CLASSES)
 
 DEFAULT_BASE: Final = 0.005
 
@@ -128,10 +130,11 @@ class WorkQueue:
             self.add((POLICY, name))
 
     def config(self) -> None:
-        """Both ConfigMaps: what changes the device-plugin keys in use (a policy, a node's
-        label) can change the MIG layouts in use too."""
+        """Both ConfigMaps and our DeviceClasses: what changes the device-plugin keys in use (a
+        policy, a node's label) can change the MIG layouts and the DRA classes in use too."""
         self.add(CONFIG_KEY)
         self.add(MIG_CONFIG_KEY)
+        self.add(DEVICE_CLASSES_KEY)
 
     # -- timers and back-off -------------------------------------------------------------------
 

@@ -145,7 +145,8 @@ class Informer:
             self._collection.forbidden_is_empty
             and not self.synced.is_set()
             and isinstance(exc, http.ApiError)
-            and exc.status == 403
+            # 404: a cluster that does not serve the API at all (resource.k8s.io/v1 before 1.34)
+            and exc.status in (403, 404)
         )
 
     async def _list_and_watch(self) -> None:

@@ -25,6 +25,7 @@ from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import defaults
 from gpushare_operator.core.workqueue import (
     CONFIG_KEY,
+    DEVICE_CLASSES_KEY,
     MIG_CONFIG,
     MIG_CONFIG_KEY,
     NODE,
@@ -32,6 +33,7 @@ from gpushare_operator.core.workqueue import (
     Key,
 )
 from gpushare_operator.kube.configuring import ConfigMapRef, ConfigMapWrites
+from gpushare_operator.kube.deviceclasses import DeviceClassWrites
 from gpushare_operator.kube.events import EventRecorder
 from gpushare_operator.kube.inflight import InFlight
 from gpushare_operator.kube.leadership import LeaderGate
@@ -96,6 +98,7 @@ class WriteLoop:
             config=ConfigMapRef(namespace=config.namespace, name=config.mig_name),
             what="mig-parted",
         )
+        self._classes = DeviceClassWrites(sender=self._sender, cache=cache)
         self._flight = InFlight(limit=concurrency, finished=self._queue.done)
         self._wake = asyncio.Event()
         self._queue.set_waker(self._wake.set)
@@ -195,7 +198,8 @@ class WriteLoop:
         """Look at every object once (on gaining leadership)."""
         self._reconciler.restart()
         cache = self._cache
-        everything = {CONFIG_KEY, MIG_CONFIG_KEY} | {(NODE, n) for n in cache.nodes}
+        configs = {CONFIG_KEY, MIG_CONFIG_KEY, DEVICE_CLASSES_KEY}
+        everything = configs | {(NODE, n) for n in cache.nodes}
         self._act(None, Orders(mark=frozenset(everything | {(POLICY, p) for p in cache.policies})))
 
     def _tick(self) -> float | None:
@@ -265,6 +269,8 @@ class WriteLoop:
 
     async def _work(self, key: Key) -> Orders:
         """Plan, send, learn; a second stage when the first asks for one."""
+        if key == DEVICE_CLASSES_KEY:
+            return Orders(await self._classes.sync(Tokens(self, prepaid=False)))
         plan = self._plan(key, Stage.FIRST)
         tokens = Tokens(self, prepaid=False)
         if plan.writes:

@@ -35,9 +35,9 @@ from typing import Any
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import (
     defaults,
+    dra,
     memoryfits,
     miggeometry,
-    migphases,
     nodephases,
     rollouts,
 )
@@ -313,7 +313,7 @@ class Forecaster:
             if held is not None:
                 reason, why = held
                 layouts = cache.mig_config.layouts
-                mig = migphases.changes_mig(record, policy, layouts=layouts)
+                mig = dra.needs_idle(record, policy, layouts=layouts)
                 memory = (
                     reason == memoryfits.REASON and self.book.slot_misfit(record, policy) is None
                 )

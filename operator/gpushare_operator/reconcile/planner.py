@@ -13,11 +13,13 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import (
+    devconfigs,
+    dra,
     listpatches,
     memoryfits,
     migphases,
@@ -118,6 +120,14 @@ class Planner:
             present=True, ready_at=seen + delay, ready_at_wall=ready_wall
         )
 
+    def backend_readiness(self, record: NodeRecord, policy: CompiledPolicy | None) -> dra.Readiness:
+        """For a DRA policy: its DeviceClass as the informer shows it, and the node's devices."""
+        if policy is None or not policy.dra or policy.sharing is None:
+            return dra.NOT_DRA
+        resource = devconfigs.advertised_resource(policy.sharing)
+        ready = self.cache.dra.readiness(resource)
+        return replace(ready, devices=self.cache.dra.devices(record.name))
+
     def decide(self, record: NodeRecord) -> nodephases.NodeDecision:
         policy = self.cache.governing(record.name)
         mig_key = nodephases.MIG_NOT_NEEDED
@@ -132,6 +142,7 @@ class Planner:
             now=self.cache.clock(),
             mismatch_timeout=self.timings.mismatch_timeout,
             published=self.published(record.name),
+            backend=self.backend_readiness(record, policy),
         )
         if decision.phase is NodePhase.UNSUPPORTED and record.policy_label is not None:
             claimants = {p.name for p in self.cache.candidates(record.name)}
@@ -232,7 +243,7 @@ class Planner:
         tainted = any(rollouts.is_ours(taint) for taint in record.taints)
         target = None if nodephases.releases(decision) else decision.policy
         layouts = self.cache.mig_config.layouts
-        mig = migphases.changes_mig(record, target, layouts=layouts) and decision.labels is not None
+        mig = dra.needs_idle(record, target, layouts=layouts) and decision.labels is not None
         # Kept through the MIG manager's work until the node is available again; not put on a
         # node whose GPUs already show the layout its label names (another policy's identical
         # layout: the MIG manager has nothing to do).

@@ -25,10 +25,10 @@ from dataclasses import replace
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import (
+    dra,
     memoryfits,
     migconfigs,
     migphases,
-    models,
     nodephases,
     rollouts,
     victims,
@@ -212,7 +212,7 @@ class RolloutBook:
         # A MIG change waits for its pods once admitted and tainted (``reconcile.drains``):
         # held back untainted, pods would keep landing on the GPUs that must go idle.
         layouts = self.cache.mig_config.layouts
-        if spec.podPolicy is PodPolicy.WAIT_FOR_PODS and not migphases.changes_mig(
+        if spec.podPolicy is PodPolicy.WAIT_FOR_PODS and not dra.needs_idle(
             record, policy, layouts=layouts
         ):
             misfit = self.held_by_pods(record, policy)
@@ -350,7 +350,7 @@ class RolloutBook:
         room = victims.room(record, policy, layouts=self.cache.mig_config.layouts)
         if room is None:
             pods = len(self.cache.usage.node_pods(record.name))
-            return f"{pods} GPU pod(s) on the node: {models.MIG_IDLE}"
+            return f"{pods} GPU pod(s) on the node: {dra.idle_reason(record, policy)}"
         return rollouts.misfit(held, room=room)
 
     def memory_misfits(

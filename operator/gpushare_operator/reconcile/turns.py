@@ -21,6 +21,7 @@ from typing import Protocol
 
 from gpushare_operator.core.workqueue import (
     CONFIG_KEY,
+    DEVICE_CLASSES_KEY,
     MIG_CONFIG_KEY,
     NODE,
     POLICY,
@@ -47,7 +48,9 @@ def next_turn(
     queue: WorkQueue, *, turn: int, settling: Settling, now: float, max_wait: float
 ) -> Turn:
     """The key to take at the ``turn``-th turn, and the policies to hold back meanwhile."""
-    for config in (CONFIG_KEY, MIG_CONFIG_KEY):  # the mig-parted ConfigMap likewise
+    # The mig-parted ConfigMap likewise, and the DRA DeviceClasses (a node moves to DRA only
+    # once its class is there).
+    for config in (CONFIG_KEY, MIG_CONFIG_KEY, DEVICE_CLASSES_KEY):
         if queue.is_queued(config):
             return Turn(config, alone=True)
     if queue.policies and turn % POLICY_EVERY == 0:

@@ -1,0 +1,273 @@
+"""Backend DRA: the node labels that switch NVIDIA's DRA kubelet plugin on, what its
+ResourceSlices say, what confirms a node, and the DeviceClasses that keep ``nvidia.com/gpu``
+requests working.
+
+A DRA node carries ``nvidia.com/gpu.deploy.device-plugin=false`` (the GPU Operator keeps a
+non-empty value a node already carries, so its device plugin leaves that node) and our own
+``gpushare.dev/dra-driver=true``, which the standalone DRA driver release's kubelet-plugin
+DaemonSet selects (under a ClusterPolicy the GPU Operator sweeps its own
+``nvidia.com/gpu.deploy.dra-driver`` off nodes, so that label cannot be the switch).  Going back
+to the device plugin removes both.
+
+NVIDIA's kubelet plugin publishes one pool per node, named after the node, in ResourceSlices of
+driver ``gpu.nvidia.com``: a device ``gpu-<minor>`` per full GPU with attributes ``type``
+(``gpu``), ``uuid``, ``productName`` and more, and capacity ``memory``
+(dra-driver-nvidia-gpu ``cmd/gpu-kubelet-plugin/deviceinfo.go``).  A node is confirmed when its
+slice lists the GPUs GPU Feature Discovery counts and kubelet shows no ``nvidia.com/gpu`` left
+from the device plugin (KEP 5004: only then does the scheduler serve that name through DRA).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gpushare_operator.core import migphases
+from gpushare_operator.core.decisions import Labels
+from gpushare_operator.core.migconfigs import MigLayout
+from gpushare_operator.core.models import MIG_IDLE
+from gpushare_operator.core.nodes import NodeRecord
+from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.quantities import QuantityError, parse_mib
+
+DRIVER: Final = "gpu.nvidia.com"
+DEPLOY_DEVICE_PLUGIN: Final = "nvidia.com/gpu.deploy.device-plugin"
+DRA_DRIVER_LABEL: Final = "gpushare.dev/dra-driver"
+# The labels of a DRA node, and the apply that removes them (None: left out, so SSA drops ours).
+ON: Final[Mapping[str, str]] = {DEPLOY_DEVICE_PLUGIN: "false", DRA_DRIVER_LABEL: "true"}
+OFF: Final[Mapping[str, None]] = {DEPLOY_DEVICE_PLUGIN: None, DRA_DRIVER_LABEL: None}
+GPU_TYPE: Final = "gpu"
+DEVICE_CLASS_API: Final = "resource.k8s.io/v1"
+MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGER: Final = "gpushare-operator"
+CLASS_DOMAIN: Final = "gpushare.dev"
+# Why a backend move needs idle GPUs (as a MIG change does).
+BACKEND_IDLE: Final = (
+    "the device plugin and the DRA driver each allocate the GPUs they serve and know nothing"
+    " of the other's, so a backend move waits for the node's GPU pods to go (WaitForPods) or"
+    " evicts them (Evict)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One device of a slice, as much of it as is read."""
+
+    name: str
+    type: str | None
+    memory_mib: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SliceRecord:
+    """A ``gpu.nvidia.com`` ResourceSlice, slim: its node, pool generation and devices."""
+
+    name: str
+    node: str
+    pool: str
+    generation: int
+    devices: tuple[Device, ...]
+
+
+def slice_record(obj: Mapping[str, Any]) -> SliceRecord | None:
+    """The record of a ResourceSlice; None for another driver's or one bound to no node."""
+    spec = obj.get("spec") or {}
+    if spec.get("driver") != DRIVER or not isinstance(spec.get("nodeName"), str):
+        return None
+    pool = spec.get("pool") or {}
+    generation = pool.get("generation")
+    devices = tuple(
+        _device(d) for d in spec.get("devices") or () if isinstance(d, Mapping) and d.get("name")
+    )
+    return SliceRecord(
+        name=str((obj.get("metadata") or {}).get("name")),
+        node=spec["nodeName"],
+        pool=str(pool.get("name") or ""),
+        generation=generation if isinstance(generation, int) else 0,
+        devices=devices,
+    )
+
+
+def _device(raw: Mapping[str, Any]) -> Device:
+    attributes = raw.get("attributes") or {}
+    kind = _attribute(attributes, "type")
+    memory = ((raw.get("capacity") or {}).get("memory") or {}).get("value")
+    mib = None
+    if isinstance(memory, str):
+        try:
+            mib = parse_mib(memory)
+        except QuantityError:
+            mib = None
+    return Device(name=str(raw["name"]), type=kind, memory_mib=mib)
+
+
+def _attribute(attributes: Mapping[str, Any], name: str) -> str | None:
+    """A string attribute, named bare or with the driver's domain (both mean the same)."""
+    value = attributes.get(name) or attributes.get(f"{DRIVER}/{name}") or {}
+    text = value.get("string") if isinstance(value, Mapping) else None
+    return text if isinstance(text, str) else None
+
+
+def node_devices(slices: Iterable[SliceRecord]) -> tuple[Device, ...]:
+    """A node's devices: those of its pool's newest generation (older slices are on their way
+    out, as the DRA scheduler plugin reads a pool)."""
+    found = list(slices)
+    if not found:
+        return ()
+    newest = max(s.generation for s in found)
+    return tuple(d for s in found if s.generation == newest for d in s.devices)
+
+
+def is_on(record: NodeRecord) -> bool:
+    """Whether the node carries our DRA switch."""
+    return record.labels.get(DRA_DRIVER_LABEL) == "true"
+
+
+def shows(record: NodeRecord, *, dra: bool) -> bool:
+    """Whether the node's labels say the backend ``dra`` asks for."""
+    if dra:
+        return all(record.labels.get(k) == v for k, v in ON.items())
+    return DRA_DRIVER_LABEL not in record.labels
+
+
+def switch(record: NodeRecord, *, dra: bool) -> Labels:
+    """The DRA part of an apply: both labels on, or both left out (once the node carries ours)."""
+    if dra:
+        return dict(ON)
+    return dict(OFF) if DRA_DRIVER_LABEL in record.labels else {}
+
+
+def carried(record: NodeRecord) -> Labels:
+    """The DRA labels of ours the node carries, restated by an apply that changes others."""
+    return dict(ON) if is_on(record) else {}
+
+
+def changes_backend(record: NodeRecord, *, dra: bool) -> bool:
+    """Whether moving the node to a policy of backend ``dra`` switches what serves its GPUs."""
+    return is_on(record) != dra
+
+
+def disagreements(record: NodeRecord, devices: tuple[Device, ...], *, resource: str) -> list[str]:
+    """What keeps a DRA node from being confirmed: its slice's GPUs against GFD's count, and
+    the device plugin's ``resource`` still allocatable (kubelet keeps the resource at 0 once
+    the plugin is gone; absent is as good)."""
+    problems = []
+    left = record.allocatable_of(resource)
+    if left:
+        problems.append(f"allocatable {resource} is {left}, expected 0 (the device plugin is gone)")
+    gpus = sum(1 for d in devices if d.type == GPU_TYPE)
+    expected = record.gpus or 0
+    if not devices:
+        problems.append(f"no ResourceSlice of driver {DRIVER} lists this node's devices yet")
+    elif gpus != expected:
+        problems.append(f"the {DRIVER} ResourceSlice lists {gpus} GPUs, expected {expected}")
+    return problems
+
+
+# -- DeviceClasses ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClassRecord:
+    """A DeviceClass, slim: what says whose it is and which extended resource it serves."""
+
+    name: str
+    extended_resource: str | None
+    ours: bool
+    owners: tuple[str, ...] = ()  # the uids its ownerReferences name, sorted
+    expressions: tuple[str, ...] = ()  # its selectors' CEL
+
+
+def class_record(obj: Mapping[str, Any]) -> ClassRecord:
+    metadata = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    extended = spec.get("extendedResourceName")
+    return ClassRecord(
+        name=str(metadata.get("name")),
+        extended_resource=extended if isinstance(extended, str) else None,
+        ours=(metadata.get("labels") or {}).get(MANAGED_BY) == MANAGER,
+        owners=tuple(sorted(str(r.get("uid")) for r in metadata.get("ownerReferences") or ())),
+        expressions=tuple(
+            str((s.get("cel") or {}).get("expression")) for s in spec.get("selectors") or ()
+        ),
+    )
+
+
+def class_name(resource: str) -> str:
+    """The DeviceClass serving ``resource``: ``gpu.gpushare.dev`` for ``nvidia.com/gpu``."""
+    last = resource.rsplit("/", 1)[-1]
+    return f"{re.sub(r'[^a-z0-9-]', '-', last.lower()).strip('-')}.{CLASS_DOMAIN}"
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """A policy a DeviceClass belongs to (garbage-collected with the last of them)."""
+
+    name: str
+    uid: str
+
+
+def device_class(resource: str, owners: Iterable[Owner], *, api_version: str) -> dict[str, Any]:
+    """The full GPU class for ``resource``: every ``gpu.nvidia.com`` full GPU, and the classic
+    ``resource`` requests served through it (KEP 5004)."""
+    refs = [
+        {"apiVersion": api_version, "kind": "GPUSharingPolicy", "name": o.name, "uid": o.uid}
+        for o in sorted(owners, key=lambda o: o.name)
+    ]
+    expression = (
+        f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == '{GPU_TYPE}'"
+    )
+    return {
+        "apiVersion": DEVICE_CLASS_API,
+        "kind": "DeviceClass",
+        "metadata": {
+            "name": class_name(resource),
+            "labels": {MANAGED_BY: MANAGER},
+            "ownerReferences": refs,
+        },
+        "spec": {
+            "selectors": [{"cel": {"expression": expression}}],
+            "extendedResourceName": resource,
+        },
+    }
+
+
+def conflicts(resource: str, classes: Iterable[ClassRecord]) -> list[str]:
+    """Classes not ours that serve ``resource`` too: the API server picks the one created later,
+    so which one a pod gets would be chance.  Named, for a condition."""
+    return sorted(c.name for c in classes if not c.ours and c.extended_resource == resource)
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """What a DRA node's decision needs to know beyond the node: whether its class is there (as
+    the DeviceClass informer shows it), a conflict, and the devices its slices list."""
+
+    class_ready: bool = False
+    conflict: str | None = None
+    devices: tuple[Device, ...] = ()
+
+
+NOT_DRA: Final = Readiness(class_ready=True)
+
+
+def needs_idle(
+    record: NodeRecord,
+    policy: CompiledPolicy | None,
+    *,
+    layouts: Mapping[str, MigLayout | None] | None,
+) -> bool:
+    """Whether moving the node to ``policy`` (None: releasing it) may only happen on idle GPUs:
+    a change of MIG layout (``migphases.changes_mig``) or of backend (``BACKEND_IDLE``)."""
+    if migphases.changes_mig(record, policy, layouts=layouts):
+        return True
+    return changes_backend(record, dra=policy is not None and policy.dra)
+
+
+def idle_reason(record: NodeRecord, policy: CompiledPolicy | None) -> str:
+    """Why every GPU pod must go first, for a message."""
+    if changes_backend(record, dra=policy is not None and policy.dra):
+        return BACKEND_IDLE
+    return MIG_IDLE

@@ -17,8 +17,12 @@ from gpushare_operator.core.models import (
 )
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL, project_node
 from gpushare_operator.core.policies import CompiledPolicy, compile_policy
+from gpushare_operator.kubectl import manifests
+from gpushare_operator.kubectl.forecast import Forecaster
+from gpushare_operator.kubectl.plan import PlanOptions, report
+from gpushare_operator.kubectl.standings import RolloutPace
 from gpushare_operator.reconcile import classplan
-from gpushare_testing.builders import node
+from gpushare_testing.builders import converged, node, pod, policy
 
 BASE = {"nodeSelector": {"matchLabels": {"pool": "a"}}, "strategy": "Exclusive"}
 ON = {dra.DEPLOY_DEVICE_PLUGIN: "false", dra.DRA_DRIVER_LABEL: "true"}
@@ -234,3 +238,36 @@ def test_slice_events_mark_their_node_dirty_and_leave_with_a_relist() -> None:
     assert len(cache.dra.devices("n1")) == 2
     cache.dra.delete_slice("n1-slice-1")
     assert cache.dra.devices("n1") == ()
+
+
+def test_a_plan_names_the_pods_dra_would_not_serve_and_exits_2() -> None:
+    forecaster = Forecaster(max_unavailable="100%", pace=RolloutPace())
+    converged(forecaster, 2, rollout={"maxUnavailable": 1, "canary": 1}, renameByDefault=True)
+    forecaster.cache.upsert_pod(pod("shared", "n0", 1, resource="nvidia.com/gpu.shared"))
+    current = dict(forecaster.cache.policies)
+    old = policy("p", replicas=2, renameByDefault=True)
+    new = policy("p", generation=2, strategy="Exclusive", backend="DRA")
+    new["spec"].pop("replicas")
+    forecast = forecaster.run([new])
+    assert [(u.node, u.name, u.resource) for u in forecast.unserved] == [
+        ("n0", "shared", "nvidia.com/gpu.shared")
+    ]
+    plan = report(
+        forecast=forecast,
+        planned=[manifests.Planned("p", "update", old, new)],
+        current=current,
+        after=dict(forecaster.cache.policies),
+        options=PlanOptions(),
+    )
+    assert plan["exitCode"] == 2
+    assert plan["unservedByDRA"] == [
+        {"node": "n0", "pod": "ns/shared", "resource": "nvidia.com/gpu.shared"}
+    ]
+    assert any("backend DRA does not serve" in p for p in plan["problems"])
+    # The same move of a pool whose pods ask nvidia.com/gpu: nothing unserved.
+    other = Forecaster(max_unavailable="100%", pace=RolloutPace())
+    converged(other, 2)
+    other.cache.upsert_pod(pod("plain", "n0", 1))
+    moved = policy("p", generation=2, strategy="Exclusive", backend="DRA")
+    moved["spec"].pop("replicas")
+    assert other.run([moved]).unserved == []

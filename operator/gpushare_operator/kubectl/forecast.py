@@ -35,6 +35,7 @@ from typing import Any
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import (
     defaults,
+    devconfigs,
     dra,
     memoryfits,
     miggeometry,
@@ -101,6 +102,18 @@ class Misfit:
 
 
 @dataclass(frozen=True, slots=True)
+class Unserved:
+    """A pod on a node moving to backend DRA that asks for a resource the node's DeviceClass
+    does not serve: once it is gone (the move needs idle GPUs) it could not come back there."""
+
+    node: str
+    namespace: str
+    name: str
+    resource: str
+    served: str  # what the DRA policy's class serves
+
+
+@dataclass(frozen=True, slots=True)
 class Held:
     """A node that wants to change but that the rollout does not let go (and why)."""
 
@@ -142,11 +155,13 @@ class Forecast:
     held: list[Held] = field(default_factory=list)
     budgets: dict[str, Budget] = field(default_factory=dict)
     evictions: dict[str, NodeEvictions] = field(default_factory=dict)  # node -> its evictions
+    unserved: list[Unserved] = field(default_factory=list)  # pods backend DRA would not serve
 
     @property
     def blocking(self) -> bool:
-        """Whether a pipeline should stop here: an overcommitted or Unsupported node."""
-        return bool(self.misfits or self.unsupported)
+        """Whether a pipeline should stop here: an overcommitted or Unsupported node, or a pod
+        backend DRA would not serve."""
+        return bool(self.misfits or self.unsupported or self.unserved)
 
     def policies(self) -> list[str]:
         """Policies the plan concerns: the planned ones and those that gain or lose nodes."""
@@ -262,9 +277,28 @@ class Forecaster:
             layouts_written=layouts_written,
             start_delay=self.pace.propagation_delay if keys_written else 0.0,
             evictions=dict(self._evictions),
+            unserved=self._unserved(changes),
         )
         self._replay(forecast)
         return forecast
+
+    def _unserved(self, changes: Sequence[NodeChange]) -> list[Unserved]:
+        """Pods on nodes moving to backend DRA whose GPU requests its DeviceClass does not
+        serve (``nvidia.com/gpu.shared`` of a time-slicing pool, ``nvidia.com/mig-*``)."""
+        cache = self.cache
+        found = []
+        for change in changes:
+            policy = cache.policies.get(change.after.policy or "")
+            if policy is None or not policy.dra or policy.sharing is None:
+                continue
+            served = devconfigs.advertised_resource(policy.sharing)
+            for pod in cache.usage.node_pods(change.name):
+                for resource, amount in pod.requests:
+                    if amount and resource.startswith("nvidia.com/") and resource != served:
+                        found.append(
+                            Unserved(change.name, pod.namespace, pod.name, resource, served)
+                        )
+        return sorted(found, key=lambda u: (u.node, u.namespace, u.name, u.resource))
 
     def _matched(self, policies: Iterable[str]) -> set[str]:
         index = self.cache.index

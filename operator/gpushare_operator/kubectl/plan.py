@@ -179,6 +179,10 @@ def report(
             "evictions": sum(len(pods) for pods in evicted.values()),
             "estimatedSeconds": round(last, 1),
         },
+        "unservedByDRA": [
+            {"node": u.node, "pod": f"{u.namespace}/{u.name}", "resource": u.resource}
+            for u in forecast.unserved
+        ],
         "problems": problems,
         "exitCode": EXIT_BLOCKED if problems else EXIT_CLEAN,
     }
@@ -205,6 +209,12 @@ def _problems(forecast: Forecast) -> list[str]:
     for change in forecast.unsupported:
         problems.append(
             f"node {change.name} would be Unsupported ({change.after.reason}): {change.after.why}"
+        )
+    for pod in forecast.unserved:
+        problems.append(
+            f"pod {pod.namespace}/{pod.name} on node {pod.node} asks for {pod.resource}, which"
+            f" backend DRA does not serve there (its DeviceClass serves {pod.served}): once it"
+            " is gone it could not be placed on that node again"
         )
     return problems
 

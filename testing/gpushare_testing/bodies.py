@@ -133,7 +133,7 @@ nvcr.io/nvidia/k8s/dcgm-exporter:4.1.1-4.0.4-ubuntu22.04 1960
 nvcr.io/nvidia/cloud-native/k8s-mig-manager:v0.12.1-ubuntu20.04 190
 nvcr.io/nvidia/cloud-native/gpu-operator-validator:v25.3.0 320
 nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.8.0 52
-registry.k8s.io/nfd/node-feature-discovery:v0.17.2 60 registry.k8s.io/kube-proxy:v1.35.4 31
+registry.k8s.io/nfd/node-feature-discovery:v0.17.2 60 registry.k8s.io/kube-proxy:v1.37.2 31
 registry.k8s.io/pause:3.10 1 registry.k8s.io/coredns/coredns:v1.12.0 21
 docker.io/calico/node:v3.29.3 151 docker.io/calico/cni:v3.29.3 95
 quay.io/prometheus/node-exporter:v1.9.0 12 docker.io/fluent/fluent-bit:3.2.8 34
@@ -327,7 +327,7 @@ def _node_status(*, name: str, machine: _Machine, gpus: int, ip: str, created: d
             "kernelVersion": _NFD_LABELS["feature.node.kubernetes.io/kernel-version.full"],
             "osImage": "Ubuntu 22.04.5 LTS",
             "containerRuntimeVersion": "containerd://1.7.27",
-            "kubeletVersion": "v1.35.4",
+            "kubeletVersion": "v1.37.2",
             "operatingSystem": "linux",
             "architecture": "amd64",
         },

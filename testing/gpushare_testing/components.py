@@ -57,6 +57,8 @@ AUDIT_POLICY: Final[dict[str, Any]] = {
                 {"group": "gpushare.dev", "resources": ["gpusharingpolicies"]},
                 # What the disruption controller said a PDB allowed at each moment.
                 {"group": "policy", "resources": ["poddisruptionbudgets/status"]},
+                # Which node a DRA kubelet plugin's ResourceSlice was for, and our DeviceClasses.
+                {"group": "resource.k8s.io", "resources": ["resourceslices", "deviceclasses"]},
                 # The webhook's certificate and CA bundle as the leader wrote them (test keys
                 # only: a cluster's audit policy would log Secrets at Metadata at most).
                 {"group": "", "resources": ["secrets"]},
@@ -134,7 +136,9 @@ def controller_manager_args(*, kubeconfig: Path, port: int) -> list[str]:
     tested by); and the workload controllers an eviction is judged by: Deployments and their
     ReplicaSets (an evicted pod is made again, for kube-scheduler to place), PodDisruptionBudgets'
     ``status.disruptionsAllowed`` (the disruption controller, which the Eviction API reads) and
-    DaemonSets (a pod on each node they select).  They all run with the kubeconfig's identity
+    DaemonSets (a pod on each node they select); and the ResourceClaim controller (the
+    claims of pods using DRA: those from templates made, and the scheduler's extended-resource
+    claims cleaned up once their pod is gone).  They all run with the kubeconfig's identity
     (no ``--use-service-account-credentials``): the audit log tells them apart by user agent,
     ``kube-controller-manager/...`` ending in the controller's name.  Node lifecycle stays off
     (its heartbeat checks would mark every simulated node unreachable), and so do the
@@ -148,6 +152,7 @@ def controller_manager_args(*, kubeconfig: Path, port: int) -> list[str]:
         "garbage-collector-controller",
         "namespace-controller",
         "replicaset-controller",
+        "resourceclaim-controller",
         "validatingadmissionpolicy-status-controller",
     )
     return [

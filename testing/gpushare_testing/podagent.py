@@ -30,6 +30,7 @@ from typing import Any, Final
 import aiohttp
 import orjson
 
+from gpushare_testing import draplugin
 from gpushare_testing.bodyparts import rfc3339
 from gpushare_testing.nodeagents import NodeAgents
 from gpushare_testing.podadmission import (
@@ -47,7 +48,7 @@ from gpushare_testing.rawclient import MERGE_PATCH, ApiError, JsonObject, RawCli
 __all__ = ["KUBELET_USER_AGENT", "KubeletView", "PodAgent", "kubelet_view"]
 
 # As a kubelet of the control plane's version says who it is (rest.DefaultKubernetesUserAgent).
-KUBELET_USER_AGENT: Final = "kubelet/v1.35.4 (linux/amd64) kubernetes/simulated"
+KUBELET_USER_AGENT: Final = "kubelet/v1.37.2 (linux/amd64) kubernetes/simulated"
 
 logger = logging.getLogger(__name__)
 
@@ -236,6 +237,9 @@ class PodAgent:
         self, uid: str, node: str, pod: JsonObject, resources: NodeResources, *, started: bool
     ) -> None:
         requests = pod_requests(pod.get("spec") or {})
+        # What DRA serves through the pod's extended-resource claim is not kubelet's to fit.
+        for resource in draplugin.served_by_claims(pod):
+            requests.pop(resource, None)
         held = self._admitted.setdefault(node, {})
         if started:  # running already (an earlier kubelet, a test): it holds what it asked for
             devices = {n: v for n, v in requests.items() if n in resources.devices}

@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from gpushare_testing import bodies
+from gpushare_testing import bodies, draplugin
 from gpushare_testing.agents import (
     CONFIG_LABEL,
     NO_SHARING,
@@ -150,6 +150,10 @@ class GpuClusterSimulator(NodeWatcher):
         self._label_queue: dict[str, collections.deque[tuple[float, str | None]]] = {}
         self._gfd_written: collections.Counter[str] = collections.Counter()
         self._unhealthy: set[str] = set()
+        # Nodes whose device plugin is off because their deploy label is not ``true``
+        # (draplugin): it comes back when the label does.
+        self._undeployed: set[str] = set()
+        self._slices: dict[str, str] = {}  # node -> the name of the ResourceSlice we published
         self._bodies: dict[str, Mapping[str, Any]] = {}  # as registered, to register again
         self._gone: set[str] = set()  # uids of nodes deleted: their late events are ignored
         self._wake: dict[str, asyncio.Event] = {}
@@ -434,6 +438,8 @@ class GpuClusterSimulator(NodeWatcher):
         self._gfd_written.pop(name, None)
         self.mig.drop(name)
         self._unhealthy.discard(name)
+        self._undeployed.discard(name)
+        self._slices.pop(name, None)  # the garbage collector deletes it with its Node
 
     # -- reacting ----------------------------------------------------------------------------
 
@@ -455,10 +461,13 @@ class GpuClusterSimulator(NodeWatcher):
                 queue = self._label_queue.get(name) or collections.deque()
                 while queue and queue[0][0] <= now:
                     agents.see_label(queue.popleft()[1], now=now, view=view)
+                self._follow_deploy_label(name, node, agents, now=now, view=view)
                 agents.advance(now=now, view=view)
                 if name not in self._unhealthy:
                     try:
                         await self._write(name, node, agents)
+                        await self._gpu_operator(name)
+                        await self._dra_plugin(name)
                     except (aiohttp.ClientError, TimeoutError, ApiError) as exc:
                         logger.warning("simulated GPU agents failed on %s: %s; retrying", name, exc)
                         await asyncio.sleep(0.5)
@@ -471,6 +480,76 @@ class GpuClusterSimulator(NodeWatcher):
                         await asyncio.wait_for(wake.wait(), max(0.0, min(due) - time.monotonic()))
         finally:
             self._workers.pop(name, None)
+
+    def _follow_deploy_label(
+        self,
+        name: str,
+        node: JsonObject,
+        agents: NodeAgents,
+        *,
+        now: float,
+        view: Mapping[str, str],
+    ) -> None:
+        """The device-plugin DaemonSet's pod leaves a node whose deploy label is not ``true``,
+        and comes back with it (``draplugin``)."""
+        labels = node.get("metadata", {}).get("labels") or {}
+        deployed = draplugin.device_plugin_deployed(labels)
+        if not deployed and name not in self._undeployed and not agents.outage:
+            self._undeployed.add(name)
+            agents.stop_plugin()
+        elif deployed and name in self._undeployed:
+            self._undeployed.discard(name)
+            agents.start_plugin(now=now, view=view)
+
+    async def _gpu_operator(self, name: str) -> None:
+        """The GPU Operator sets an absent deploy label to ``true`` (never another value)."""
+        labels = (self._nodes.get(name) or {}).get("metadata", {}).get("labels") or {}
+        if draplugin.deploy_label_missing(labels):
+            body = {"metadata": {"labels": {draplugin.DEPLOY_LABEL: "true"}}}
+            self._observe(await self._patch(name, body, as_=draplugin.GPU_OPERATOR))
+
+    async def _dra_plugin(self, name: str) -> None:
+        """Publish or withdraw the node's ResourceSlice as NVIDIA's DRA kubelet plugin would."""
+        node = self._nodes.get(name)
+        if node is None:
+            return
+        labels = node.get("metadata", {}).get("labels") or {}
+        allocatable = node.get("status", {}).get("allocatable") or {}
+        wanted = draplugin.wants_slice(labels, allocatable)
+        published = self._slices.get(name)
+        if wanted and published is None:
+            body = draplugin.slice_body(
+                node=name,
+                node_uid=str(node.get("metadata", {}).get("uid")),
+                gpus=self._gpus.get(name, 0),
+                labels=labels,
+            )
+            params = {"fieldManager": draplugin.FIELD_MANAGER}
+            code, created = await self.client.post(draplugin.SLICES_PATH, body, params=params)
+            if code != 201:
+                raise ApiError(method="POST", path=draplugin.SLICES_PATH, status=code, body=created)
+            self._slices[name] = created["metadata"]["name"]
+            logger.info("simulated DRA kubelet plugin published %s", self._slices[name])
+        elif not wanted and published is not None:
+            path = f"{draplugin.SLICES_PATH}/{published}"
+            code, answer = await self.client.delete(path)
+            if code not in (200, 202, 404):
+                raise ApiError(method="DELETE", path=path, status=code, body=answer)
+            del self._slices[name]
+            logger.info("simulated DRA kubelet plugin withdrew %s", published)
+
+    def slice_of(self, name: str) -> str | None:
+        """The ResourceSlice the simulated DRA kubelet plugin published for ``name``."""
+        return self._slices.get(name)
+
+    def _dra_settled(self, name: str, node: JsonObject) -> bool:
+        labels = node.get("metadata", {}).get("labels") or {}
+        allocatable = node.get("status", {}).get("allocatable") or {}
+        if draplugin.deploy_label_missing(labels):
+            return False
+        if draplugin.device_plugin_deployed(labels) == (name in self._undeployed):
+            return False
+        return draplugin.wants_slice(labels, allocatable) == (name in self._slices)
 
     def _status_patch(self, node: JsonObject, agents: NodeAgents) -> JsonObject:
         patch: JsonObject = {}
@@ -556,6 +635,8 @@ class GpuClusterSimulator(NodeWatcher):
             if node is None or name in self._unhealthy:
                 continue  # a broken node's agents show nothing: nothing to wait for
             if self._status_patch(node, agents) or self._gfd_pending(name, agents):
+                return False
+            if not self._dra_settled(name, node):
                 return False
         return True
 

@@ -185,7 +185,8 @@ def label(key: str, value: str | None) -> dict[str, Any]:
 def refusals(node: dict[str, Any]) -> list[Refusal]:
     ours = rollouts.TAINT_KEY
     labels = (
-        f"{LABELS} (nvidia.com/device-plugin.config, nvidia.com/mig.config, gpushare.dev/*);"
+        f"{LABELS} (nvidia.com/device-plugin.config, nvidia.com/mig.config,"
+        " nvidia.com/gpu.deploy.device-plugin, gpushare.dev/*);"
         " refused: label"
     )
     taints = f"{TAINTS}; refused: other taints [{DEDICATED}] changed to"

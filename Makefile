@@ -3,6 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 include tests/controlplane/versions.mk
+include tests/prometheus/versions.mk
 
 PYTHON ?= python3
 VENV := .venv
@@ -10,6 +11,8 @@ VPY := $(VENV)/bin/python
 CONTROLPLANE_DIR := .cache/controlplane/$(CONTROLPLANE_VERSION)
 CONTROLPLANE_BIN := $(CONTROLPLANE_DIR)/bin
 KUBECTL := $(CONTROLPLANE_BIN)/kubectl
+PROMETHEUS_DIR := .cache/prometheus/$(PROMETHEUS_VERSION)
+PROMETHEUS_BIN := $(PROMETHEUS_DIR)/bin
 DEV_DIR := .dev-cluster
 DEV_KUBECONFIG := $(DEV_DIR)/kubeconfig
 CLUSTER ?= dev
@@ -17,6 +20,7 @@ PYTEST_ARGS ?=
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
 export GPUSHARE_CONTROLPLANE_BIN := $(abspath $(CONTROLPLANE_BIN))
+export GPUSHARE_PROMETHEUS_BIN := $(abspath $(PROMETHEUS_BIN))
 
 .PHONY: help
 help: ## List the targets with what they do.
@@ -38,6 +42,10 @@ venv: $(VENV)/.installed ## Create .venv with the package and its test extra.
 .PHONY: controlplane
 controlplane: ## Build etcd, kube-apiserver, kubectl, kube-controller-manager, kube-scheduler and helm from Go modules (cached).
 	@bash tests/controlplane/build.sh $(CONTROLPLANE_DIR) $(KUBERNETES_VERSION) $(ETCD_VERSION) $(HELM_VERSION)
+
+.PHONY: prometheus
+prometheus: ## Build prometheus and promtool from their Go module (cached), for the alert-rule tests and the Prometheus integration test.
+	@bash tests/prometheus/build.sh $(PROMETHEUS_DIR) $(PROMETHEUS_VERSION)
 
 MIG_TABLES_DIR := .cache/miggeometry
 
@@ -62,9 +70,10 @@ CHECKOV_VERSION := 3.3.30
 CHECKOV_VENV := .venv-checkov
 CHART := charts/gpushare-operator
 # The values the chart is scanned with, one --set each ("defaults" sets nothing): the defaults,
-# the monitoring objects on, the webhook off, an image by digest, plain-HTTP metrics.
+# the monitoring objects on (ServiceMonitor, dashboard, PrometheusRule), the webhook off, an
+# image by digest, plain-HTTP metrics.
 CHART_SCANS := defaults \
-	serviceMonitor.enabled=true,metricsCertSecret=metrics-tls,grafanaDashboard.enabled=true \
+	serviceMonitor.enabled=true,metricsCertSecret=metrics-tls,grafanaDashboard.enabled=true,prometheusRule.enabled=true \
 	webhook.enabled=false \
 	image.digest=sha256:$(shell printf '0%.0s' $$(seq 64)) \
 	operator.metricsInsecure=true,serviceMonitor.enabled=true
@@ -96,7 +105,7 @@ fmt: venv ## Format and auto-fix with ruff.
 	$(VENV)/bin/ruff check --fix operator testing tests benchmarks
 
 .PHONY: unit
-unit: venv ## Unit tests only (no control plane).
+unit: venv prometheus ## Unit tests only (no control plane; promtool for the alert rules).
 	$(VPY) -m pytest tests/unit $(PYTEST_ARGS)
 
 # Integration tests mostly wait on the control plane: three pytest-xdist workers, each with a
@@ -107,7 +116,7 @@ unit: venv ## Unit tests only (no control plane).
 TEST_WORKERS ?= 3
 
 .PHONY: test
-test: venv controlplane lint ## Every check and every test, against a real local control plane (3 workers).
+test: venv controlplane prometheus lint ## Every check and every test, against a real local control plane (3 workers).
 	PYTHONDONTWRITEBYTECODE= $(VPY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		--no-loadscope-reorder --durations=30 $(PYTEST_ARGS)
 
@@ -123,6 +132,12 @@ BENCH_SCALE_ARGS ?=
 bench-scale: venv controlplane ## Scale benchmark on a local control plane: 5,000 nodes, 50,000 pods, gpushare vs kopf-native (~40 min; JSON + PNG in .bench/; --skip relist,delayed,paced,webhook leaves those out). BENCH_SCALE_ARGS=--quick: 500 nodes; '--only webhook': the memory-request webhook's admission latency alone (~12 min).
 	$(VPY) -m pip install --quiet -e '.[bench]'
 	$(VPY) -m benchmarks.scale $(BENCH_SCALE_ARGS)
+
+.PHONY: dashboard-preview
+dashboard-preview: venv controlplane prometheus ## Draw the Grafana dashboard's panels into docs/images/dashboard-preview.png (matplotlib), from a real Prometheus over tests/integration/test_prometheus_alerts.py's scenario (~1 min).
+	$(VPY) -m pip install --quiet -e '.[bench]'
+	GPUSHARE_DASHBOARD_PREVIEW=$(abspath docs/images/dashboard-preview.png) \
+		$(VPY) -m pytest tests/integration/test_prometheus_alerts.py -p no:randomly $(PYTEST_ARGS)
 
 BENCH_PLUGIN_ARGS ?=
 

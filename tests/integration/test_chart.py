@@ -24,6 +24,7 @@ from kubernetes_asyncio.config import incluster_config
 
 from gpushare_operator.app import settings
 from gpushare_testing import webhooks
+from gpushare_testing.controlplane import free_port
 from gpushare_testing.helm import INSTANCE, Helm, Manifest
 from gpushare_testing.operators import OperatorFactory
 from gpushare_testing.paths import CHART
@@ -102,7 +103,8 @@ def service_names(service: str, namespace: str) -> list[str]:
 
 def test_helm_lint_passes(helm: Helm) -> None:
     monitored = (
-        "serviceMonitor.enabled=true,metricsCertSecret=metrics-tls,grafanaDashboard.enabled=true"
+        "serviceMonitor.enabled=true,metricsCertSecret=metrics-tls,grafanaDashboard.enabled=true,"
+        "prometheusRule.enabled=true"
     )
     for extra in ([], ["--set", monitored]):
         result = helm.run("lint", "--strict", str(CHART), *extra)
@@ -320,6 +322,10 @@ def test_rbac_is_least_privilege(helm: Helm) -> None:
         ("gpushare.dev", "gpusharingpolicies/status"): ["patch"],
         ("gpushare.dev", "gpunodestates"): ["create", "get", "list", "watch"],
         ("gpushare.dev", "gpunodestates/status"): ["patch"],
+        ("resource.k8s.io", "resourceslices"): ["get", "list", "watch"],  # backend DRA: read
+        # Backend DRA's DeviceClasses: applied, and deleted once no policy wants one (the only
+        # delete the operator is granted; its owner policies may outlive its use).
+        ("resource.k8s.io", "deviceclasses"): ["create", "delete", "get", "list", "patch", "watch"],
     }
     reader = only(manifests, "ClusterRole", "-metrics-reader")
     assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
@@ -339,9 +345,10 @@ def test_rbac_is_least_privilege(helm: Helm) -> None:
     for rule in every_rule:
         names = rule["verbs"] + rule.get("resources", []) + rule.get("apiGroups", [])
         assert "*" not in names + rule.get("nonResourceURLs", []), rule
-        assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(
-            rule["verbs"]
-        )
+        forbidden = {"delete", "deletecollection", "escalate", "bind", "impersonate"}
+        if rule.get("resources") == ["deviceclasses"]:
+            forbidden -= {"delete"}
+        assert not forbidden & set(rule["verbs"]), rule
     # Secrets: the webhook's serving certificate alone, in the operator's namespace. Creating
     # one cannot be narrowed by name (the name is in the body); the rest is by name.
     certificate = only(manifests, "Role", "-webhook-certificate")
@@ -502,9 +509,15 @@ def test_bad_values_are_refused(helm: Helm, setting: str, complaint: str) -> Non
 
 
 async def test_the_dashboard_charts_metrics_the_operator_exports(
-    crds_installed: None, namespace: str, start_operator: OperatorFactory
+    crds_installed: None,
+    namespace: str,
+    start_operator: OperatorFactory,
+    webhook_flags: webhooks.WebhookFlags,
 ) -> None:
-    operator = await start_operator("--device-plugin-namespace", namespace)
+    # With the webhook on, as the chart runs it: its certificate's gauges are charted too.
+    operator = await start_operator(
+        "--device-plugin-namespace", namespace, *webhook_flags.args(port=free_port())
+    )
     url = f"http://127.0.0.1:{operator.metrics_port}/metrics"  # insecure: see conftest
     with urllib.request.urlopen(url, timeout=10) as response:  # noqa: ASYNC210 - one local read
         text = response.read().decode()
@@ -548,7 +561,11 @@ def test_the_node_guard_is_rendered_for_the_chart_service_account_and_can_be_tur
     assert rule["apiVersions"] == ["v1"]  # a wildcard would turn off the type check
     assert rule["resources"] == ["nodes", "nodes/status"]
     owned = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["ownedKeys"]
-    assert yaml.safe_load(owned) == ["nvidia.com/device-plugin.config", "nvidia.com/mig.config"]
+    assert yaml.safe_load(owned) == [
+        "nvidia.com/device-plugin.config",
+        "nvidia.com/mig.config",
+        "nvidia.com/gpu.deploy.device-plugin",  # backend DRA takes the device plugin off a node
+    ]
 
     # Extra label keys and other identities are values; the keys are checked as label keys.
     policy, _ = guard_of(
@@ -561,6 +578,7 @@ def test_the_node_guard_is_rendered_for_the_chart_service_account_and_can_be_tur
     assert yaml.safe_load(owned) == [
         "nvidia.com/device-plugin.config",
         "nvidia.com/mig.config",
+        "nvidia.com/gpu.deploy.device-plugin",
         "nvidia.com/gpu.workload.config",
     ]
     [condition] = policy["spec"]["matchConditions"]

@@ -23,6 +23,7 @@ import kopf
 import orjson
 import structlog
 from aiohttp import web
+from cryptography import x509
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import certificates, memoryrequests
@@ -51,6 +52,8 @@ class ServingTLS:
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self.ready = asyncio.Event()
         self.fingerprint: str | None = None  # of the certificate loaded now
+        # The loaded certificate's notBefore and notAfter (Unix seconds), for the metrics.
+        self.validity: tuple[float, float] | None = None
 
     def secret_changed(self, secret: Mapping[str, Any] | None) -> None:
         data = certificates.decoded(secret) or {}
@@ -72,6 +75,11 @@ class ServingTLS:
                 log.warning("webhook serving certificate not loaded", error=str(exc))
                 return
         self.fingerprint = fingerprint
+        served = x509.load_pem_x509_certificate(data[certificates.CERT_KEY].encode())
+        self.validity = (
+            served.not_valid_before_utc.timestamp(),
+            served.not_valid_after_utc.timestamp(),
+        )
         self.ready.set()
         log.info("webhook serving certificate loaded", serving=fingerprint[:16])
 

@@ -8,7 +8,7 @@ run several and so that nothing registers at import time.  Serving it is app.ser
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -170,6 +170,36 @@ class PrometheusTelemetry:
 
     def evicted(self, result: str, count: int) -> None:
         self.evictions.labels(result).inc(count)
+
+
+class WebhookCertificate(Collector):
+    """The memory-request webhook's serving certificate, as this replica serves it: whether one
+    is loaded (without one the webhook does not answer and the API server refuses labelled
+    pods), and its validity, read at scrape time."""
+
+    def __init__(self, validity: Callable[[], tuple[float, float] | None]) -> None:
+        self._validity = validity  # (notBefore, notAfter) in Unix seconds; None: none loaded
+
+    def collect(self) -> Iterator[Metric]:
+        validity = self._validity()
+        yield GaugeMetricFamily(
+            "gpushare_webhook_certificate_loaded",
+            "1 while this replica has a webhook serving certificate loaded, else 0",
+            value=int(validity is not None),
+        )
+        not_before = GaugeMetricFamily(
+            "gpushare_webhook_certificate_not_before_timestamp_seconds",
+            "When the webhook serving certificate this replica serves became valid",
+        )
+        not_after = GaugeMetricFamily(
+            "gpushare_webhook_certificate_expiry_timestamp_seconds",
+            "When the webhook serving certificate this replica serves expires",
+        )
+        if validity is not None:
+            not_before.add_metric([], validity[0])
+            not_after.add_metric([], validity[1])
+        yield not_before
+        yield not_after
 
 
 class Readings(Protocol):

@@ -66,9 +66,7 @@ async def claim_of(sim: GpuClusterSimulator, pod: dict[str, Any]) -> dict[str, A
     return dict(await h.ok(sim.client, "GET", path))
 
 
-def dra_windows(
-    plane: ControlPlane, nodes: Collection[str], *, since: float
-) -> list[audit.Window]:
+def dra_windows(plane: ControlPlane, nodes: Collection[str], *, since: float) -> list[audit.Window]:
     """For each node, from the operator's label apply that switches it to DRA until the DRA
     kubelet plugin's ResourceSlice for it is created (the earliest it can be Verified)."""
     switched: dict[str, float] = {}
@@ -148,6 +146,13 @@ async def test_a_pool_moves_to_dra_and_back_under_its_budget_with_a_failover(
     assert klass["spec"]["extendedResourceName"] == "nvidia.com/gpu"
     assert [r["name"] for r in klass["metadata"]["ownerReferences"]] == [name]
     assert "device.driver == 'gpu.nvidia.com'" in klass["spec"]["selectors"][0]["cel"]["expression"]
+    await eventually(
+        lambda: h.get_policy(sim.client, name),
+        until=lambda b: (
+            h.condition(b.get("status"), "DeviceClassReady").get("reason") == "DeviceClassWritten"
+        ),
+        what="DeviceClassReady True on the policy",
+    )
 
     async def on_dra() -> list[str]:
         found = []

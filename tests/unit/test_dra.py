@@ -271,3 +271,14 @@ def test_a_plan_names_the_pods_dra_would_not_serve_and_exits_2() -> None:
     moved = policy("p", generation=2, strategy="Exclusive", backend="DRA")
     moved["spec"].pop("replicas")
     assert other.run([moved]).unserved == []
+
+
+def test_a_dra_policy_says_whether_its_class_is_there() -> None:
+    resource = "nvidia.com/gpu"
+    missing = dra.class_condition(resource, dra.Readiness(class_ready=False))
+    assert (missing.status, missing.reason) == ("False", "DeviceClassNotWritten")
+    clash = dra.class_condition(resource, dra.Readiness(class_ready=True, conflict="theirs"))
+    assert (clash.status, clash.reason, clash.message) == ("False", "DeviceClassConflict", "theirs")
+    ready = dra.class_condition(resource, dra.Readiness(class_ready=True))
+    assert (ready.status, ready.reason) == ("True", "DeviceClassWritten")
+    assert "gpu.gpushare.dev" in ready.message

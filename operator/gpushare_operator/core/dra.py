@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from gpushare_operator.core import migphases
+from gpushare_operator.core.conditions import Cond
 from gpushare_operator.core.decisions import Labels
 from gpushare_operator.core.migconfigs import MigLayout
 from gpushare_operator.core.models import MIG_IDLE
@@ -251,6 +252,19 @@ class Readiness:
 
 
 NOT_DRA: Final = Readiness(class_ready=True)
+
+
+def class_condition(resource: str, ready: Readiness) -> Cond:
+    """A DRA policy's ``DeviceClassReady`` condition: its class written, missing, or in
+    conflict with a class gpushare did not write."""
+    name = class_name(resource)
+    if ready.conflict is not None:
+        return Cond("DeviceClassReady", "False", "DeviceClassConflict", ready.conflict)
+    if not ready.class_ready:
+        message = f"DeviceClass {name} (extendedResourceName {resource}) is not written yet"
+        return Cond("DeviceClassReady", "False", "DeviceClassNotWritten", message)
+    message = f"DeviceClass {name} serves {resource} on the policy's DRA nodes"
+    return Cond("DeviceClassReady", "True", "DeviceClassWritten", message)
 
 
 def needs_idle(

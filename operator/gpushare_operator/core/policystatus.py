@@ -340,8 +340,10 @@ def render_policy_status(
     config_problem: str | None = None,
     schema_problem: str | None = None,
     rollout: RolloutView | None = None,
+    device_class: Cond | None = None,
 ) -> dict[str, Any]:
-    """The status dict, with transition times kept while conditions hold."""
+    """The status dict, with transition times kept while conditions hold.
+    ``device_class``: for a policy of backend DRA, whether its DeviceClass is there."""
     previous = previous or {}
     wanted = policy_conditions(policy, tally, config_problem=config_problem)
     rendered = (
@@ -353,6 +355,8 @@ def render_policy_status(
         wanted.extend(_rollout_conditions(policy, rollout, rendered=rendered, now=now))
     if schema_problem is not None:
         wanted.append(Cond("SchemaOutdated", "True", "CRDOutdated", schema_problem))
+    if device_class is not None:
+        wanted.append(device_class)
     adjusted = policy.spec.rollout.eviction.adjustment() if policy.spec is not None else None
     if adjusted is not None:  # a value an older CRD let in, read otherwise
         wanted.append(Cond("SpecAdjusted", "True", "GracePeriodRaised", adjusted))

@@ -39,6 +39,10 @@ REWRITTEN_LABELS: Final = {
     "nvidia.com/mig.config.state": "the MIG manager rewrites it on every layout change",
     "nvidia.com/device-plugin.config": "gpushare writes it to apply a policy's config",
     "gpushare.dev/policy": "gpushare writes it to record which policy governs the node",
+    "gpushare.dev/dra-driver": "gpushare writes it on the nodes of a policy of backend DRA",
+    "nvidia.com/gpu.deploy.device-plugin": (
+        "gpushare sets it to false on the nodes of a policy of backend DRA"
+    ),
     "gpushare.dev/slot-memory-mib": (
         "gpushare writes it to say what the node's slots enforce under the config it applies"
     ),

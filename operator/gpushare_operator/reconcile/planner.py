@@ -29,6 +29,7 @@ from gpushare_operator.core import (
     rollouts,
     statusdiff,
 )
+from gpushare_operator.core.conditions import Cond
 from gpushare_operator.core.listpatches import JsonPatch
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import NodeRecord
@@ -332,6 +333,12 @@ class Planner:
 
     # -- policies ----------------------------------------------------------------------------------
 
+    def _device_class(self, policy: CompiledPolicy) -> Cond | None:
+        if not policy.dra or policy.sharing is None:
+            return None
+        resource = devconfigs.advertised_resource(policy.sharing)
+        return dra.class_condition(resource, self.cache.dra.readiness(resource))
+
     def tally(self, policy: CompiledPolicy) -> policystatus.PolicyTally:
         return tallies.tally(self, policy)
 
@@ -354,6 +361,7 @@ class Planner:
             config_problem=self.config_problem(policy),
             schema_problem=self.schema_problem(),
             rollout=self._rollout_view(name),
+            device_class=self._device_class(policy),
         )
         status = statusdiff.without(status, self.memory.pruned.get("policy", frozenset()))
         written = (

@@ -101,17 +101,20 @@ def test_more_than_every_slot_is_refused_naming_the_largest_and_its_policy() -> 
     message = refused.value.message
     assert "100Gi (102400 MiB)" in message
     assert "81559 MiB of nvidia.com/gpu (exclusive)" in message and "policy training" in message
+    assert refused.value.reason == memoryrequests.TOO_LARGE
 
 
 def test_no_enforced_slot_anywhere_is_refused_saying_time_slicing_enforces_none() -> None:
-    with pytest.raises(Refusal, match="time-slicing"):
+    with pytest.raises(Refusal, match="time-slicing") as refused:
         memoryrequests.place(pod(), offers=(), is_gpu_resource=known)
+    assert refused.value.reason == memoryrequests.NO_OFFER
 
 
 @pytest.mark.parametrize("memory", ["lots", "10GB", "-5Gi", "0"])
 def test_a_request_that_does_not_parse_is_refused_saying_so(memory: str) -> None:
-    with pytest.raises(Refusal, match=memoryrequests.REQUEST_LABEL):
+    with pytest.raises(Refusal, match=memoryrequests.REQUEST_LABEL) as refused:
         placed(pod(memory))
+    assert refused.value.reason == memoryrequests.BAD_LABEL
 
 
 @pytest.mark.parametrize(
@@ -122,15 +125,17 @@ def test_a_request_that_does_not_parse_is_refused_saying_so(memory: str) -> None
 def test_a_pod_that_already_asks_for_a_gpu_resource_is_refused(resource: str, section: str) -> None:
     body = pod()
     body["spec"]["initContainers"] = [{"name": "init", "resources": {section: {resource: "1"}}}]
-    with pytest.raises(Refusal, match="init container 'init' already"):
+    with pytest.raises(Refusal, match="init container 'init' already") as refused:
         placed(body)
+    assert refused.value.reason == memoryrequests.ALREADY_GPU
 
 
 def test_a_container_named_by_the_annotation_that_does_not_exist_is_refused() -> None:
     body = pod()
     body["metadata"]["annotations"] = {memoryrequests.CONTAINER_ANNOTATION: "gpu"}
-    with pytest.raises(Refusal, match=r"'gpu', which the pod does not have .*main, side"):
+    with pytest.raises(Refusal, match=r"'gpu', which the pod does not have .*main, side") as no:
         placed(body)
+    assert no.value.reason == memoryrequests.BAD_CONTAINER
 
 
 # -- the mutation --------------------------------------------------------------------------------

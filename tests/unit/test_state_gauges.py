@@ -28,6 +28,7 @@ class ScriptedReadings:
         self.statuses: dict[str, Mapping[str, Any]] = {}
         self.counts: dict[str, Counts] = {}
         self.offers: list[tuple[Offer, int]] = []
+        self.phases: list[tuple[str, str, int]] = []
 
     def cache_sizes(self) -> Iterable[tuple[str, int]]:
         return (("Node", 3), ("Pod", 5))
@@ -55,6 +56,9 @@ class ScriptedReadings:
 
     def slot_offers(self) -> Iterable[tuple[Offer, int]]:
         return self.offers
+
+    def node_phases(self) -> Iterable[tuple[str, str, int]]:
+        return self.phases
 
 
 def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -128,6 +132,27 @@ def test_the_operator_reads_its_own_parts() -> None:
     book = operator.reconciler.book
     assert readings.unavailable_nodes() == book.unavailable() == 0
     assert readings.max_unavailable_nodes() == book.cluster_budget() == 1  # at least one
+    for name, policy, phase in (
+        ("n1", "p", "Verified"),
+        ("n2", "p", "Verified"),
+        ("n3", None, "Unmanaged"),
+    ):
+        operator.cache.upsert_node_state(
+            {"metadata": {"name": name, "uid": name}, "status": {"policy": policy, "phase": phase}}
+        )
+    assert list(readings.node_phases()) == [("", "Unmanaged", 1), ("p", "Verified", 2)]
+
+
+def test_the_phase_gauge_counts_nodes_per_policy_and_phase() -> None:
+    readings = ScriptedReadings()
+    registry = CollectorRegistry()
+    registry.register(StateCollector(readings))
+    readings.phases = [("p", "Verified", 3), ("p", "Mismatch", 1)]
+    seen = scrape(registry)
+    assert seen[("gpushare_node_phases", (("phase", "Verified"), ("policy", "p")))] == 3
+    assert seen[("gpushare_node_phases", (("phase", "Mismatch"), ("policy", "p")))] == 1
+    readings.phases = []
+    assert not any(name == "gpushare_node_phases" for name, _ in scrape(registry))
 
 
 def test_the_offer_gauge_shows_each_class_this_replica_can_place() -> None:

@@ -149,11 +149,12 @@ class MemoryRequests:
         *,
         cache: ClusterCache,
         synced: Callable[[], bool],
-        count: Callable[[str], None] = lambda _: None,
+        count: Callable[..., None] = lambda *_: None,
     ) -> None:
         self._cache = cache
         self._synced = synced
-        self._count = count  # each answer's outcome: mutated, refused or unavailable
+        # Each answer's outcome (mutated, refused or unavailable), and a refusal's reason.
+        self._count = count
 
     def admit(self, body: Mapping[str, Any], patch: kopf.Patch, warnings: list[str]) -> None:
         """Mutate through ``patch`` (kopf turns it into the JSON patch it answers with), or
@@ -171,7 +172,7 @@ class MemoryRequests:
                 is_gpu_resource=lambda name: memoryrequests.is_gpu_resource(name, known=known),
             )
         except memoryrequests.Refusal as refusal:
-            self._count("refused")
+            self._count("refused", refusal.reason)
             raise kopf.AdmissionError(refusal.message, code=refusal.code) from None
 
         def mutate(raw: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
@@ -409,6 +410,12 @@ class MetricsReadings:
 
     def max_unavailable_nodes(self) -> int:
         return self._assembly.reconciler.book.cluster_budget()
+
+    def node_phases(self) -> Iterable[tuple[str, str, int]]:
+        counted: collections.Counter[tuple[str, str]] = collections.Counter()
+        for status in self._assembly.cache.node_states.values():
+            counted[(str(status.get("policy") or ""), str(status.get("phase") or "Unknown"))] += 1
+        return ((policy, phase, n) for (policy, phase), n in sorted(counted.items()))
 
     def slot_offers(self) -> Iterable[tuple[Offer, int]]:
         offers = self._assembly.cache.slot_offers

@@ -20,7 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from gpushare_operator.core import rollouts
+from gpushare_operator.core import memoryrequests, rollouts
 from gpushare_operator.core.rollouts import Counts
 from gpushare_operator.core.slotclasses import Offer
 
@@ -140,6 +140,16 @@ class PrometheusTelemetry:
         )
         for outcome in ("mutated", "refused", "unavailable"):
             self.admissions.labels(outcome)
+        self.refusals = Counter(
+            "gpushare_webhook_refusals",
+            "Pods the memory-request webhook refused, by reason: no slot enforces GPU memory,"
+            " the request is larger than any slot, a broken request label, a pod that already"
+            " asks for a GPU, a container that cannot hold the slot, an MPS limit outside it",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in memoryrequests.REASONS:
+            self.refusals.labels(reason)
         self.admission_latency = Histogram(
             "gpushare_webhook_admission_seconds",
             "Time from an admission review's arrival to its answer, as the webhook server sees"
@@ -149,8 +159,10 @@ class PrometheusTelemetry:
             registry=registry,
         )
 
-    def admitted(self, outcome: str) -> None:
+    def admitted(self, outcome: str, reason: str | None = None) -> None:
         self.admissions.labels(outcome).inc()
+        if reason is not None:
+            self.refusals.labels(reason).inc()
 
     def admission_took(self, seconds: float) -> None:
         self.admission_latency.observe(seconds)
@@ -236,6 +248,10 @@ class Readings(Protocol):
         """The cluster-wide budget of unavailable GPU nodes (``--max-unavailable``)."""
         ...
 
+    def node_phases(self) -> Iterable[tuple[str, str, int]]:
+        """(policy, phase, GPU nodes) as the GPUNodeStates' statuses say (policy "" for none)."""
+        ...
+
     def slot_offers(self) -> Iterable[tuple[Offer, int]]:
         """(class, nodes offering it) in this replica's node cache: what its webhook places."""
         ...
@@ -272,6 +288,14 @@ class StateCollector(Collector):
                 [offer.policy, offer.resource, offer.isolation, str(offer.memory_mib)], count
             )
         yield offers
+        phases = GaugeMetricFamily(
+            "gpushare_node_phases",
+            "GPU nodes per policy and phase, as their GPUNodeStates say (policy empty: none)",
+            labels=["policy", "phase"],
+        )
+        for policy, phase, count in r.node_phases():
+            phases.add_metric([policy, phase], count)
+        yield phases
         policies = sorted(r.policies())
         yield from self._policy_metrics(policies)
         yield from self._rollout_metrics(policies)

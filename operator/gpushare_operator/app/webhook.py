@@ -34,7 +34,7 @@ class Webhook:
         may_write: Callable[[], bool],
         recorder: EventRecorder,
         caches_synced: Callable[[], bool],
-        admitted: Callable[[str], None],
+        admitted: Callable[..., None],
         admission_took: Callable[[float], None],
     ) -> None:
         s = settings

@@ -40,12 +40,23 @@ _LIMIT_ENTRY: Final = re.compile(r"\s*([^=,\s]+)\s*=\s*([0-9]+)\s*([MG])B?\s*", 
 _UNIT_MIB: Final = {"M": 1, "G": 1024}
 
 
+# Why the webhook refuses a pod (``Refusal.reason``: the label of its refusals metric).
+NO_OFFER: Final = "NoSlotEnforcesMemory"
+TOO_LARGE: Final = "RequestLargerThanAnySlot"
+BAD_LABEL: Final = "InvalidRequestLabel"
+ALREADY_GPU: Final = "AlreadyRequestsGPU"
+BAD_CONTAINER: Final = "InvalidContainer"
+MPS_LIMIT: Final = "MPSLimitOutsideSlot"
+REASONS: Final = (NO_OFFER, TOO_LARGE, BAD_LABEL, ALREADY_GPU, BAD_CONTAINER, MPS_LIMIT)
+
+
 class Refusal(Exception):
     """The pod cannot be given a slot: the message says why, and what would fit."""
 
-    def __init__(self, message: str, *, code: int = 400) -> None:
+    def __init__(self, message: str, *, reason: str, code: int = 400) -> None:
         super().__init__(message)
         self.message = message
+        self.reason = reason
         self.code = code
 
 
@@ -71,6 +82,7 @@ def choose(request_mib: int, offers: Sequence[Offer]) -> Offer:
             " be promised: only MPS, MIG and Exclusive policies enforce memory (time-slicing"
             " enforces none), and a node offers its slots once it is Verified",
             code=403,
+            reason=NO_OFFER,
         )
     largest = offers[-1]
     same = sorted({o.policy for o in offers if o.slot == largest.slot})
@@ -79,6 +91,7 @@ def choose(request_mib: int, offers: Sequence[Offer]) -> Offer:
         f"no GPU slot enforces {asked}: the largest is {largest.slot.describe()}, policy"
         f" {named}; ask for at most {quantities.describe_mib(largest.memory_mib)}",
         code=403,
+        reason=TOO_LARGE,
     )
 
 
@@ -92,11 +105,11 @@ def place(
     metadata = pod.get("metadata") or {}
     text = (metadata.get("labels") or {}).get(REQUEST_LABEL)
     if not isinstance(text, str):
-        raise Refusal(f"the pod has no {REQUEST_LABEL} label")
+        raise Refusal(f"the pod has no {REQUEST_LABEL} label", reason=BAD_LABEL)
     try:
         request_mib = quantities.parse_mib(text)
     except quantities.QuantityError as exc:
-        raise Refusal(f"label {REQUEST_LABEL}: {exc}") from None
+        raise Refusal(f"label {REQUEST_LABEL}: {exc}", reason=BAD_LABEL) from None
     spec = pod.get("spec") or {}
     containers = list(spec.get("containers") or [])
     _refuse_gpu_requests(containers, spec.get("initContainers") or [], is_gpu_resource)
@@ -120,21 +133,23 @@ def _refuse_gpu_requests(
                         raise Refusal(
                             f"{kind} {container.get('name')!r} already {section[:-1]}s"
                             f" {name}: a pod asks for GPU memory with the {REQUEST_LABEL} label"
-                            " or for a GPU resource, not both (remove one)"
+                            " or for a GPU resource, not both (remove one)",
+                            reason=ALREADY_GPU,
                         )
 
 
 def _container(containers: Sequence[Mapping[str, Any]], wanted: object) -> int:
     names = [str(c.get("name")) for c in containers]
     if not names:
-        raise Refusal("the pod has no containers to give a GPU slot to")
+        raise Refusal("the pod has no containers to give a GPU slot to", reason=BAD_CONTAINER)
     if wanted is None:
         return 0
     if wanted in names:
         return names.index(str(wanted))
     raise Refusal(
         f"annotation {CONTAINER_ANNOTATION} names container {wanted!r}, which the pod does not"
-        f" have (its containers: {', '.join(names)}; init containers cannot hold the slot)"
+        f" have (its containers: {', '.join(names)}; init containers cannot hold the slot)",
+        reason=BAD_CONTAINER,
     )
 
 
@@ -172,14 +187,16 @@ def _refuse_limit_above(container: Mapping[str, Any], offer: Offer) -> None:
         if "valueFrom" in entry or not isinstance(value, str):
             raise Refusal(
                 f"container {name!r} takes {MPS_LIMIT_ENV} from elsewhere (valueFrom), so"
-                f" gpushare cannot tell whether it stays within its GPU slot: {fix}"
+                f" gpushare cannot tell whether it stays within its GPU slot: {fix}",
+                reason=MPS_LIMIT,
             )
         try:
             limits = limit_mib(value)
         except ValueError:
             raise Refusal(
                 f"container {name!r} sets {MPS_LIMIT_ENV}={value!r}, which does not read as"
-                f" NVIDIA's <device>=<amount><M|G>[,...] (e.g. 0=20G): {fix}"
+                f" NVIDIA's <device>=<amount><M|G>[,...] (e.g. 0=20G): {fix}",
+                reason=MPS_LIMIT,
             ) from None
         over = {device: mib for device, mib in limits.items() if mib > offer.memory_mib}
         if over:
@@ -187,7 +204,8 @@ def _refuse_limit_above(container: Mapping[str, Any], offer: Offer) -> None:
             raise Refusal(
                 f"container {name!r} sets {MPS_LIMIT_ENV}={value!r}: {mib} MiB on device"
                 f" {device} is more than the {offer.slot.describe()} slot its"
-                f" {REQUEST_LABEL} label gets: {fix}"
+                f" {REQUEST_LABEL} label gets: {fix}",
+                reason=MPS_LIMIT,
             )
 
 

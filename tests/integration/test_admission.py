@@ -254,6 +254,30 @@ REJECTED = [
         "greater than or equal to 1",
     ),
     Rejected(
+        "dra-time-slicing",
+        spec(backend="DRA"),
+        "spec",
+        "TimeSlicingSettings, MPSSupport",
+    ),
+    Rejected(
+        "dra-mps",
+        spec(strategy="MPS", replicas=4, backend="DRA"),
+        "spec",
+        "alpha feature gates",
+    ),
+    Rejected(
+        "dra-mig",
+        {"strategy": "MIG", "mig": {"profile": "1g.10gb"}, "backend": "DRA"},
+        "spec",
+        "MIG under backend DRA",
+    ),
+    Rejected(
+        "backend-unknown",
+        {"strategy": "Exclusive", "backend": "Magic"},
+        "spec.backend",
+        "Unsupported value",
+    ),
+    Rejected(
         "rollout-progress-deadline-0",
         spec(rollout={"progressDeadlineSeconds": 0}),
         "spec.rollout.progressDeadlineSeconds",
@@ -771,6 +795,7 @@ DEFAULTED_SPEC: Json = {
         "progressDeadlineSeconds": 600,
         "cordonDuringChange": False,
     },
+    "backend": "DevicePlugin",
 }
 DOCUMENTED_EXAMPLE: Json = {
     "nodeSelector": {
@@ -795,6 +820,7 @@ DOCUMENTED_EXAMPLE: Json = {
         "progressDeadlineSeconds": 600,
         "cordonDuringChange": False,
     },
+    "backend": "DevicePlugin",
 }
 EVERY_ROLLOUT_FIELD: Json = {
     "maxUnavailable": 25,
@@ -826,6 +852,11 @@ ACCEPTED: list[tuple[str, Json, Json]] = [
         },
     ),
     (
+        "exclusive-dra",
+        {"strategy": "Exclusive", "backend": "DRA"},
+        {**DEFAULTED_SPEC, "strategy": "Exclusive", "backend": "DRA"},
+    ),
+    (
         "exclusive-replicas-1",
         {"strategy": "Exclusive", "replicas": 1},
         {**DEFAULTED_SPEC, "strategy": "Exclusive", "replicas": 1},
@@ -848,9 +879,11 @@ ACCEPTED: list[tuple[str, Json, Json]] = [
             failRequestsGreaterThanOne=True,
             paused=True,
             rollout=EVERY_ROLLOUT_FIELD,
+            backend="DevicePlugin",
         ),
         spec(
             nodeSelector={},
+            backend="DevicePlugin",
             priority=models.MAX_PRIORITY,
             resourceName="example.com/" + "g" * 51,
             renameByDefault=True,

@@ -10,6 +10,11 @@ the matching alerts firing, and no other; every dashboard panel's queries must r
 then, the node healed, the GPU restored and a memory pod placed, every alert must resolve.
 The operator's scrape passes ``promtool check metrics``.
 
+Prometheus scrapes the operator's plain port (``--metrics-insecure``, as the operator tests run
+it): what is under test here is the rules and the panels, which read the same series over either
+port; the chart's HTTPS port behind TokenReview and SubjectAccessReview is scraped with a
+ServiceAccount token in ``test_metrics_auth.py``.
+
 ``GPUSHARE_DASHBOARD_PREVIEW=<png>`` (``make dashboard-preview``) also draws the dashboard's
 panels over the scenario into that file.
 """

@@ -140,6 +140,12 @@ async def test_a_pool_moves_to_dra_and_back_under_its_budget_with_a_failover(
     before = await running(sim, pods_ns, 4)
     assert not any(p["status"].get("extendedResourceClaimStatus") for p in before)
 
+    # Every node's agents stand still for now: the canary's label change lands, but its device
+    # plugin does not leave and no slice appears, so it is certainly between its label change
+    # and Verified when the leader dies (a quick canary would otherwise be Verified, and the
+    # next batch admitted, before the pause lands).
+    for node in nodes:
+        sim.set_healthy(node, False)
     since = time.time()
     await h.patch_policy(sim.client, name, {"backend": "DRA"})
     klass = await eventually(lambda: device_class(sim), what=f"DeviceClass {CLASS}", timeout=30)
@@ -176,11 +182,15 @@ async def test_a_pool_moves_to_dra_and_back_under_its_budget_with_a_failover(
     assert await first.exited() == -signal.SIGKILL
     await replicas.wait_holder(follower, timeout=30)
     (canary,) = await switched()
+    assert sim.slice_of(canary) is None, "the canary is not confirmed yet"
+    for node in nodes:
+        sim.set_healthy(node, True)
     dra_key = (await labels_of(sim, canary))[h.CONFIG_LABEL]
     assert dra_key != device_plugin_key and "-draexcl-" in dra_key
     await rollout_state(sim, name, "Paused", timeout=60)
     await sim.wait_idle(timeout=60)
     mixed = await on_dra()
+    assert mixed == [canary], "the new leader confirmed the canary and moved nothing else"
     for node in mixed:
         labels = await labels_of(sim, node)
         assert (labels.get(DEPLOY_LABEL), labels.get(DRA_LABEL)) == ("false", "true")

@@ -323,6 +323,7 @@ def test_rbac_is_least_privilege(helm: Helm) -> None:
         ("gpushare.dev", "gpunodestates"): ["create", "get", "list", "watch"],
         ("gpushare.dev", "gpunodestates/status"): ["patch"],
         ("resource.k8s.io", "resourceslices"): ["get", "list", "watch"],  # backend DRA: read
+        ("resource.k8s.io", "resourceclaims"): ["get", "list", "watch"],  # its allocations
         # Backend DRA's DeviceClasses: applied, and deleted once no policy wants one (the only
         # delete the operator is granted; its owner policies may outlive its use).
         ("resource.k8s.io", "deviceclasses"): ["create", "delete", "get", "list", "patch", "watch"],

@@ -17,7 +17,6 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any
 
 import pytest
 
@@ -25,45 +24,23 @@ from gpushare_testing import apiobjects as h
 from gpushare_testing import gpupods
 from gpushare_testing import rolloutaudit as audit
 from gpushare_testing.controlplane import ControlPlane
+from gpushare_testing.draobjects import (
+    CLASS,
+    DEPLOY_LABEL,
+    DRA_LABEL,
+    claim_of,
+    device_class,
+    exclusive,
+    labels_of,
+    pods_of,
+    running,
+)
 from gpushare_testing.replicas import USERS, Replicas
 from gpushare_testing.rolloutstate import all_verified, rollout_state
 from gpushare_testing.simulator import GpuClusterSimulator
 from gpushare_testing.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("crds_installed")
-
-DRA_LABEL = "gpushare.dev/dra-driver"
-DEPLOY_LABEL = "nvidia.com/gpu.deploy.device-plugin"
-CLASS = "gpu.gpushare.dev"
-CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
-
-
-def exclusive(name: str, pool: str, **spec: Any) -> dict[str, Any]:
-    body = h.policy(name, pool=pool, strategy="Exclusive", **spec)
-    body["spec"].pop("replicas")
-    return body
-
-
-async def device_class(sim: GpuClusterSimulator) -> dict[str, Any] | None:
-    status, body = await sim.client.get(f"{CLASSES}/{CLASS}")
-    return dict(body) if status == 200 else None
-
-
-async def labels_of(sim: GpuClusterSimulator, node: str) -> dict[str, str]:
-    return dict((await h.node(sim.client, node))["metadata"].get("labels") or {})
-
-
-async def pods_of(sim: GpuClusterSimulator, namespace: str) -> list[dict[str, Any]]:
-    body = await h.ok(sim.client, "GET", f"/api/v1/namespaces/{namespace}/pods")
-    return list(body["items"])
-
-
-async def claim_of(sim: GpuClusterSimulator, pod: dict[str, Any]) -> dict[str, Any]:
-    """The extended-resource claim kube-scheduler made and allocated for ``pod``."""
-    name = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
-    namespace = pod["metadata"]["namespace"]
-    path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
-    return dict(await h.ok(sim.client, "GET", path))
 
 
 def dra_windows(plane: ControlPlane, nodes: Collection[str], *, since: float) -> list[audit.Window]:
@@ -91,25 +68,6 @@ def dra_windows(plane: ControlPlane, nodes: Collection[str], *, since: float) ->
     assert set(switched) == set(nodes), f"switched: {sorted(switched)}"
     assert set(published) == set(nodes), f"published: {sorted(published)}"
     return [audit.Window(n, switched[n], published[n]) for n in nodes]
-
-
-async def running(sim: GpuClusterSimulator, namespace: str, count: int) -> list[dict[str, Any]]:
-    """Wait for ``count`` pods Running; for 0, also until the simulated kubelet has stopped
-    the deleted ones' containers (it holds their GPUs until then)."""
-
-    async def stopping() -> frozenset[str]:
-        return sim.pods.stopping if sim.pods is not None else frozenset()
-
-    if count == 0:
-        await eventually(stopping, until=lambda s: not s, timeout=60, what="containers stopped")
-    return await eventually(
-        lambda: pods_of(sim, namespace),
-        until=lambda pods: (
-            len([p for p in pods if p.get("status", {}).get("phase") == "Running"]) == count
-        ),
-        timeout=60,
-        what=f"{count} pods Running in {namespace}",
-    )
 
 
 async def test_a_pool_moves_to_dra_and_back_under_its_budget_with_a_failover(

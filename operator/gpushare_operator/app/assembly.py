@@ -19,6 +19,7 @@ from gpushare_operator.app.webhook import Webhook
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import (
     BudgetSink,
+    ClaimSink,
     ConfigMapSink,
     DeviceClassSink,
     NodeSink,
@@ -73,6 +74,15 @@ BUDGETS = reading.Collection(
 SLICES = reading.Collection(
     path="/apis/resource.k8s.io/v1/resourceslices",
     kind="ResourceSlice",
+    batch_window=READ_ONLY_BATCH_WINDOW,
+    forbidden_is_empty=True,
+)
+# The claims holding those devices: a DRA node's allocated slots are counted from them (a pod
+# may ask through a ResourceClaimTemplate, naming no resource).  Batched like pods: a claim
+# changes as often as the pod it serves.
+CLAIMS = reading.Collection(
+    path="/apis/resource.k8s.io/v1/resourceclaims",
+    kind="ResourceClaim",
     batch_window=READ_ONLY_BATCH_WINDOW,
     forbidden_is_empty=True,
 )
@@ -198,6 +208,7 @@ class Assembly:
         read: list[tuple[reading.Collection, reading.Sink]] = [
             (nodes, NodeSink(self.cache)),
             (SLICES, SliceSink(self.cache)),
+            (CLAIMS, ClaimSink(self.cache)),
             (DEVICE_CLASSES, DeviceClassSink(self.cache)),
             (node_states, NodeStateSink(self.cache)),
             (configmap, ConfigMapSink(self.cache)),

@@ -97,6 +97,7 @@ class ClusterCache:
         # ResourceSlices of gpu.nvidia.com and DeviceClasses (backend DRA).
         self.dra = DraState(queue=self.queue)
         self.dra.on_classes = self._device_classes_changed
+        self.dra.on_usage = self._claims_changed
         # PodDisruptionBudgets, for the victims podPolicy Evict chooses; they say which pod
         # labels the pod records keep.
         self.budgets = BudgetCache()
@@ -171,6 +172,14 @@ class ClusterCache:
         policies = {p.name for p in self.dra_policies()}
         self.queue.many_nodes({n for p in policies for n in self.index.nodes_of(p)})
         self.queue.many_policies(policies)
+
+    def _claims_changed(self, node: str) -> None:
+        """What claims hold on a node changed: its status and its policy's count again."""
+        if node in self.nodes:
+            self.queue.node(node)
+        governor = self.usage.governor(node)
+        if governor is not None:
+            self.queue.policy(governor[0])
 
     # -- nodes (informer sink) -----------------------------------------------------------------
 

@@ -1,10 +1,16 @@
-"""What the cluster shows of DRA: ``gpu.nvidia.com`` ResourceSlices per node, and DeviceClasses.
+"""What the cluster shows of DRA: ``gpu.nvidia.com`` ResourceSlices per node, the claims that
+hold their devices, and DeviceClasses.
 
-Fed by two informers (``app.assembly``); read by the planner.  Slices are kept slim
+Fed by three informers (``app.assembly``); read by the planner.  Slices are kept slim
 (``core.dra.SliceRecord``: devices by name, type and memory, nothing else), only for driver
 ``gpu.nvidia.com``, and indexed by node so that a node's plan reads its own slices only.  A
-change marks the node it is about dirty; a DeviceClass change marks every node whose policy
-is of backend DRA (their wait for the class, or a conflict, may end), through ``on_classes``.
+change marks the node it is about dirty.  Claims are kept only while they hold
+``gpu.nvidia.com`` devices (``core.dra.ClaimRecord``: the (node, device) pairs and the pods
+they serve), indexed by node: a DRA node's allocated slots are counted from them, not from
+pod specs (a pod may ask through a ResourceClaimTemplate and name no resource at all); a
+change marks the nodes it touches, through ``on_usage``.  A DeviceClass change marks every
+node whose policy is of backend DRA (their wait for the class, or a conflict, may end),
+through ``on_classes``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,13 @@ class DraState:
         self.classes: dict[str, dra.ClassRecord] = {}
         # Called after a DeviceClass change (the cache marks the DRA policies' nodes).
         self.on_classes: Callable[[], None] = lambda: None
+        # Claim uid -> its record: only claims holding gpu.nvidia.com devices (core.dra).
+        self.claims: dict[str, dra.ClaimRecord] = {}
+        # Node (pool) -> uids of the claims holding devices there: every claim is indexed under
+        # each of its record's nodes and nowhere else; never an empty set.
+        self._claims_on: dict[str, set[str]] = {}
+        # Called with each node whose claims changed (the cache marks it and its policy).
+        self.on_usage: Callable[[str], None] = lambda node: None
 
     # -- slices (informer sink) ------------------------------------------------------------
 
@@ -68,6 +81,50 @@ class DraState:
 
     def slice_names(self) -> list[str]:
         return list(self.slices)
+
+    # -- claims (informer sink) ------------------------------------------------------------
+
+    def upsert_claim(self, obj: Mapping[str, Any]) -> None:
+        record = dra.claim_record(obj)
+        uid = str((obj.get("metadata") or {}).get("uid"))
+        old = self.claims.get(uid)
+        if record is None:
+            self.delete_claim(uid)  # deallocated, or never ours to count
+            return
+        if old == record:
+            return  # a change of nothing we read (most claim updates)
+        if old is not None:
+            self._unindex_claim(old)
+        self.claims[uid] = record
+        for node in record.nodes:
+            self._claims_on.setdefault(node, set()).add(uid)
+        for node in record.nodes | (old.nodes if old is not None else frozenset()):
+            self.on_usage(node)
+
+    def delete_claim(self, uid: str) -> None:
+        old = self.claims.pop(uid, None)
+        if old is not None:
+            self._unindex_claim(old)
+            for node in old.nodes:
+                self.on_usage(node)
+
+    def _unindex_claim(self, old: dra.ClaimRecord) -> None:
+        for node in old.nodes:
+            uids = self._claims_on.get(node)
+            if uids is not None:
+                uids.discard(old.uid)
+                if not uids:
+                    del self._claims_on[node]
+
+    def claim_uids(self) -> list[str]:
+        return list(self.claims)
+
+    def held(self, node: str) -> tuple[int, int]:
+        """Devices claims hold on ``node`` and the pods they serve (``core.dra.held_on``)."""
+        uids = self._claims_on.get(node)
+        if not uids:
+            return 0, 0
+        return dra.held_on(node, (self.claims[u] for u in uids))
 
     # -- device classes (informer sink) ----------------------------------------------------
 

@@ -81,6 +81,22 @@ class SliceSink(_ReplacingSink):
         self._cache.dra.delete_slice(key)
 
 
+class ClaimSink(_ReplacingSink):
+    """ResourceClaims, by uid (only those holding ``gpu.nvidia.com`` devices are kept)."""
+
+    def key(self, obj: Mapping[str, Any]) -> str:
+        return str((obj.get("metadata") or {}).get("uid"))
+
+    def keys(self) -> list[str]:
+        return self._cache.dra.claim_uids()
+
+    def upsert(self, obj: dict[str, Any]) -> None:
+        self._cache.dra.upsert_claim(obj)
+
+    def delete(self, key: str) -> None:
+        self._cache.dra.delete_claim(key)
+
+
 class DeviceClassSink(_ReplacingSink):
     def keys(self) -> list[str]:
         return self._cache.dra.class_names()

@@ -158,13 +158,77 @@ def disagreements(record: NodeRecord, devices: tuple[Device, ...], *, resource: 
     left = record.allocatable_of(resource)
     if left:
         problems.append(f"allocatable {resource} is {left}, expected 0 (the device plugin is gone)")
-    gpus = sum(1 for d in devices if d.type == GPU_TYPE)
+    gpus = gpu_count(devices)
     expected = record.gpus or 0
     if not devices:
         problems.append(f"no ResourceSlice of driver {DRIVER} lists this node's devices yet")
     elif gpus != expected:
         problems.append(f"the {DRIVER} ResourceSlice lists {gpus} GPUs, expected {expected}")
     return problems
+
+
+# -- ResourceClaims ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRecord:
+    """An allocated ResourceClaim, slim: the ``gpu.nvidia.com`` devices it holds, as (pool,
+    device) pairs (NVIDIA's kubelet plugin names each node's pool after the node), and the uids
+    of the pods it is reserved for.  Nothing else of a claim is read."""
+
+    uid: str
+    devices: tuple[tuple[str, str], ...]
+    pods: tuple[str, ...] = ()
+
+    @property
+    def nodes(self) -> frozenset[str]:
+        return frozenset(pool for pool, _ in self.devices)
+
+
+def claim_record(obj: Mapping[str, Any]) -> ClaimRecord | None:
+    """The record of a claim holding ``gpu.nvidia.com`` devices; None for one that holds none
+    (not allocated yet, or another driver's): it counts for nothing."""
+    status = obj.get("status") or {}
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or ()
+    devices = sorted(
+        {
+            (str(r["pool"]), str(r["device"]))
+            for r in results
+            if isinstance(r, Mapping)
+            and r.get("driver") == DRIVER
+            and r.get("pool")
+            and r.get("device")
+        }
+    )
+    if not devices:
+        return None
+    pods = sorted(
+        {
+            str(r["uid"])
+            for r in status.get("reservedFor") or ()
+            if isinstance(r, Mapping) and r.get("resource") == "pods" and r.get("uid")
+        }
+    )
+    uid = str((obj.get("metadata") or {}).get("uid"))
+    return ClaimRecord(uid=uid, devices=tuple(devices), pods=tuple(pods))
+
+
+def held_on(node: str, claims: Iterable[ClaimRecord]) -> tuple[int, int]:
+    """Devices the claims hold on ``node`` (each counted once: an admin-access claim may share
+    one), and the pods they are reserved for: a DRA node's allocated slots and their holders."""
+    devices: set[str] = set()
+    pods: set[str] = set()
+    for claim in claims:
+        mine = [device for pool, device in claim.devices if pool == node]
+        if mine:
+            devices.update(mine)
+            pods.update(claim.pods)
+    return len(devices), len(pods)
+
+
+def gpu_count(devices: Iterable[Device]) -> int:
+    """The full GPUs a node's slice lists."""
+    return sum(1 for d in devices if d.type == GPU_TYPE)
 
 
 # -- DeviceClasses ---------------------------------------------------------------------------

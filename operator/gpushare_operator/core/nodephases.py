@@ -87,7 +87,7 @@ def _applied(
         resource = devconfigs.advertised_resource(policy.sharing)
         problems = dra.disagreements(record, devices, resource=resource)
         if not problems:
-            gpus = sum(1 for d in devices if d.type == dra.GPU_TYPE)
+            gpus = dra.gpu_count(devices)
             message = (
                 f"the {dra.DRIVER} ResourceSlice lists {gpus} GPUs; kubelet shows no {resource}"
                 " from the device plugin"
@@ -356,17 +356,20 @@ def render_status(
     allocated: int = 0,
     allocated_by: Mapping[str, int] | None = None,
     pods: int = 0,
+    devices: int | None = None,
     write_problem: str | None = None,
 ) -> dict[str, Any]:
     """The GPUNodeState status, with transition times kept while nothing changes.
-    ``allocated_by``: the slots held per resource (a MIG node shows them per resource)."""
+    ``allocated_by``: the slots held per resource (a MIG node shows them per resource).
+    ``devices``: the GPUs capacity is counted from, where not GFD's count (a DRA node's
+    ResourceSlice)."""
     policy = decision.policy
     gpus = record.gpus or 0
     governed = policy is not None and decision.phase is not NodePhase.UNSUPPORTED
     capacity = 0
     slots: dict[str, Any] = {}
     if governed and policy is not None:
-        capacity = gpus * (policy.replicas or 0)
+        capacity = (gpus if devices is None else devices) * (policy.replicas or 0)
         if policy.mig is not None:
             per_gpu = policy.mig.slots_per_gpu(record.product)
             capacity = gpus * sum(per_gpu.values())

@@ -308,14 +308,14 @@ class Planner:
         previous = cache.in_flight.get(("nodestate", record.name)) or cache.node_states.get(
             record.name
         )
-        allocated, pods = 0, 0
+        allocated, pods, devices = 0, 0, None
         held_by: dict[str, int] = {}
         supported = decision.phase is not NodePhase.UNSUPPORTED
         if supported and decision.policy is not None and decision.policy.sharing is not None:
-            for resource in decision.policy.resources:
-                held, holders = cache.usage.node_usage(record.name, resource)
+            for resource, (held, holders) in tallies.held(cache, record, decision.policy).items():
                 allocated, pods = allocated + held, pods + holders
                 held_by[resource] = held
+            devices = tallies.devices(cache, record, decision.policy)
         status = nodephases.render_status(
             record=record,
             decision=decision,
@@ -324,6 +324,7 @@ class Planner:
             allocated=allocated,
             allocated_by=held_by,
             pods=pods,
+            devices=devices,
             write_problem=self.memory.node_problems.get(record.name),
         )
         status = statusdiff.without(status, self.memory.pruned.get("nodestate", frozenset()))

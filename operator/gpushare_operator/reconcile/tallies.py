@@ -5,10 +5,34 @@ from __future__ import annotations
 from typing import Protocol
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import nodephases, policystatus, resolution
+from gpushare_operator.core import dra, nodephases, policystatus, resolution
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
+
+Held = tuple[int, int]  # (slots, pods holding them)
+
+
+def held(cache: ClusterCache, record: NodeRecord, policy: CompiledPolicy) -> dict[str, Held]:
+    """Slots held on the node per resource of ``policy``, and by how many pods.
+
+    On a node DRA serves, its devices are allocated by ResourceClaims whatever a pod spec names
+    (an ``nvidia.com/gpu`` request gets a claim the scheduler makes; a pod may also ask through
+    a ResourceClaimTemplate and name no resource at all): counted from the claims, under the
+    policy's resource.  Elsewhere from the pods' requests, as the device plugin allocates them.
+    """
+    if dra.is_on(record) and policy.resources:
+        first, *rest = policy.resources
+        return {first: cache.dra.held(record.name), **dict.fromkeys(rest, (0, 0))}
+    return {r: cache.usage.node_usage(record.name, r) for r in policy.resources}
+
+
+def devices(cache: ClusterCache, record: NodeRecord, policy: CompiledPolicy) -> int:
+    """The GPUs a node's capacity is counted from: on a node of a DRA policy that DRA serves,
+    those its ResourceSlice lists (what claims can be allocated from); else GFD's count."""
+    if policy.dra and dra.is_on(record):
+        return dra.gpu_count(cache.dra.devices(record.name))
+    return record.gpus or 0
 
 
 class Deciding(Protocol):
@@ -23,6 +47,8 @@ class Deciding(Protocol):
 def tally(planner: Deciding, policy: CompiledPolicy) -> policystatus.PolicyTally:
     cache = planner.cache
     counted = policystatus.PolicyTally()
+    # The pods' count of the policy's slots, corrected on the nodes DRA serves (``held``).
+    claimed = 0
     for node in sorted(cache.index.nodes_of(policy.name)):
         record = cache.nodes.get(node)
         if record is None:
@@ -31,10 +57,12 @@ def tally(planner: Deciding, policy: CompiledPolicy) -> policystatus.PolicyTally
         decision = planner.decide(record)
         winner = decision.policy
         if winner is not None and winner.name == policy.name:
-            _count(counted, record, decision, policy)
+            _count(counted, record, decision, policy, devices=devices(cache, record, policy))
             if decision.phase is not NodePhase.UNSUPPORTED:
-                held = {r: cache.usage.node_usage(node, r)[0] for r in policy.resources}
-                counted.classes.add(record, policy, held=held)
+                slots = {r: n for r, (n, _) in held(cache, record, policy).items()}
+                counted.classes.add(record, policy, held=slots)
+                if dra.is_on(record):
+                    claimed += sum(slots.values()) - cache.usage.node_total(node)
             continue
         problem = nodephases.unsupported(record, policy)
         outranks = winner is None or resolution.rank_key(policy) < resolution.rank_key(winner)
@@ -43,7 +71,7 @@ def tally(planner: Deciding, policy: CompiledPolicy) -> policystatus.PolicyTally
             counted.skipped.append((node, problem[1]))
         else:
             counted.conflicts.append((node, winner.name if winner else "none"))
-    counted.allocated = cache.usage.policy_slots(policy.name)
+    counted.allocated = cache.usage.policy_slots(policy.name) + claimed
     if policy.mig is not None:
         counted.allocated_by = cache.usage.policy_resource_slots(policy.name)
     return counted
@@ -54,7 +82,10 @@ def _count(
     record: NodeRecord,
     decision: nodephases.NodeDecision,
     policy: CompiledPolicy,
+    *,
+    devices: int,
 ) -> None:
+    """``devices``: the GPUs its capacity is counted from (the function ``devices`` above)."""
     counted.governed += 1
     phase = decision.phase
     if phase is NodePhase.UNSUPPORTED:
@@ -63,8 +94,8 @@ def _count(
         problem = nodephases.unsupported(record, policy)
         counted.skipped.append((record.name, problem[1] if problem else decision.message))
         return
-    gpus = record.gpus or 0
-    counted.gpus += gpus
+    counted.gpus += record.gpus or 0
+    gpus = devices
     if policy.mig is not None:  # MIG devices per GPU depend on the model
         for resource, per_gpu in policy.mig.slots_per_gpu(record.product).items():
             counted.capacity += gpus * per_gpu

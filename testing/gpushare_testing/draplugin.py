@@ -17,18 +17,36 @@ What the simulator plays for backend DRA (``docs/simulator.md`` has the sources)
   the node, a device ``gpu-<minor>`` per full GPU with attributes ``type`` (``gpu``), ``uuid``,
   ``productName``, ``architecture``, ``cudaComputeCapability``, ``driverVersion``, ``index``,
   ``minor``, and capacity ``memory``.  It goes when the plugin goes (its label removed).
+- **MIG** (``nvlib.go`` ``GetPerGpuAllocatableDevices``, ``mig.go``): a GPU in MIG mode is not
+  listed as a full GPU; each of its pre-made MIG devices is, named
+  ``gpu-<minor>-mig-<profile without dots>-<giProfileId>-<placement start>``, with ``type``
+  ``mig``, ``profile``, ``parentUUID`` and capacity ``memory`` in bytes (``CommonCapacitiesMig``).
+  The plugin enumerates the devices once, when it starts, and nothing in NVIDIA's stack restarts
+  it after a layout change (mig-parted's ``reconfigure-mig.sh`` pauses only the device plugin,
+  GFD and DCGM's deploy labels): its DaemonSet is installed to leave a node while
+  ``nvidia.com/mig.config.state`` is ``pending`` or ``rebooting`` (the affinity gpushare's docs
+  give), so it starts again, and lists the new devices, once the MIG manager is done.  A slice
+  already published is never rewritten.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
+
+from gpushare_testing.migtables import GpuModel
 
 DRIVER: Final = "gpu.nvidia.com"
 DEPLOY_LABEL: Final = "nvidia.com/gpu.deploy.device-plugin"
 DRA_LABEL: Final = "gpushare.dev/dra-driver"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
+SHARED_RESOURCE: Final = "nvidia.com/gpu.shared"
+MIG_PREFIX: Final = "nvidia.com/mig-"
+MIG_STATE_LABEL: Final = "nvidia.com/mig.config.state"
+# The MIG manager's states while it changes a node's layout: the plugin's DaemonSet leaves.
+MIG_CHANGING: Final = frozenset({"pending", "rebooting"})
 SLICES_PATH: Final = "/apis/resource.k8s.io/v1/resourceslices"
 FIELD_MANAGER: Final = "gpu-kubelet-plugin"
 # The GPU Operator's own field manager, for the deploy label it restores.
@@ -53,12 +71,18 @@ def deploy_label_missing(labels: Mapping[str, str]) -> bool:
 
 
 def wants_slice(labels: Mapping[str, str], allocatable: Mapping[str, Any]) -> bool:
-    """Whether the DRA kubelet plugin runs and publishes: selected, the device plugin off, and
-    its resource gone from the node's allocatable as the API server shows it."""
+    """Whether the DRA kubelet plugin runs and publishes: selected (and no MIG change under
+    way), the device plugin off, and its resources gone from the node's allocatable as the API
+    server shows it."""
     if labels.get(DRA_LABEL) != "true" or device_plugin_deployed(labels):
         return False
-    left = allocatable.get(GPU_RESOURCE)
-    return left is None or str(left) == "0"
+    if labels.get(MIG_STATE_LABEL) in MIG_CHANGING:
+        return False
+    return all(str(v) == "0" for r, v in allocatable.items() if _served_by_plugin(r))
+
+
+def _served_by_plugin(resource: str) -> bool:
+    return resource in (GPU_RESOURCE, SHARED_RESOURCE) or resource.startswith(MIG_PREFIX)
 
 
 def gpu_uuid(node: str, index: int) -> str:
@@ -66,8 +90,52 @@ def gpu_uuid(node: str, index: int) -> str:
     return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.gpu{index}')}"
 
 
-def slice_body(*, node: str, node_uid: str, gpus: int, labels: Mapping[str, str]) -> dict[str, Any]:
-    """The ResourceSlice NVIDIA's kubelet plugin publishes for ``node``'s full GPUs."""
+def mig_uuid(node: str, index: int, name: str) -> str:
+    return f"MIG-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.gpu{index}.{name}')}"
+
+
+def mig_device_names(profiles: Sequence[str], model: GpuModel, *, minor: int) -> list[str]:
+    """NVIDIA's canonical names of one GPU's MIG devices (``mig.go`` ``ToCanonicalName``), in
+    the order of ``profiles``, at the first placements (NVML's) that hold them all."""
+    order = sorted(range(len(profiles)), key=lambda i: -model.profiles[profiles[i]].memory_slices)
+    starts = _place([profiles[i] for i in order], model, used=frozenset())
+    if starts is None:
+        raise ValueError(f"{', '.join(profiles)} do not fit together on GPU {minor}")
+    at = dict(zip(order, starts, strict=True))
+    names = []
+    for i, profile in enumerate(profiles):
+        pname = re.sub(r"[^a-z0-9-]", "-", profile.replace(".", "").lower())
+        profile_id = model.profiles[profile].extra.get("giProfileId", 0)
+        names.append(f"gpu-{minor}-mig-{pname}-{profile_id}-{at[i]}")
+    return names
+
+
+def _place(profiles: Sequence[str], model: GpuModel, *, used: frozenset[int]) -> list[int] | None:
+    """Placement starts for ``profiles`` in the memory slices ``used`` leaves free (the first
+    that works, trying each profile's placements in NVML's order)."""
+    if not profiles:
+        return []
+    for start, size in model.profiles[profiles[0]].placements:
+        span = frozenset(range(start, start + size))
+        if span & used:
+            continue
+        rest = _place(profiles[1:], model, used=used | span)
+        if rest is not None:
+            return [start, *rest]
+    return None
+
+
+def slice_body(
+    *,
+    node: str,
+    node_uid: str,
+    gpus: int,
+    labels: Mapping[str, str],
+    mig: Sequence[Sequence[str] | None] = (),
+    model: GpuModel | None = None,
+) -> dict[str, Any]:
+    """The ResourceSlice NVIDIA's kubelet plugin publishes for ``node``: each GPU whole, or
+    (``mig``: per GPU, its MIG devices' profiles, None where MIG is off) its MIG devices."""
     product = labels.get("nvidia.com/gpu.product", "")
     memory = labels.get("nvidia.com/gpu.memory", "0")
     family = labels.get("nvidia.com/gpu.family", "")
@@ -77,24 +145,45 @@ def slice_body(*, node: str, node_uid: str, gpus: int, labels: Mapping[str, str]
         labels.get(f"nvidia.com/cuda.driver.{p}", "0").lstrip("0") or "0"
         for p in ("major", "minor", "rev")
     )
-    devices = [
-        {
-            "name": f"gpu-{i}",
-            "attributes": {
-                "type": {"string": "gpu"},
-                "uuid": {"string": gpu_uuid(node, i)},
-                "productName": {"string": product.replace("-", " ")},
-                "brand": {"string": "Nvidia"},
-                "architecture": {"string": _ARCHITECTURES.get(family, family.title())},
-                "cudaComputeCapability": {"version": f"{major}.{minor}.0"},
-                "driverVersion": {"version": driver},
-                "index": {"int": i},
-                "minor": {"int": i},
-            },
-            "capacity": {"memory": {"value": f"{int(memory) if memory.isdigit() else 0}Mi"}},
-        }
-        for i in range(gpus)
-    ]
+    common = {
+        "productName": {"string": product.replace("-", " ")},
+        "brand": {"string": "Nvidia"},
+        "architecture": {"string": _ARCHITECTURES.get(family, family.title())},
+        "cudaComputeCapability": {"version": f"{major}.{minor}.0"},
+        "driverVersion": {"version": driver},
+    }
+    devices: list[dict[str, Any]] = []
+    for i in range(gpus):
+        profiles = mig[i] if i < len(mig) else None
+        if profiles is None:
+            devices.append(
+                {
+                    "name": f"gpu-{i}",
+                    "attributes": {
+                        "type": {"string": "gpu"},
+                        "uuid": {"string": gpu_uuid(node, i)},
+                        **common,
+                        "index": {"int": i},
+                        "minor": {"int": i},
+                    },
+                    "capacity": {
+                        "memory": {"value": f"{int(memory) if memory.isdigit() else 0}Mi"}
+                    },
+                }
+            )
+            continue
+        assert model is not None, "MIG devices need the GPU model's tables"
+        for name, profile in zip(mig_device_names(profiles, model, minor=i), profiles, strict=True):
+            mib = model.profiles[profile].memory_mib
+            attributes = {
+                "type": {"string": "mig"},
+                "uuid": {"string": mig_uuid(node, i, name)},
+                "parentUUID": {"string": gpu_uuid(node, i)},
+                "profile": {"string": profile},
+                **common,
+            }
+            capacity = {"memory": {"value": str(mib * 1024 * 1024)}}
+            devices.append({"name": name, "attributes": attributes, "capacity": capacity})
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",

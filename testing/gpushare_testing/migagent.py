@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from gpushare_testing.migmanager import (
     CONFIG_LABEL,
+    DEPLOY_LABELS,
     STATE_LABEL,
     GpuMig,
     Target,
@@ -192,8 +193,11 @@ class MigAgent:
         self, name: str, labels: Mapping[str, str], agents: NodeAgents, state: str, reason: str
     ) -> str:
         """reconfigure.go ``setState``: the deploy labels back first, then the state."""
-        await self._labels(name, restored_labels(labels))
-        if agents.outage:  # the labels brought the device-plugin pod back
+        restored = restored_labels(labels)
+        await self._labels(name, restored)
+        # The labels bring the device-plugin pod back, unless its label is false (backend DRA:
+        # gpushare turned it off, and the manager keeps a false as it found it).
+        if agents.outage and restored.get(DEPLOY_LABELS[0]) == "true":
             agents.start_plugin(now=time.monotonic(), view=self._host.plugin_view())
             self._host.mark(name)
         await self._labels(name, {STATE_LABEL: state})
@@ -213,7 +217,8 @@ class MigAgent:
 
     async def _clients(self, name: str) -> list[str]:
         """Pods on the node that hold (or may hold) GPU devices: not finished, asking for any
-        ``nvidia.com/`` resource.  A pod being deleted still runs until kubelet stops it."""
+        ``nvidia.com/`` resource, or holding any ResourceClaim (harsher than reality: a claim
+        may hold no GPU).  A pod being deleted still runs until kubelet stops it."""
         params = {"fieldSelector": f"spec.nodeName={name}"}
         status, body = await self._host.client.get("/api/v1/pods", params=params)
         if status != 200:
@@ -223,7 +228,8 @@ class MigAgent:
             if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 continue
             requests = pod_requests(pod.get("spec") or {})
-            if any(k.startswith("nvidia.com/") and v > 0 for k, v in requests.items()):
+            claims = (pod.get("spec") or {}).get("resourceClaims")
+            if claims or any(k.startswith("nvidia.com/") and v > 0 for k, v in requests.items()):
                 meta = pod["metadata"]
                 clients.append(f"{meta.get('namespace')}/{meta.get('name')}")
         return sorted(clients)

@@ -518,11 +518,16 @@ class GpuClusterSimulator(NodeWatcher):
         wanted = draplugin.wants_slice(labels, allocatable)
         published = self._slices.get(name)
         if wanted and published is None:
+            # What the plugin enumerates as it starts: each GPU whole, or its MIG devices.
+            agents = self._agents.get(name)
+            layout = agents.mig.layout if agents is not None else ()
             body = draplugin.slice_body(
                 node=name,
                 node_uid=str(node.get("metadata", {}).get("uid")),
                 gpus=self._gpus.get(name, 0),
                 labels=labels,
+                mig=[gpu.devices if gpu.enabled else None for gpu in layout],
+                model=self.mig_model(agents.mig.product) if agents is not None else None,
             )
             params = {"fieldManager": draplugin.FIELD_MANAGER}
             code, created = await self.client.post(draplugin.SLICES_PATH, body, params=params)

@@ -266,10 +266,30 @@ REJECTED = [
         "alpha feature gates",
     ),
     Rejected(
-        "dra-mig",
+        "dra-mig-single",  # a one-profile layout is single unless it says mixed
         {"strategy": "MIG", "mig": {"profile": "1g.10gb"}, "backend": "DRA"},
         "spec",
-        "MIG under backend DRA",
+        "MIG under backend DRA takes mig.migStrategy mixed",
+    ),
+    Rejected(
+        "dra-mig-single-explicit",
+        {
+            "strategy": "MIG",
+            "mig": {"devices": {"1g.10gb": 7}, "migStrategy": "single"},
+            "backend": "DRA",
+        },
+        "spec",
+        "MIG under backend DRA takes mig.migStrategy mixed",
+    ),
+    Rejected(
+        "dra-mig-replicas",
+        {
+            "strategy": "MIG",
+            "mig": {"profile": "1g.10gb", "migStrategy": "mixed", "replicas": 2},
+            "backend": "DRA",
+        },
+        "spec",
+        "mig.replicas under backend DRA is sharing",
     ),
     Rejected(
         "backend-unknown",
@@ -855,6 +875,30 @@ ACCEPTED: list[tuple[str, Json, Json]] = [
         "exclusive-dra",
         {"strategy": "Exclusive", "backend": "DRA"},
         {**DEFAULTED_SPEC, "strategy": "Exclusive", "backend": "DRA"},
+    ),
+    (
+        "mig-dra-mixed-profile",
+        {
+            "strategy": "MIG",
+            "mig": {"profile": "1g.10gb", "migStrategy": "mixed"},
+            "backend": "DRA",
+        },
+        {
+            **DEFAULTED_SPEC,
+            "strategy": "MIG",
+            "mig": {"profile": "1g.10gb", "migStrategy": "mixed"},
+            "backend": "DRA",
+        },
+    ),
+    (
+        "mig-dra-devices",  # a layout of devices is mixed by default
+        {"strategy": "MIG", "mig": {"devices": {"3g.40gb": 1, "1g.10gb": 4}}, "backend": "DRA"},
+        {
+            **DEFAULTED_SPEC,
+            "strategy": "MIG",
+            "mig": {"devices": {"3g.40gb": 1, "1g.10gb": 4}},
+            "backend": "DRA",
+        },
     ),
     (
         "exclusive-replicas-1",

@@ -10,7 +10,7 @@ import pytest
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import dra, nodelabels, nodephases, victims
 from gpushare_operator.core.models import (
-    DRA_MIG_LATER,
+    DRA_MIG_MIXED,
     DRA_SHARING_ALPHA,
     GPUSharingPolicySpec,
     NodePhase,
@@ -63,12 +63,17 @@ def test_sharing_under_dra_is_refused_naming_nvidias_alpha_gates(strategy: str) 
     assert "alpha feature gates" in DRA_SHARING_ALPHA
 
 
-def test_mig_under_dra_is_refused_in_this_release() -> None:
-    with pytest.raises(pydantic.ValidationError, match="MIG under backend DRA"):
-        GPUSharingPolicySpec.model_validate(
-            {**BASE, "strategy": "MIG", "mig": {"profile": "1g.10gb"}, "backend": "DRA"}
-        )
-    assert "DevicePlugin" in DRA_MIG_LATER
+def test_mig_under_dra_takes_the_mixed_strategy_and_no_replicas() -> None:
+    def mig(**layout: Any) -> dict[str, Any]:
+        return {**BASE, "strategy": "MIG", "mig": layout, "backend": "DRA"}
+
+    with pytest.raises(pydantic.ValidationError, match=r"takes mig\.migStrategy mixed"):
+        GPUSharingPolicySpec.model_validate(mig(profile="1g.10gb"))  # single by default
+    with pytest.raises(pydantic.ValidationError, match=r"mig\.replicas under backend DRA"):
+        GPUSharingPolicySpec.model_validate(mig(profile="1g.10gb", migStrategy="mixed", replicas=2))
+    assert "one DeviceClass only" in DRA_MIG_MIXED
+    GPUSharingPolicySpec.model_validate(mig(profile="1g.10gb", migStrategy="mixed"))
+    GPUSharingPolicySpec.model_validate(mig(devices={"3g.40gb": 1, "1g.10gb": 4}))
 
 
 def test_a_backend_move_is_a_new_config_key() -> None:
@@ -274,7 +279,7 @@ def test_a_plan_names_the_pods_dra_would_not_serve_and_exits_2() -> None:
 
 
 def test_a_dra_policy_says_whether_its_class_is_there() -> None:
-    resource = "nvidia.com/gpu"
+    resource = ("nvidia.com/gpu",)
     missing = dra.class_condition(resource, dra.Readiness(class_ready=False))
     assert (missing.status, missing.reason) == ("False", "DeviceClassNotWritten")
     clash = dra.class_condition(resource, dra.Readiness(class_ready=True, conflict="theirs"))

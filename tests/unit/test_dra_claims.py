@@ -83,9 +83,9 @@ def test_devices_held_are_counted_once_per_node_with_their_pods() -> None:
         dra.ClaimRecord(uid="b", devices=(("n1", "gpu-0"), ("n2", "gpu-0")), pods=("p2",)),
         dra.ClaimRecord(uid="c", devices=(("n2", "gpu-1"),), pods=("p3",)),
     ]
-    assert dra.held_on("n1", claims) == (1, 2)
-    assert dra.held_on("n2", claims) == (2, 2)
-    assert dra.held_on("n3", claims) == (0, 0)
+    assert dra.held_on("n1", claims) == ({"gpu-0"}, 2)
+    assert dra.held_on("n2", claims) == ({"gpu-0", "gpu-1"}, 2)
+    assert dra.held_on("n3", claims) == (frozenset(), 0)
 
 
 def test_claim_events_index_by_node_mark_only_real_changes_and_leave_with_a_relist() -> None:

@@ -120,10 +120,15 @@ class DraState:
         return list(self.claims)
 
     def held(self, node: str) -> tuple[int, int]:
-        """Devices claims hold on ``node`` and the pods they serve (``core.dra.held_on``)."""
+        """How many devices claims hold on ``node``, and the pods they serve."""
+        devices, pods = self.held_devices(node)
+        return len(devices), pods
+
+    def held_devices(self, node: str) -> tuple[frozenset[str], int]:
+        """The devices claims hold on ``node``, and the pods they serve (``core.dra.held_on``)."""
         uids = self._claims_on.get(node)
         if not uids:
-            return 0, 0
+            return frozenset(), 0
         return dra.held_on(node, (self.claims[u] for u in uids))
 
     # -- device classes (informer sink) ----------------------------------------------------
@@ -142,17 +147,19 @@ class DraState:
     def class_names(self) -> list[str]:
         return list(self.classes)
 
-    def readiness(self, resource: str) -> dra.Readiness:
-        """Whether our class for ``resource`` is there, and any foreign class claiming it."""
-        ours = self.classes.get(dra.class_name(resource))
-        clash = dra.conflicts(resource, self.classes.values())
-        conflict = None
-        if clash:
-            conflict = (
-                f"DeviceClass(es) {', '.join(clash)} not written by gpushare also serve"
-                f" extendedResourceName {resource}; the API server picks the class created"
-                " later, so which one a pod gets is chance: remove theirs, or set backend"
-                " DevicePlugin"
-            )
-        ready = ours is not None and ours.ours and ours.extended_resource == resource
+    def readiness(self, *resources: str) -> dra.Readiness:
+        """Whether our classes for ``resources`` are all there, and the first foreign class
+        claiming one of them."""
+        ready, conflict = True, None
+        for resource in resources:
+            ours = self.classes.get(dra.class_name(resource))
+            ready = ready and ours is not None and ours.ours and ours.extended_resource == resource
+            clash = dra.conflicts(resource, self.classes.values())
+            if clash and conflict is None:
+                conflict = (
+                    f"DeviceClass(es) {', '.join(clash)} not written by gpushare also serve"
+                    f" extendedResourceName {resource}; the API server picks the class created"
+                    " later, so which one a pod gets is chance: remove theirs, or set backend"
+                    " DevicePlugin"
+                )
         return dra.Readiness(class_ready=ready, conflict=conflict)

@@ -96,6 +96,7 @@ _MIG: Final = cel_string(models.SharingStrategy.MIG)
 _DEFAULT_RESOURCE: Final = cel_string(models.DEFAULT_RESOURCE_NAME)
 _PROCEED: Final = cel_string(models.PodPolicy.PROCEED)
 _DRA: Final = cel_string(models.Backend.DRA)
+_MIXED: Final = cel_string(migspec.MigStrategy.MIXED)
 MIG_SPEC_RULES: Final = (
     _rule(
         f"self.strategy != {_MIG} || has(self.mig)",
@@ -154,8 +155,15 @@ SPEC_RULES: Final = (
         models.DRA_SHARING_ALPHA,
     ),
     _rule(
-        f"!has(self.backend) || self.backend != {_DRA} || self.strategy != {_MIG}",
-        models.DRA_MIG_LATER,
+        f"!has(self.backend) || self.backend != {_DRA} || self.strategy != {_MIG}"
+        " || !has(self.mig) || (has(self.mig.migStrategy)"
+        f" ? self.mig.migStrategy == {_MIXED} : has(self.mig.devices))",
+        models.DRA_MIG_MIXED,
+    ),
+    _rule(
+        f"!has(self.backend) || self.backend != {_DRA} || self.strategy != {_MIG}"
+        " || !has(self.mig) || !has(self.mig.replicas)",
+        models.DRA_MIG_REPLICAS,
     ),
 )
 _SINGLE: Final = cel_string(migspec.MigStrategy.SINGLE)

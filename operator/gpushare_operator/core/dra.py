@@ -40,6 +40,10 @@ DRA_DRIVER_LABEL: Final = "gpushare.dev/dra-driver"
 ON: Final[Mapping[str, str]] = {DEPLOY_DEVICE_PLUGIN: "false", DRA_DRIVER_LABEL: "true"}
 OFF: Final[Mapping[str, None]] = {DEPLOY_DEVICE_PLUGIN: None, DRA_DRIVER_LABEL: None}
 GPU_TYPE: Final = "gpu"
+MIG_TYPE: Final = "mig"
+# The device plugin's mixed-strategy MIG resources, nvidia.com/mig-<profile>: one DeviceClass
+# each, selecting that profile's MIG devices.
+MIG_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
 DEVICE_CLASS_API: Final = "resource.k8s.io/v1"
 MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGER: Final = "gpushare-operator"
@@ -59,6 +63,7 @@ class Device:
     name: str
     type: str | None
     memory_mib: int | None = None
+    profile: str | None = None  # a MIG device's, e.g. 1g.10gb
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +106,8 @@ def _device(raw: Mapping[str, Any]) -> Device:
             mib = parse_mib(memory)
         except QuantityError:
             mib = None
-    return Device(name=str(raw["name"]), type=kind, memory_mib=mib)
+    profile = _attribute(attributes, "profile") if kind == MIG_TYPE else None
+    return Device(name=str(raw["name"]), type=kind, memory_mib=mib, profile=profile)
 
 
 def _attribute(attributes: Mapping[str, Any], name: str) -> str | None:
@@ -167,6 +173,52 @@ def disagreements(record: NodeRecord, devices: tuple[Device, ...], *, resource: 
     return problems
 
 
+def mig_disagreements(
+    record: NodeRecord, devices: tuple[Device, ...], *, per_gpu: Mapping[str, int]
+) -> list[str]:
+    """What keeps a DRA MIG node from being confirmed: for each ``nvidia.com/mig-<profile>``
+    of the layout (``per_gpu``: devices per GPU), the slice's MIG devices of that profile
+    against GPUs times count, and the device plugin's resource still allocatable.  NVIDIA's
+    kubelet plugin lists the MIG devices it found when it started, and no full GPU of a GPU in
+    MIG mode (``cmd/gpu-kubelet-plugin/nvlib.go``): a slice from before a layout change names
+    the old devices."""
+    problems = []
+    if record.mig_state != migphases.SUCCESS:
+        problems.append(f"nvidia.com/mig.config.state is {record.mig_state}, expected success")
+    if not devices:
+        problems.append(f"no ResourceSlice of driver {DRIVER} lists this node's devices yet")
+    gpus = record.gpus or 0
+    for resource, count in sorted(per_gpu.items()):
+        left = record.allocatable_of(resource)
+        if left:
+            problems.append(
+                f"allocatable {resource} is {left}, expected 0 (the device plugin is gone)"
+            )
+        profile = mig_profile(resource)
+        listed = sum(1 for d in devices if d.type == MIG_TYPE and d.profile == profile)
+        if devices and listed != gpus * count:
+            problems.append(
+                f"the {DRIVER} ResourceSlice lists {listed} {profile} MIG devices, expected"
+                f" {gpus * count}"
+            )
+    stray = sorted(
+        {str(d.profile) for d in devices if d.type == MIG_TYPE} - {mig_profile(r) for r in per_gpu}
+    )
+    if stray:
+        problems.append(f"the {DRIVER} ResourceSlice lists MIG devices of {', '.join(stray)}")
+    full = gpu_count(devices)
+    if full:
+        problems.append(f"the {DRIVER} ResourceSlice lists {full} full GPUs, expected none (MIG)")
+    return problems
+
+
+def mig_profile(resource: str) -> str | None:
+    """The MIG profile an ``nvidia.com/mig-<profile>`` resource names; None for another."""
+    if resource.startswith(MIG_RESOURCE_PREFIX):
+        return resource[len(MIG_RESOURCE_PREFIX) :]
+    return None
+
+
 # -- ResourceClaims ----------------------------------------------------------------------------
 
 
@@ -213,9 +265,9 @@ def claim_record(obj: Mapping[str, Any]) -> ClaimRecord | None:
     return ClaimRecord(uid=uid, devices=tuple(devices), pods=tuple(pods))
 
 
-def held_on(node: str, claims: Iterable[ClaimRecord]) -> tuple[int, int]:
-    """Devices the claims hold on ``node`` (each counted once: an admin-access claim may share
-    one), and the pods they are reserved for: a DRA node's allocated slots and their holders."""
+def held_on(node: str, claims: Iterable[ClaimRecord]) -> tuple[frozenset[str], int]:
+    """The devices the claims hold on ``node`` (each once: an admin-access claim may share
+    one), and how many pods they are reserved for: a DRA node's allocations and holders."""
     devices: set[str] = set()
     pods: set[str] = set()
     for claim in claims:
@@ -223,7 +275,23 @@ def held_on(node: str, claims: Iterable[ClaimRecord]) -> tuple[int, int]:
         if mine:
             devices.update(mine)
             pods.update(claim.pods)
-    return len(devices), len(pods)
+    return frozenset(devices), len(pods)
+
+
+def by_resource(
+    held: Iterable[str], devices: Iterable[Device], *, resources: tuple[str, ...]
+) -> dict[str, int]:
+    """Held devices per resource of a policy: a MIG device under its profile's
+    ``nvidia.com/mig-<profile>`` where the policy advertises that, anything else under the
+    policy's first resource (a full GPU under ``nvidia.com/gpu``)."""
+    profiles = {d.name: d.profile for d in devices if d.type == MIG_TYPE}
+    counts = dict.fromkeys(resources, 0)
+    for name in held:
+        resource = f"{MIG_RESOURCE_PREFIX}{profiles[name]}" if name in profiles else None
+        if resource not in counts:
+            resource = resources[0]
+        counts[resource] += 1
+    return counts
 
 
 def gpu_count(devices: Iterable[Device]) -> int:
@@ -274,16 +342,27 @@ class Owner:
     uid: str
 
 
+def selector(resource: str) -> str:
+    """The CEL that picks what serves ``resource``: that profile's MIG devices for an
+    ``nvidia.com/mig-<profile>``, full GPUs for any other (``nvidia.com/gpu``)."""
+    attributes = f"device.attributes['{DRIVER}']"
+    profile = mig_profile(resource)
+    if profile is not None:
+        return (
+            f"device.driver == '{DRIVER}' && {attributes}.type == '{MIG_TYPE}'"
+            f" && {attributes}.profile == '{profile}'"
+        )
+    return f"device.driver == '{DRIVER}' && {attributes}.type == '{GPU_TYPE}'"
+
+
 def device_class(resource: str, owners: Iterable[Owner], *, api_version: str) -> dict[str, Any]:
-    """The full GPU class for ``resource``: every ``gpu.nvidia.com`` full GPU, and the classic
-    ``resource`` requests served through it (KEP 5004)."""
+    """The class for ``resource``: the ``gpu.nvidia.com`` devices that serve it (``selector``),
+    and the classic ``resource`` requests served through it (KEP 5004)."""
     refs = [
         {"apiVersion": api_version, "kind": "GPUSharingPolicy", "name": o.name, "uid": o.uid}
         for o in sorted(owners, key=lambda o: o.name)
     ]
-    expression = (
-        f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == '{GPU_TYPE}'"
-    )
+    expression = selector(resource)
     return {
         "apiVersion": DEVICE_CLASS_API,
         "kind": "DeviceClass",
@@ -318,16 +397,22 @@ class Readiness:
 NOT_DRA: Final = Readiness(class_ready=True)
 
 
-def class_condition(resource: str, ready: Readiness) -> Cond:
-    """A DRA policy's ``DeviceClassReady`` condition: its class written, missing, or in
-    conflict with a class gpushare did not write."""
-    name = class_name(resource)
+def classes_named(resources: Iterable[str]) -> str:
+    """``gpu.gpushare.dev (nvidia.com/gpu)``, joined: the classes of ``resources``, for a
+    message."""
+    return ", ".join(f"{class_name(r)} ({r})" for r in resources)
+
+
+def class_condition(resources: tuple[str, ...], ready: Readiness) -> Cond:
+    """A DRA policy's ``DeviceClassReady`` condition: its classes (one per resource it
+    advertises) written, one missing, or in conflict with a class gpushare did not write."""
+    named = classes_named(resources)
     if ready.conflict is not None:
         return Cond("DeviceClassReady", "False", "DeviceClassConflict", ready.conflict)
     if not ready.class_ready:
-        message = f"DeviceClass {name} (extendedResourceName {resource}) is not written yet"
+        message = f"DeviceClass(es) {named} not written yet"
         return Cond("DeviceClassReady", "False", "DeviceClassNotWritten", message)
-    message = f"DeviceClass {name} serves {resource} on the policy's DRA nodes"
+    message = f"DeviceClass(es) {named} serve the policy's DRA nodes"
     return Cond("DeviceClassReady", "True", "DeviceClassWritten", message)
 
 

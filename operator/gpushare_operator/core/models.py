@@ -37,7 +37,7 @@ from gpushare_operator.core.labels import is_valid_label_key as is_valid_label_k
 from gpushare_operator.core.labels import is_valid_label_value as is_valid_label_value
 from gpushare_operator.core.labels import label_key_error as label_key_error
 from gpushare_operator.core.labels import label_value_error as label_value_error
-from gpushare_operator.core.migspec import MigSpec
+from gpushare_operator.core.migspec import MigSpec, MigStrategy
 from gpushare_operator.core.modelbase import ApiModel as ApiModel
 from gpushare_operator.core.rewrittenlabels import rewritten_key_error, shared_product_error
 
@@ -291,9 +291,15 @@ DRA_SHARING_ALPHA: Final = (
     "TimeSlicing and MPS under backend DRA need NVIDIA's DRA driver alpha feature gates"
     " (TimeSlicingSettings, MPSSupport): use backend DevicePlugin for shared GPUs"
 )
-DRA_MIG_LATER: Final = (
-    "MIG under backend DRA is not served by this release of gpushare: use backend"
-    " DevicePlugin for MIG pools"
+DRA_MIG_MIXED: Final = (
+    "MIG under backend DRA takes mig.migStrategy mixed: each profile is served as"
+    " nvidia.com/mig-<profile> by a DeviceClass of its own (under single every MIG device would"
+    " be nvidia.com/gpu, the name the full-GPU class serves, and an extended resource name lives"
+    " on one DeviceClass only)"
+)
+DRA_MIG_REPLICAS: Final = (
+    "mig.replicas under backend DRA is sharing, which needs NVIDIA's DRA driver alpha feature"
+    " gates (TimeSlicingSettings): use backend DevicePlugin for time-sliced MIG devices"
 )
 
 
@@ -448,7 +454,8 @@ class GPUSharingPolicySpec(ApiModel):
     backend: Backend = Backend.DEVICE_PLUGIN
     """What serves the GPUs: DevicePlugin (NVIDIA's device plugin, configured by a ConfigMap
     key), or DRA (NVIDIA's DRA kubelet plugin publishes ResourceSlices; DeviceClasses with
-    extendedResourceName keep nvidia.com/gpu requests working). DRA takes Exclusive only.
+    extendedResourceName keep nvidia.com/gpu and nvidia.com/mig-<profile> requests working). DRA
+    takes Exclusive, and MIG with migStrategy mixed.
     Changing it moves the nodes under the rollout, like any other change."""
 
     @model_validator(mode="after")
@@ -456,8 +463,12 @@ class GPUSharingPolicySpec(ApiModel):
         if self.backend is Backend.DRA:
             if self.strategy in (SharingStrategy.TIME_SLICING, SharingStrategy.MPS):
                 raise ValueError(DRA_SHARING_ALPHA)
-            if self.strategy is SharingStrategy.MIG:
-                raise ValueError(DRA_MIG_LATER)
+            mig = self.mig
+            if self.strategy is SharingStrategy.MIG and mig is not None:
+                if mig.strategy is not MigStrategy.MIXED:
+                    raise ValueError(DRA_MIG_MIXED)
+                if mig.replicas is not None:
+                    raise ValueError(DRA_MIG_REPLICAS)
         return self
 
     @model_validator(mode="after")

@@ -83,7 +83,23 @@ def _applied(
     devices: tuple[dra.Device, ...] = (),
 ) -> NodeDecision:
     assert policy.sharing is not None
-    if policy.dra:
+    if policy.dra and policy.mig is not None:
+        waiting = migphases.waiting(
+            record, policy, published=published, applied_since=applied_since, now=now
+        )
+        if waiting is not None:
+            return waiting
+        per_gpu = policy.mig.slots_per_gpu(record.product)
+        problems = dra.mig_disagreements(record, devices, per_gpu=per_gpu)
+        if not problems:
+            listed = ", ".join(f"{n} x {r}" for r, n in sorted(per_gpu.items()))
+            message = (
+                f"the MIG manager applied {migphases.layout_name(record, policy)}; the"
+                f" {dra.DRIVER} ResourceSlice lists {listed} per GPU on {record.gpus} GPUs,"
+                " and kubelet none of them from the device plugin"
+            )
+            return NodeDecision(policy, NodePhase.VERIFIED, "Verified", message, None)
+    elif policy.dra:
         resource = devconfigs.advertised_resource(policy.sharing)
         problems = dra.disagreements(record, devices, resource=resource)
         if not problems:
@@ -103,7 +119,7 @@ def _applied(
         problems = migphases.disagreements(record, policy=policy, layout_slots=slots)
     else:
         problems = disagreements(record, policy.sharing)
-    if not problems and policy.mig is not None:
+    if not problems and policy.mig is not None and not policy.dra:
         layout = ", ".join(
             f"{n} x {r}" for r, n in sorted(policy.mig.slots_per_gpu(record.product).items())
         )
@@ -226,10 +242,9 @@ def decide(
             policy, NodePhase.PENDING, "DeviceClassConflict", backend.conflict, None
         )
     if policy.dra and not backend.class_ready:
-        resource = devconfigs.advertised_resource(policy.sharing) if policy.sharing else "?"
         message = (
-            f"DeviceClass {dra.class_name(resource)} (extendedResourceName {resource}) is not"
-            " written yet: without it no nvidia.com/gpu request would be served on a DRA node"
+            f"DeviceClass(es) {dra.classes_named(policy.resources)} not written yet: without"
+            " them no such request would be served on a DRA node"
         )
         return NodeDecision(policy, NodePhase.PENDING, "DeviceClassNotWritten", message, None)
     layout = migphases.layout_name(record, policy)

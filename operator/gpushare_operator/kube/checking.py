@@ -5,9 +5,9 @@ placed before our taint reached it, and our pod informer may not have it yet whe
 planned.  So a plan whose labels change the MIG layout asks for this check
 (``NodePlan.idle_check``), and the labels go only if a list of the node's pods, asked for now
 (after the node cache showed our taint), holds no pod that uses a GPU, as the cache counts
-them (``ClusterCache.tracks``).  The list is read with no ``resourceVersion``: the API server
-answers it from etcd's current state (or from a watch cache it has brought up to that), never
-from an older snapshot.
+them (``ClusterCache.tracks``), and no pod with a ResourceClaim.  The list is read with no
+``resourceVersion``: the API server answers it from etcd's current state (or from a watch cache
+it has brought up to that), never from an older snapshot.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ async def gpu_pods(sender: Sender, *, node: str, tracked: Callable[[str], bool])
             record = pods.project_pod(item, tracked=tracked)
             if record is not None and record.holds_slots:
                 found.append(f"{record.namespace}/{record.name}")
+            elif (item.get("spec") or {}).get("resourceClaims"):
+                # A pod asking through a ResourceClaim names no resource (backend DRA); any
+                # claim counts, though it may hold no GPU: better to wait than to take one.
+                meta = item.get("metadata") or {}
+                found.append(f"{meta.get('namespace')}/{meta.get('name')}")
         token = str(((page or {}).get("metadata") or {}).get("continue") or "")
         if not token:
             return tuple(sorted(found))

@@ -35,7 +35,6 @@ from typing import Any
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import (
     defaults,
-    devconfigs,
     dra,
     memoryfits,
     miggeometry,
@@ -110,7 +109,7 @@ class Unserved:
     namespace: str
     name: str
     resource: str
-    served: str  # what the DRA policy's class serves
+    served: str  # what the DRA policy's classes serve, joined
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,19 +283,21 @@ class Forecaster:
 
     def _unserved(self, changes: Sequence[NodeChange]) -> list[Unserved]:
         """Pods on nodes moving to backend DRA whose GPU requests its DeviceClass does not
-        serve (``nvidia.com/gpu.shared`` of a time-slicing pool, ``nvidia.com/mig-*``)."""
+        serve (``nvidia.com/gpu.shared`` of a time-slicing pool; a MIG profile the new layout
+        lacks, or any MIG resource for a pool of full GPUs)."""
         cache = self.cache
         found = []
         for change in changes:
             policy = cache.policies.get(change.after.policy or "")
             if policy is None or not policy.dra or policy.sharing is None:
                 continue
-            served = devconfigs.advertised_resource(policy.sharing)
+            served = policy.resources
             for pod in cache.usage.node_pods(change.name):
                 for resource, amount in pod.requests:
-                    if amount and resource.startswith("nvidia.com/") and resource != served:
+                    if amount and resource.startswith("nvidia.com/") and resource not in served:
+                        named = ", ".join(served)
                         found.append(
-                            Unserved(change.name, pod.namespace, pod.name, resource, served)
+                            Unserved(change.name, pod.namespace, pod.name, resource, named)
                         )
         return sorted(found, key=lambda u: (u.node, u.namespace, u.name, u.resource))
 

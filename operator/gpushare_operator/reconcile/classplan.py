@@ -1,6 +1,7 @@
 """Which DeviceClasses gpushare should have, from the cache: level-based, like a ConfigMap key.
 
-A class serves one extended resource (``core.dra.device_class``) for the policies of backend
+A class serves one extended resource (``core.dra.device_class``: ``nvidia.com/gpu`` for full
+GPUs, ``nvidia.com/mig-<profile>`` for each profile of a MIG layout) for the policies of backend
 DRA that advertise it, and stays while a node still carries our DRA switch under a policy that
 advertised it (a move back to the device plugin, or a deleted policy's nodes being released):
 its GPUs keep serving ``nvidia.com/gpu`` until the node has left DRA.  Its ownerReferences name
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import devconfigs, dra, models
+from gpushare_operator.core import dra, models
 from gpushare_operator.core.nodes import GPU_RESOURCE
 
 
@@ -22,17 +23,14 @@ def wanted(cache: ClusterCache) -> dict[str, dict[str, Any]]:
     """Class name -> the whole body to apply."""
     owners: dict[str, set[dra.Owner]] = {}
     for policy in cache.dra_policies():
-        if policy.sharing is not None:
-            resource = devconfigs.advertised_resource(policy.sharing)
+        for resource in policy.resources:
             owners.setdefault(resource, set()).add(dra.Owner(policy.name, policy.uid))
     for name in _still_on_dra(cache):
         held = cache.policies.get(name)
         if held is None:
             continue  # gone: its finalizer held it until no node carried its label
-        resource = GPU_RESOURCE
-        if held.sharing is not None:
-            resource = devconfigs.advertised_resource(held.sharing)
-        owners.setdefault(resource, set()).add(dra.Owner(held.name, held.uid))
+        for resource in held.resources or (GPU_RESOURCE,):
+            owners.setdefault(resource, set()).add(dra.Owner(held.name, held.uid))
     return {
         dra.class_name(resource): dra.device_class(resource, who, api_version=models.API_VERSION)
         for resource, who in owners.items()

@@ -18,7 +18,6 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import (
-    devconfigs,
     dra,
     listpatches,
     memoryfits,
@@ -125,8 +124,7 @@ class Planner:
         """For a DRA policy: its DeviceClass as the informer shows it, and the node's devices."""
         if policy is None or not policy.dra or policy.sharing is None:
             return dra.NOT_DRA
-        resource = devconfigs.advertised_resource(policy.sharing)
-        ready = self.cache.dra.readiness(resource)
+        ready = self.cache.dra.readiness(*policy.resources)
         return replace(ready, devices=self.cache.dra.devices(record.name))
 
     def decide(self, record: NodeRecord) -> nodephases.NodeDecision:
@@ -337,8 +335,8 @@ class Planner:
     def _device_class(self, policy: CompiledPolicy) -> Cond | None:
         if not policy.dra or policy.sharing is None:
             return None
-        resource = devconfigs.advertised_resource(policy.sharing)
-        return dra.class_condition(resource, self.cache.dra.readiness(resource))
+        resources = policy.resources
+        return dra.class_condition(resources, self.cache.dra.readiness(*resources))
 
     def tally(self, policy: CompiledPolicy) -> policystatus.PolicyTally:
         return tallies.tally(self, policy)

@@ -345,11 +345,13 @@ class RolloutBook:
         """Why the node's pods would hold more slots than ``policy``'s config advertises, per
         resource (for a change of MIG layout: any GPU pod at all)."""
         held = self.cache.usage.node_slots(record.name)
-        if not held:
+        # On a DRA node, claims hold devices too, for pods that may name no resource at all.
+        claimed, claimers = self.cache.dra.held(record.name) if dra.is_on(record) else (0, 0)
+        if not held and not claimed:
             return None
         room = victims.room(record, policy, layouts=self.cache.mig_config.layouts)
         if room is None:
-            pods = len(self.cache.usage.node_pods(record.name))
+            pods = max(len(self.cache.usage.node_pods(record.name)), claimers)
             return f"{pods} GPU pod(s) on the node: {dra.idle_reason(record, policy)}"
         return rollouts.misfit(held, room=room)
 

@@ -18,12 +18,16 @@ def held(cache: ClusterCache, record: NodeRecord, policy: CompiledPolicy) -> dic
 
     On a node DRA serves, its devices are allocated by ResourceClaims whatever a pod spec names
     (an ``nvidia.com/gpu`` request gets a claim the scheduler makes; a pod may also ask through
-    a ResourceClaimTemplate and name no resource at all): counted from the claims, under the
-    policy's resource.  Elsewhere from the pods' requests, as the device plugin allocates them.
+    a ResourceClaimTemplate and name no resource at all): counted from the claims, a MIG device
+    under its profile's resource (``core.dra.by_resource``).  Elsewhere from the pods'
+    requests, as the device plugin allocates them.
     """
     if dra.is_on(record) and policy.resources:
-        first, *rest = policy.resources
-        return {first: cache.dra.held(record.name), **dict.fromkeys(rest, (0, 0))}
+        held, pods = cache.dra.held_devices(record.name)
+        devices = cache.dra.devices(record.name)
+        counts = dra.by_resource(held, devices, resources=policy.resources)
+        first = policy.resources[0]  # the pods are counted once, under the first
+        return {r: (n, pods if r == first else 0) for r, n in counts.items()}
     return {r: cache.usage.node_usage(record.name, r) for r in policy.resources}
 
 

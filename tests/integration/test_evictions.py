@@ -143,12 +143,15 @@ def eviction_options(plane: ControlPlane, *, since: float) -> dict[str, dict[str
     return found
 
 
-def pod_writes_by_us(plane: ControlPlane) -> list[Mapping[str, Any]]:
-    """Every request gpushare made on pods that was not an eviction (there must be none)."""
+def pod_writes_by_us(plane: ControlPlane, *, since: float) -> list[Mapping[str, Any]]:
+    """Every request gpushare made on pods since the test began that was not an eviction
+    (there must be none).  The log is the session's: an earlier test's MIG change lists a
+    node's pods (the idle check), and that is not this test's doing."""
     return [
         e
         for e in plane.audit_events()
         if e["user"]["username"] == h.OPERATOR_USER
+        and audit.moment(e) >= since
         and e["objectRef"].get("resource") == "pods"
         and e["objectRef"].get("subresource") != "eviction"
     ]
@@ -222,7 +225,7 @@ async def test_evict_drains_under_the_budget_and_replacements_land_elsewhere(
     after = await settled(sim, pods_ns, app, 6)
 
     # The API server's account: only evictions, never a delete, never anything else.
-    assert pod_writes_by_us(control_plane) == []
+    assert pod_writes_by_us(control_plane, since=since) == []
     asked = evictions(control_plane, since=since)
     accepted = [(when, pod) for when, pod, code in asked if 200 <= code < 300]
     assert all(code in (201, 200, 429) for _, _, code in asked), asked
@@ -335,7 +338,7 @@ async def test_a_budget_that_allows_nothing_blocks_the_node_and_the_rest_goes_on
     asked = evictions(control_plane, since=since)
     assert asked and all(code == 429 for _, _, code in asked), asked
     assert {pod for _, pod, _ in asked} <= set(running(await pods_of(sim, pods_ns, app)))
-    assert pod_writes_by_us(control_plane) == []
+    assert pod_writes_by_us(control_plane, since=since) == []
     events = await eventually(
         lambda: h.events_about(sim.client, stuck),
         until=lambda es: any(e["reason"] == "EvictionBlocked" for e in es),
@@ -458,7 +461,7 @@ async def test_a_grace_period_of_0_stored_under_an_older_crd_is_read_as_1_and_sa
     # The pod record outlived the eviction: deleted by its kubelet once it had stopped.
     [(evicted_at, _, code)] = evictions(control_plane, since=since)
     assert code == 201 and evicted_at < gone_at(control_plane, pod) < float("inf")
-    assert pod_writes_by_us(control_plane) == []
+    assert pod_writes_by_us(control_plane, since=since) == []
 
 
 async def guarded(sim: GpuClusterSimulator, namespace: str, app: str, *, allowed: int) -> None:
@@ -548,4 +551,4 @@ async def test_the_pod_a_budget_protects_stays_and_an_unprotected_older_one_goes
     assert [(pod, code) for _, pod, code in asked] == [(older, 201)], asked  # X alone, at once
     assert younger in running(await pods_of(sim, pods_ns, y))  # Y stays, on the node
     assert running(await pods_of(sim, pods_ns, y))[younger] == node
-    assert pod_writes_by_us(control_plane) == []
+    assert pod_writes_by_us(control_plane, since=since) == []

@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import dra, nodelabels, nodephases, victims
+from gpushare_operator.core import dra, draclasses, nodelabels, nodephases, victims
 from gpushare_operator.core.models import (
     DRA_MIG_MIXED,
     DRA_SHARING_ALPHA,
@@ -220,7 +220,9 @@ def test_the_class_serves_nvidia_gpu_for_the_dra_policies_and_stays_while_nodes_
 def test_a_foreign_class_for_the_same_resource_is_a_conflict_and_ours_must_be_ours() -> None:
     cache = ClusterCache()
     assert not cache.dra.readiness("nvidia.com/gpu").class_ready
-    ours = dra.device_class("nvidia.com/gpu", [dra.Owner("a", "uid-a")], api_version="x/v1")
+    ours = draclasses.device_class(
+        "nvidia.com/gpu", [draclasses.Owner("a", "uid-a")], api_version="x/v1"
+    )
     cache.dra.upsert_class(ours)
     ready = cache.dra.readiness("nvidia.com/gpu")
     assert ready.class_ready and ready.conflict is None
@@ -280,10 +282,10 @@ def test_a_plan_names_the_pods_dra_would_not_serve_and_exits_2() -> None:
 
 def test_a_dra_policy_says_whether_its_class_is_there() -> None:
     resource = ("nvidia.com/gpu",)
-    missing = dra.class_condition(resource, dra.Readiness(class_ready=False))
+    missing = draclasses.class_condition(resource, dra.Readiness(class_ready=False))
     assert (missing.status, missing.reason) == ("False", "DeviceClassNotWritten")
-    clash = dra.class_condition(resource, dra.Readiness(class_ready=True, conflict="theirs"))
+    clash = draclasses.class_condition(resource, dra.Readiness(class_ready=True, conflict="theirs"))
     assert (clash.status, clash.reason, clash.message) == ("False", "DeviceClassConflict", "theirs")
-    ready = dra.class_condition(resource, dra.Readiness(class_ready=True))
+    ready = draclasses.class_condition(resource, dra.Readiness(class_ready=True))
     assert (ready.status, ready.reason) == ("True", "DeviceClassWritten")
     assert "gpu.gpushare.dev" in ready.message

@@ -12,7 +12,7 @@ import pytest
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ClaimSink
-from gpushare_operator.core import dra
+from gpushare_operator.core import dra, draclaims, draclasses
 from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
@@ -65,27 +65,29 @@ def gpu_slice(node_name: str, gpus: int) -> dict[str, Any]:
 
 
 def test_a_claim_record_keeps_nvidias_devices_and_the_pods_it_serves_only() -> None:
-    record = dra.claim_record(
+    record = draclaims.claim_record(
         claim("c1", ("n1", "gpu-1"), ("n1", "gpu-0"), ("n1", "gpu-0"), pods=("p2", "p1"))
     )
-    assert record == dra.ClaimRecord(
+    assert record == draclaims.ClaimRecord(
         uid="c1", devices=(("n1", "gpu-0"), ("n1", "gpu-1")), pods=("p1", "p2")
     )
     assert record.nodes == {"n1"}
-    assert dra.claim_record(claim("c2", ("n1", "nic-0"), driver="nic.example.com")) is None
-    assert dra.claim_record(claim("c3", allocated=False)) is None, "not allocated: nothing held"
+    assert draclaims.claim_record(claim("c2", ("n1", "nic-0"), driver="nic.example.com")) is None
+    assert draclaims.claim_record(claim("c3", allocated=False)) is None, (
+        "not allocated: nothing held"
+    )
 
 
 def test_devices_held_are_counted_once_per_node_with_their_pods() -> None:
     claims = [
-        dra.ClaimRecord(uid="a", devices=(("n1", "gpu-0"),), pods=("p1",)),
+        draclaims.ClaimRecord(uid="a", devices=(("n1", "gpu-0"),), pods=("p1",)),
         # Admin access: a second claim on the same device holds no second slot.
-        dra.ClaimRecord(uid="b", devices=(("n1", "gpu-0"), ("n2", "gpu-0")), pods=("p2",)),
-        dra.ClaimRecord(uid="c", devices=(("n2", "gpu-1"),), pods=("p3",)),
+        draclaims.ClaimRecord(uid="b", devices=(("n1", "gpu-0"), ("n2", "gpu-0")), pods=("p2",)),
+        draclaims.ClaimRecord(uid="c", devices=(("n2", "gpu-1"),), pods=("p3",)),
     ]
-    assert dra.held_on("n1", claims) == ({"gpu-0"}, 2)
-    assert dra.held_on("n2", claims) == ({"gpu-0", "gpu-1"}, 2)
-    assert dra.held_on("n3", claims) == (frozenset(), 0)
+    assert draclaims.held_on("n1", claims) == ({"gpu-0"}, 2)
+    assert draclaims.held_on("n2", claims) == ({"gpu-0", "gpu-1"}, 2)
+    assert draclaims.held_on("n3", claims) == (frozenset(), 0)
 
 
 def test_claim_events_index_by_node_mark_only_real_changes_and_leave_with_a_relist() -> None:
@@ -127,7 +129,7 @@ def on_dra(cache: ClusterCache, name: str, *, gpus: int) -> None:
     compiled = cache.policies["d"]
     labels = {CONFIG_LABEL: str(compiled.config_key), POLICY_LABEL: "d", **ON}
     cache.upsert_node(node(name, count=str(gpus), allocatable="0", **labels))
-    cache.dra.upsert_class(dra.device_class("nvidia.com/gpu", (), api_version="x/v1"))
+    cache.dra.upsert_class(draclasses.device_class("nvidia.com/gpu", (), api_version="x/v1"))
 
 
 def test_a_dra_nodes_status_counts_claims_not_pod_specs(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import dra, nodephases
+from gpushare_operator.core import dra, draclasses, nodephases
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import CONFIG_LABEL, MIG_CONFIG_LABEL, POLICY_LABEL, project_node
 from gpushare_operator.core.policies import CompiledPolicy, compile_policy
@@ -103,7 +103,7 @@ def test_one_class_per_profile_selects_that_profiles_mig_devices() -> None:
     cache.dra.upsert_class(wanted["mig-1g-10gb.gpushare.dev"])
     ready = cache.dra.readiness(*cache.policies["m"].resources)
     assert not ready.class_ready
-    cond = dra.class_condition(cache.policies["m"].resources, ready)
+    cond = draclasses.class_condition(cache.policies["m"].resources, ready)
     assert cond.reason == "DeviceClassNotWritten" and "mig-3g-40gb.gpushare.dev" in cond.message
     cache.dra.upsert_class(wanted["mig-3g-40gb.gpushare.dev"])
     assert cache.dra.readiness(*cache.policies["m"].resources).class_ready

@@ -5,7 +5,7 @@ Fed by three informers (``app.assembly``); read by the planner.  Slices are kept
 (``core.dra.SliceRecord``: devices by name, type and memory, nothing else), only for driver
 ``gpu.nvidia.com``, and indexed by node so that a node's plan reads its own slices only.  A
 change marks the node it is about dirty.  Claims are kept only while they hold
-``gpu.nvidia.com`` devices (``core.dra.ClaimRecord``: the (node, device) pairs and the pods
+``gpu.nvidia.com`` devices (``core.draclaims.ClaimRecord``: the (node, device) pairs and the pods
 they serve), indexed by node: a DRA node's allocated slots are counted from them, not from
 pod specs (a pod may ask through a ResourceClaimTemplate and name no resource at all); a
 change marks the nodes it touches, through ``on_usage``.  A DeviceClass change marks every
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpushare_operator.core import dra
+from gpushare_operator.core import dra, draclaims, draclasses
 from gpushare_operator.core.workqueue import WorkQueue
 
 
@@ -30,11 +30,11 @@ class DraState:
         # Node name -> names of its slices; never an empty set (the node is dropped instead).
         self._by_node: dict[str, set[str]] = {}
         # DeviceClass name -> its record (every class: a foreign one may conflict with ours).
-        self.classes: dict[str, dra.ClassRecord] = {}
+        self.classes: dict[str, draclasses.ClassRecord] = {}
         # Called after a DeviceClass change (the cache marks the DRA policies' nodes).
         self.on_classes: Callable[[], None] = lambda: None
         # Claim uid -> its record: only claims holding gpu.nvidia.com devices (core.dra).
-        self.claims: dict[str, dra.ClaimRecord] = {}
+        self.claims: dict[str, draclaims.ClaimRecord] = {}
         # Node (pool) -> uids of the claims holding devices there: every claim is indexed under
         # each of its record's nodes and nowhere else; never an empty set.
         self._claims_on: dict[str, set[str]] = {}
@@ -85,7 +85,7 @@ class DraState:
     # -- claims (informer sink) ------------------------------------------------------------
 
     def upsert_claim(self, obj: Mapping[str, Any]) -> None:
-        record = dra.claim_record(obj)
+        record = draclaims.claim_record(obj)
         uid = str((obj.get("metadata") or {}).get("uid"))
         old = self.claims.get(uid)
         if record is None:
@@ -108,7 +108,7 @@ class DraState:
             for node in old.nodes:
                 self.on_usage(node)
 
-    def _unindex_claim(self, old: dra.ClaimRecord) -> None:
+    def _unindex_claim(self, old: draclaims.ClaimRecord) -> None:
         for node in old.nodes:
             uids = self._claims_on.get(node)
             if uids is not None:
@@ -125,16 +125,17 @@ class DraState:
         return len(devices), pods
 
     def held_devices(self, node: str) -> tuple[frozenset[str], int]:
-        """The devices claims hold on ``node``, and the pods they serve (``core.dra.held_on``)."""
+        """The devices claims hold on ``node``, and the pods they serve
+        (``core.draclaims.held_on``)."""
         uids = self._claims_on.get(node)
         if not uids:
             return frozenset(), 0
-        return dra.held_on(node, (self.claims[u] for u in uids))
+        return draclaims.held_on(node, (self.claims[u] for u in uids))
 
     # -- device classes (informer sink) ----------------------------------------------------
 
     def upsert_class(self, obj: Mapping[str, Any]) -> None:
-        record = dra.class_record(obj)
+        record = draclasses.class_record(obj)
         if self.classes.get(record.name) == record:
             return
         self.classes[record.name] = record
@@ -152,9 +153,9 @@ class DraState:
         claiming one of them."""
         ready, conflict = True, None
         for resource in resources:
-            ours = self.classes.get(dra.class_name(resource))
+            ours = self.classes.get(draclasses.class_name(resource))
             ready = ready and ours is not None and ours.ours and ours.extended_resource == resource
-            clash = dra.conflicts(resource, self.classes.values())
+            clash = draclasses.conflicts(resource, self.classes.values())
             if clash and conflict is None:
                 conflict = (
                     f"DeviceClass(es) {', '.join(clash)} not written by gpushare also serve"

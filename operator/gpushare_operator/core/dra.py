@@ -1,6 +1,6 @@
 """Backend DRA: the node labels that switch NVIDIA's DRA kubelet plugin on, what its
-ResourceSlices say, what confirms a node, and the DeviceClasses that keep ``nvidia.com/gpu``
-requests working.
+ResourceSlices say, and what confirms a node (the DeviceClasses that keep ``nvidia.com/gpu``
+requests working are ``core.draclasses``; the claims that hold devices, ``core.draclaims``).
 
 A DRA node carries ``nvidia.com/gpu.deploy.device-plugin=false`` (the GPU Operator keeps a
 non-empty value a node already carries, so its device plugin leaves that node) and our own
@@ -19,13 +19,11 @@ from the device plugin (KEP 5004: only then does the scheduler serve that name t
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from gpushare_operator.core import migphases
-from gpushare_operator.core.conditions import Cond
 from gpushare_operator.core.decisions import Labels
 from gpushare_operator.core.migconfigs import MigLayout
 from gpushare_operator.core.models import MIG_IDLE
@@ -44,10 +42,6 @@ MIG_TYPE: Final = "mig"
 # The device plugin's mixed-strategy MIG resources, nvidia.com/mig-<profile>: one DeviceClass
 # each, selecting that profile's MIG devices.
 MIG_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
-DEVICE_CLASS_API: Final = "resource.k8s.io/v1"
-MANAGED_BY: Final = "app.kubernetes.io/managed-by"
-MANAGER: Final = "gpushare-operator"
-CLASS_DOMAIN: Final = "gpushare.dev"
 # Why a backend move needs idle GPUs (as a MIG change does).
 BACKEND_IDLE: Final = (
     "the device plugin and the DRA driver each allocate the GPUs they serve and know nothing"
@@ -219,169 +213,9 @@ def mig_profile(resource: str) -> str | None:
     return None
 
 
-# -- ResourceClaims ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRecord:
-    """An allocated ResourceClaim, slim: the ``gpu.nvidia.com`` devices it holds, as (pool,
-    device) pairs (NVIDIA's kubelet plugin names each node's pool after the node), and the uids
-    of the pods it is reserved for.  Nothing else of a claim is read."""
-
-    uid: str
-    devices: tuple[tuple[str, str], ...]
-    pods: tuple[str, ...] = ()
-
-    @property
-    def nodes(self) -> frozenset[str]:
-        return frozenset(pool for pool, _ in self.devices)
-
-
-def claim_record(obj: Mapping[str, Any]) -> ClaimRecord | None:
-    """The record of a claim holding ``gpu.nvidia.com`` devices; None for one that holds none
-    (not allocated yet, or another driver's): it counts for nothing."""
-    status = obj.get("status") or {}
-    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or ()
-    devices = sorted(
-        {
-            (str(r["pool"]), str(r["device"]))
-            for r in results
-            if isinstance(r, Mapping)
-            and r.get("driver") == DRIVER
-            and r.get("pool")
-            and r.get("device")
-        }
-    )
-    if not devices:
-        return None
-    pods = sorted(
-        {
-            str(r["uid"])
-            for r in status.get("reservedFor") or ()
-            if isinstance(r, Mapping) and r.get("resource") == "pods" and r.get("uid")
-        }
-    )
-    uid = str((obj.get("metadata") or {}).get("uid"))
-    return ClaimRecord(uid=uid, devices=tuple(devices), pods=tuple(pods))
-
-
-def held_on(node: str, claims: Iterable[ClaimRecord]) -> tuple[frozenset[str], int]:
-    """The devices the claims hold on ``node`` (each once: an admin-access claim may share
-    one), and how many pods they are reserved for: a DRA node's allocations and holders."""
-    devices: set[str] = set()
-    pods: set[str] = set()
-    for claim in claims:
-        mine = [device for pool, device in claim.devices if pool == node]
-        if mine:
-            devices.update(mine)
-            pods.update(claim.pods)
-    return frozenset(devices), len(pods)
-
-
-def by_resource(
-    held: Iterable[str], devices: Iterable[Device], *, resources: tuple[str, ...]
-) -> dict[str, int]:
-    """Held devices per resource of a policy: a MIG device under its profile's
-    ``nvidia.com/mig-<profile>`` where the policy advertises that, anything else under the
-    policy's first resource (a full GPU under ``nvidia.com/gpu``)."""
-    profiles = {d.name: d.profile for d in devices if d.type == MIG_TYPE}
-    counts = dict.fromkeys(resources, 0)
-    for name in held:
-        resource = f"{MIG_RESOURCE_PREFIX}{profiles[name]}" if name in profiles else None
-        if resource not in counts:
-            resource = resources[0]
-        counts[resource] += 1
-    return counts
-
-
 def gpu_count(devices: Iterable[Device]) -> int:
     """The full GPUs a node's slice lists."""
     return sum(1 for d in devices if d.type == GPU_TYPE)
-
-
-# -- DeviceClasses ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ClassRecord:
-    """A DeviceClass, slim: what says whose it is and which extended resource it serves."""
-
-    name: str
-    extended_resource: str | None
-    ours: bool
-    owners: tuple[str, ...] = ()  # the uids its ownerReferences name, sorted
-    expressions: tuple[str, ...] = ()  # its selectors' CEL
-
-
-def class_record(obj: Mapping[str, Any]) -> ClassRecord:
-    metadata = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    extended = spec.get("extendedResourceName")
-    return ClassRecord(
-        name=str(metadata.get("name")),
-        extended_resource=extended if isinstance(extended, str) else None,
-        ours=(metadata.get("labels") or {}).get(MANAGED_BY) == MANAGER,
-        owners=tuple(sorted(str(r.get("uid")) for r in metadata.get("ownerReferences") or ())),
-        expressions=tuple(
-            str((s.get("cel") or {}).get("expression")) for s in spec.get("selectors") or ()
-        ),
-    )
-
-
-def class_name(resource: str) -> str:
-    """The DeviceClass serving ``resource``: ``gpu.gpushare.dev`` for ``nvidia.com/gpu``."""
-    last = resource.rsplit("/", 1)[-1]
-    return f"{re.sub(r'[^a-z0-9-]', '-', last.lower()).strip('-')}.{CLASS_DOMAIN}"
-
-
-@dataclass(frozen=True, slots=True)
-class Owner:
-    """A policy a DeviceClass belongs to (garbage-collected with the last of them)."""
-
-    name: str
-    uid: str
-
-
-def selector(resource: str) -> str:
-    """The CEL that picks what serves ``resource``: that profile's MIG devices for an
-    ``nvidia.com/mig-<profile>``, full GPUs for any other (``nvidia.com/gpu``)."""
-    attributes = f"device.attributes['{DRIVER}']"
-    profile = mig_profile(resource)
-    if profile is not None:
-        return (
-            f"device.driver == '{DRIVER}' && {attributes}.type == '{MIG_TYPE}'"
-            f" && {attributes}.profile == '{profile}'"
-        )
-    return f"device.driver == '{DRIVER}' && {attributes}.type == '{GPU_TYPE}'"
-
-
-def device_class(resource: str, owners: Iterable[Owner], *, api_version: str) -> dict[str, Any]:
-    """The class for ``resource``: the ``gpu.nvidia.com`` devices that serve it (``selector``),
-    and the classic ``resource`` requests served through it (KEP 5004)."""
-    refs = [
-        {"apiVersion": api_version, "kind": "GPUSharingPolicy", "name": o.name, "uid": o.uid}
-        for o in sorted(owners, key=lambda o: o.name)
-    ]
-    expression = selector(resource)
-    return {
-        "apiVersion": DEVICE_CLASS_API,
-        "kind": "DeviceClass",
-        "metadata": {
-            "name": class_name(resource),
-            "labels": {MANAGED_BY: MANAGER},
-            "ownerReferences": refs,
-        },
-        "spec": {
-            "selectors": [{"cel": {"expression": expression}}],
-            "extendedResourceName": resource,
-        },
-    }
-
-
-def conflicts(resource: str, classes: Iterable[ClassRecord]) -> list[str]:
-    """Classes not ours that serve ``resource`` too: the API server picks the one created later,
-    so which one a pod gets would be chance.  Named, for a condition."""
-    return sorted(c.name for c in classes if not c.ours and c.extended_resource == resource)
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,25 +229,6 @@ class Readiness:
 
 
 NOT_DRA: Final = Readiness(class_ready=True)
-
-
-def classes_named(resources: Iterable[str]) -> str:
-    """``gpu.gpushare.dev (nvidia.com/gpu)``, joined: the classes of ``resources``, for a
-    message."""
-    return ", ".join(f"{class_name(r)} ({r})" for r in resources)
-
-
-def class_condition(resources: tuple[str, ...], ready: Readiness) -> Cond:
-    """A DRA policy's ``DeviceClassReady`` condition: its classes (one per resource it
-    advertises) written, one missing, or in conflict with a class gpushare did not write."""
-    named = classes_named(resources)
-    if ready.conflict is not None:
-        return Cond("DeviceClassReady", "False", "DeviceClassConflict", ready.conflict)
-    if not ready.class_ready:
-        message = f"DeviceClass(es) {named} not written yet"
-        return Cond("DeviceClassReady", "False", "DeviceClassNotWritten", message)
-    message = f"DeviceClass(es) {named} serve the policy's DRA nodes"
-    return Cond("DeviceClassReady", "True", "DeviceClassWritten", message)
 
 
 def needs_idle(

@@ -15,7 +15,14 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gpushare_operator.core import conditions, devconfigs, dra, migphases, slotstatus
+from gpushare_operator.core import (
+    conditions,
+    devconfigs,
+    dra,
+    draclasses,
+    migphases,
+    slotstatus,
+)
 from gpushare_operator.core.decisions import NOTHING_PUBLISHED as NOTHING_PUBLISHED
 from gpushare_operator.core.decisions import KeyReadiness as KeyReadiness
 from gpushare_operator.core.decisions import Labels as Labels
@@ -243,7 +250,7 @@ def decide(
         )
     if policy.dra and not backend.class_ready:
         message = (
-            f"DeviceClass(es) {dra.classes_named(policy.resources)} not written yet: without"
+            f"DeviceClass(es) {draclasses.classes_named(policy.resources)} not written yet: without"
             " them no such request would be served on a DRA node"
         )
         return NodeDecision(policy, NodePhase.PENDING, "DeviceClassNotWritten", message, None)

@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import dra
+from gpushare_operator.core import draclasses
 from gpushare_operator.kube import http
 from gpushare_operator.kube.sending import FAILURES, FIELD_MANAGER, NotSent, Sender, Tokens
 from gpushare_operator.reconcile import classplan
@@ -25,8 +25,8 @@ log = structlog.get_logger(__name__)
 PATH = "/apis/resource.k8s.io/v1/deviceclasses"
 
 
-def _differs(body: dict[str, Any], held: dra.ClassRecord | None) -> bool:
-    return held is None or held != dra.class_record(body)
+def _differs(body: dict[str, Any], held: draclasses.ClassRecord | None) -> bool:
+    return held is None or held != draclasses.class_record(body)
 
 
 class DeviceClassWrites:

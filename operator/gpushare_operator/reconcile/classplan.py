@@ -1,6 +1,6 @@
 """Which DeviceClasses gpushare should have, from the cache: level-based, like a ConfigMap key.
 
-A class serves one extended resource (``core.dra.device_class``: ``nvidia.com/gpu`` for full
+A class serves one extended resource (``core.draclasses.device_class``: ``nvidia.com/gpu`` for full
 GPUs, ``nvidia.com/mig-<profile>`` for each profile of a MIG layout) for the policies of backend
 DRA that advertise it, and stays while a node still carries our DRA switch under a policy that
 advertised it (a move back to the device plugin, or a deleted policy's nodes being released):
@@ -15,24 +15,26 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import dra, models
+from gpushare_operator.core import draclasses, models
 from gpushare_operator.core.nodes import GPU_RESOURCE
 
 
 def wanted(cache: ClusterCache) -> dict[str, dict[str, Any]]:
     """Class name -> the whole body to apply."""
-    owners: dict[str, set[dra.Owner]] = {}
+    owners: dict[str, set[draclasses.Owner]] = {}
     for policy in cache.dra_policies():
         for resource in policy.resources:
-            owners.setdefault(resource, set()).add(dra.Owner(policy.name, policy.uid))
+            owners.setdefault(resource, set()).add(draclasses.Owner(policy.name, policy.uid))
     for name in _still_on_dra(cache):
         held = cache.policies.get(name)
         if held is None:
             continue  # gone: its finalizer held it until no node carried its label
         for resource in held.resources or (GPU_RESOURCE,):
-            owners.setdefault(resource, set()).add(dra.Owner(held.name, held.uid))
+            owners.setdefault(resource, set()).add(draclasses.Owner(held.name, held.uid))
     return {
-        dra.class_name(resource): dra.device_class(resource, who, api_version=models.API_VERSION)
+        draclasses.class_name(resource): draclasses.device_class(
+            resource, who, api_version=models.API_VERSION
+        )
         for resource, who in owners.items()
     }
 

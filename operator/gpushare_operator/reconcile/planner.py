@@ -19,6 +19,7 @@ from typing import Any
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import (
     dra,
+    draclasses,
     listpatches,
     memoryfits,
     migphases,
@@ -194,7 +195,8 @@ class Planner:
         )
         recheck = [when for when in (decision.recheck_at, uncordon_at) if when is not None]
         facts = NodeFacts(decision, judged.placement, held_until, min(recheck, default=None))
-        labels = nodelabels.wanted(record, decision)  # the config's, and the slots' promise
+        slots_of = tallies.slot_view(cache, record, decision.policy)
+        labels = nodelabels.wanted(slots_of, decision)  # the config's, and the slots' promise
         if labels is not None and nodephases.labels_satisfied(record, labels):
             labels = None
         if labels is not None and cache.in_flight.get(("node", name)) == labels:
@@ -315,7 +317,7 @@ class Planner:
                 held_by[resource] = held
             devices = tallies.devices(cache, record, decision.policy)
         status = nodephases.render_status(
-            record=record,
+            record=tallies.slot_view(cache, record, decision.policy),
             decision=decision,
             previous=previous,
             now=self._wallclock(),
@@ -336,7 +338,7 @@ class Planner:
         if not policy.dra or policy.sharing is None:
             return None
         resources = policy.resources
-        return dra.class_condition(resources, self.cache.dra.readiness(*resources))
+        return draclasses.class_condition(resources, self.cache.dra.readiness(*resources))
 
     def tally(self, policy: CompiledPolicy) -> policystatus.PolicyTally:
         return tallies.tally(self, policy)

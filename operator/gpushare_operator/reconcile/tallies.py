@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import dra, nodephases, policystatus, resolution
+from gpushare_operator.core import dra, draclaims, draslots, nodephases, policystatus, resolution
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
@@ -19,13 +19,13 @@ def held(cache: ClusterCache, record: NodeRecord, policy: CompiledPolicy) -> dic
     On a node DRA serves, its devices are allocated by ResourceClaims whatever a pod spec names
     (an ``nvidia.com/gpu`` request gets a claim the scheduler makes; a pod may also ask through
     a ResourceClaimTemplate and name no resource at all): counted from the claims, a MIG device
-    under its profile's resource (``core.dra.by_resource``).  Elsewhere from the pods'
+    under its profile's resource (``core.draclaims.by_resource``).  Elsewhere from the pods'
     requests, as the device plugin allocates them.
     """
     if dra.is_on(record) and policy.resources:
         held, pods = cache.dra.held_devices(record.name)
         devices = cache.dra.devices(record.name)
-        counts = dra.by_resource(held, devices, resources=policy.resources)
+        counts = draclaims.by_resource(held, devices, resources=policy.resources)
         first = policy.resources[0]  # the pods are counted once, under the first
         return {r: (n, pods if r == first else 0) for r, n in counts.items()}
     return {r: cache.usage.node_usage(record.name, r) for r in policy.resources}
@@ -37,6 +37,14 @@ def devices(cache: ClusterCache, record: NodeRecord, policy: CompiledPolicy) -> 
     if policy.dra and dra.is_on(record):
         return dra.gpu_count(cache.dra.devices(record.name))
     return record.gpus or 0
+
+
+def slot_view(cache: ClusterCache, record: NodeRecord, policy: CompiledPolicy | None) -> NodeRecord:
+    """The node as its slots read: on a node DRA serves under a DRA policy, with the memory its
+    ResourceSlice states (``core.draslots``); elsewhere as GFD labels it."""
+    if policy is None or not policy.dra or not dra.is_on(record):
+        return record
+    return draslots.view(record, cache.dra.devices(record.name), resources=policy.resources)
 
 
 class Deciding(Protocol):
@@ -64,7 +72,7 @@ def tally(planner: Deciding, policy: CompiledPolicy) -> policystatus.PolicyTally
             _count(counted, record, decision, policy, devices=devices(cache, record, policy))
             if decision.phase is not NodePhase.UNSUPPORTED:
                 slots = {r: n for r, (n, _) in held(cache, record, policy).items()}
-                counted.classes.add(record, policy, held=slots)
+                counted.classes.add(slot_view(cache, record, policy), policy, held=slots)
                 if dra.is_on(record):
                     claimed += sum(slots.values()) - cache.usage.node_total(node)
             continue

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 BENCHMARKS: dict[str, str] = {
     "ingest": "Nodes: ingest, heartbeats, label and selector changes",
     "pods": "Pods: ingest, memory, and usage per change at two cache sizes",
+    "dra": "DRA: ResourceSlice and ResourceClaim ingest and memory",
     "process": "Operator process: CPU per Node event over a real control plane",
 }
 

@@ -68,9 +68,10 @@ def test_a_claim_record_keeps_nvidias_devices_and_the_pods_it_serves_only() -> N
     record = draclaims.claim_record(
         claim("c1", ("n1", "gpu-1"), ("n1", "gpu-0"), ("n1", "gpu-0"), pods=("p2", "p1"))
     )
-    assert record == draclaims.ClaimRecord(
-        uid="c1", devices=(("n1", "gpu-0"), ("n1", "gpu-1")), pods=("p1", "p2")
+    assert record == draclaims.ClaimRecord.of(
+        "c1", [("n1", "gpu-0"), ("n1", "gpu-1")], pods=("p1", "p2")
     )
+    assert record.devices == [("n1", "gpu-0"), ("n1", "gpu-1")]
     assert record.nodes == {"n1"}
     assert draclaims.claim_record(claim("c2", ("n1", "nic-0"), driver="nic.example.com")) is None
     assert draclaims.claim_record(claim("c3", allocated=False)) is None, (
@@ -80,10 +81,10 @@ def test_a_claim_record_keeps_nvidias_devices_and_the_pods_it_serves_only() -> N
 
 def test_devices_held_are_counted_once_per_node_with_their_pods() -> None:
     claims = [
-        draclaims.ClaimRecord(uid="a", devices=(("n1", "gpu-0"),), pods=("p1",)),
+        draclaims.ClaimRecord.of("a", [("n1", "gpu-0")], pods=("p1",)),
         # Admin access: a second claim on the same device holds no second slot.
-        draclaims.ClaimRecord(uid="b", devices=(("n1", "gpu-0"), ("n2", "gpu-0")), pods=("p2",)),
-        draclaims.ClaimRecord(uid="c", devices=(("n2", "gpu-1"),), pods=("p3",)),
+        draclaims.ClaimRecord.of("b", [("n1", "gpu-0"), ("n2", "gpu-0")], pods=("p2",)),
+        draclaims.ClaimRecord.of("c", [("n2", "gpu-1")], pods=("p3",)),
     ]
     assert draclaims.held_on("n1", claims) == ({"gpu-0"}, 2)
     assert draclaims.held_on("n2", claims) == ({"gpu-0", "gpu-1"}, 2)

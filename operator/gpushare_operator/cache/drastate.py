@@ -93,12 +93,13 @@ class DraState:
             return
         if old == record:
             return  # a change of nothing we read (most claim updates)
+        nodes = record.nodes
         if old is not None:
             self._unindex_claim(old)
         self.claims[uid] = record
-        for node in record.nodes:
+        for node in nodes:
             self._claims_on.setdefault(node, set()).add(uid)
-        for node in record.nodes | (old.nodes if old is not None else frozenset()):
+        for node in nodes | old.nodes if old is not None else nodes:
             self.on_usage(node)
 
     def delete_claim(self, uid: str) -> None:

@@ -76,6 +76,7 @@ def slice_record(obj: Mapping[str, Any]) -> SliceRecord | None:
     spec = obj.get("spec") or {}
     if spec.get("driver") != DRIVER or not isinstance(spec.get("nodeName"), str):
         return None
+    node = spec["nodeName"]
     pool = spec.get("pool") or {}
     generation = pool.get("generation")
     devices = tuple(
@@ -83,25 +84,39 @@ def slice_record(obj: Mapping[str, Any]) -> SliceRecord | None:
     )
     return SliceRecord(
         name=str((obj.get("metadata") or {}).get("name")),
-        node=spec["nodeName"],
-        pool=str(pool.get("name") or ""),
+        node=node,
+        pool=node if pool.get("name") == node else str(pool.get("name") or ""),  # one string
         generation=generation if isinstance(generation, int) else 0,
         devices=devices,
     )
+
+
+# Devices already read, by what was read of them: the same device (``gpu-0``, a full GPU of
+# 81559 MiB) is listed by every node of a model, so its record is one shared object, and a
+# slice's devices cost a pointer each.  Bounded: past the cap a device is read afresh.
+_SEEN: dict[tuple[str, str | None, object, str | None], Device] = {}
+_SEEN_MAX: Final = 4096
 
 
 def _device(raw: Mapping[str, Any]) -> Device:
     attributes = raw.get("attributes") or {}
     kind = _attribute(attributes, "type")
     memory = ((raw.get("capacity") or {}).get("memory") or {}).get("value")
+    profile = _attribute(attributes, "profile") if kind == MIG_TYPE else None
+    key = (str(raw["name"]), kind, memory if isinstance(memory, str) else None, profile)
+    known = _SEEN.get(key)
+    if known is not None:
+        return known
     mib = None
     if isinstance(memory, str):
         try:
             mib = parse_mib(memory)
         except QuantityError:
             mib = None
-    profile = _attribute(attributes, "profile") if kind == MIG_TYPE else None
-    return Device(name=str(raw["name"]), type=kind, memory_mib=mib, profile=profile)
+    device = Device(name=key[0], type=kind, memory_mib=mib, profile=profile)
+    if len(_SEEN) < _SEEN_MAX:
+        _SEEN[key] = device
+    return device
 
 
 def _attribute(attributes: Mapping[str, Any], name: str) -> str | None:

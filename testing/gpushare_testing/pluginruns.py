@@ -29,6 +29,11 @@ PLUGIN_ROLE: Final[dict[str, Any]] = {
             "resources": ["gpusharingpolicies", "gpunodestates"],
             "verbs": ["get", "list"],
         },
+        {  # read only where a policy or a node is on backend DRA
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceslices", "resourceclaims", "deviceclasses"],
+            "verbs": ["get", "list"],
+        },
         {
             "apiGroups": ["gpushare.dev"],
             "resources": ["gpusharingpolicies"],

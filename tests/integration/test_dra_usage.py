@@ -6,7 +6,8 @@ Two Exclusive nodes of two GPUs on backend DRA.  On one node a pod asks ``nvidia
 another asks through a ResourceClaimTemplate written against that class, naming no resource at
 all.  The node's GPUNodeState and the policy's status count two GPUs held by two pods: one per
 claimed device, the first pod not counted twice, the second not missed.  Deleting the second
-pod deletes its claim (the ResourceClaim controller) and the counts follow.
+pod deletes its claim (the ResourceClaim controller) and the counts follow.  ``kubectl gpushare
+status`` and ``explain node`` read the same slices and claims and count the same.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import pytest
 
 from gpushare_testing import apiobjects as h
 from gpushare_testing import gpupods
+from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.draobjects import CLASS, RESOURCE_API, exclusive, running
+from gpushare_testing.pluginruns import plugin
 from gpushare_testing.replicas import Replicas
 from gpushare_testing.rolloutstate import all_verified
 from gpushare_testing.simulator import GpuClusterSimulator
@@ -62,6 +65,8 @@ async def policy_allocated(sim: GpuClusterSimulator, name: str) -> int:
 
 
 async def test_a_dra_nodes_usage_is_counted_from_its_claims_once_each(
+    control_plane: ControlPlane,
+    namespace: str,
     sim: GpuClusterSimulator,
     policies: list[str],
     pods_ns: str,
@@ -92,6 +97,26 @@ async def test_a_dra_nodes_usage_is_counted_from_its_claims_once_each(
     await eventually(
         lambda: policy_allocated(sim, name), until=lambda n: n == 2, what="the policy's 2"
     )
+
+    # kubectl gpushare reads the slices and claims too: it shows the nodes Verified and counts
+    # what the operator counts, the template's pod included.
+    common = ("--device-plugin-namespace", namespace, "-o", "json")
+    run = await plugin(control_plane.admin_kubeconfig, "status", "--policy", name, *common)
+    assert run.code == 0, run.stderr
+    report = run.json()
+    [shown] = [p for p in report["policies"] if p["name"] == name]
+    assert (shown["verified"], shown["slots"]) == (2, {"allocated": 2, "capacity": 4})
+    assert [(n["name"], n["phase"], n["slots"]["allocated"]) for n in report["nodes"]] == [
+        (busy, "Verified", 2),
+        (idle, "Verified", 0),
+    ]
+    run = await plugin(control_plane.admin_kubeconfig, "explain", "node", busy, *common)
+    assert run.code == 0, run.stderr
+    explained = run.json()
+    assert explained["phase"]["now"]["phase"] == "Verified"
+    assert explained["slots"]["allocated"] == 2
+    assert explained["slots"]["claimedDevices"] == ["gpu-0", "gpu-1"]
+    assert explained["slots"]["claimPods"] == 2
 
     # The claim made from the template goes with its pod; the count follows the claims.
     await gpupods.delete_pod(sim, pods_ns, "claims")

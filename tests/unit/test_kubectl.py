@@ -285,7 +285,8 @@ def test_explain_names_slots_held_of_a_resource_the_target_does_not_advertise() 
     cache.upsert_node(node("n"))
     cache.upsert_pod(pod("etl", "n", 4, resource="nvidia.com/gpu.shared"))
     cache.upsert_pod(pod("web", "n", 1))
-    usage = explain._slots(cache, "n", "nvidia.com/gpu", 8)
+    record = cache.nodes["n"]
+    usage = explain._slots(cache, record, None, "nvidia.com/gpu", 8)
     assert (usage["allocated"], usage["otherResources"]) == (1, {"nvidia.com/gpu.shared": 4})
     text = explain._render_slots(usage, output.Style())
     assert text.splitlines()[:2] == [

@@ -21,8 +21,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.cache.sinks import ConfigMapSink, NodeSink, NodeStateSink, PodSink
-from gpushare_operator.core import defaults, models
+from gpushare_operator.cache.sinks import (
+    ClaimSink,
+    ConfigMapSink,
+    DeviceClassSink,
+    NodeSink,
+    NodeStateSink,
+    PodSink,
+    SliceSink,
+)
+from gpushare_operator.core import defaults, dra, models
 from gpushare_operator.core.nodes import carries_mig_config
 from gpushare_operator.kube import connection, objectpaths, reading
 from gpushare_operator.kube.objectpaths import Resource
@@ -41,7 +49,27 @@ BUDGETS = Resource(
     kind="PodDisruptionBudget",
     namespaced=True,
 )
-_RESOURCES = {r.kind: r for r in (POLICIES, NODE_STATES, NODES, PODS, EVENTS, CONFIGMAPS, BUDGETS)}
+# Backend DRA: a node's devices (NVIDIA's kubelet plugin's slices), the claims holding them,
+# and the DeviceClasses that serve nvidia.com/gpu there.
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+SLICES = Resource(api=RESOURCE_API, plural="resourceslices", kind="ResourceSlice")
+CLAIMS = Resource(api=RESOURCE_API, plural="resourceclaims", kind="ResourceClaim", namespaced=True)
+DEVICE_CLASSES = Resource(api=RESOURCE_API, plural="deviceclasses", kind="DeviceClass")
+_RESOURCES = {
+    r.kind: r
+    for r in (
+        POLICIES,
+        NODE_STATES,
+        NODES,
+        PODS,
+        EVENTS,
+        CONFIGMAPS,
+        BUDGETS,
+        SLICES,
+        CLAIMS,
+        DEVICE_CLASSES,
+    )
+}
 # As the operator's pod informer: finished pods hold no slots and are never read.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 POLICY_LIST = reading.Collection(path=objectpaths.path(POLICIES), kind=POLICIES.kind, page_size=250)
@@ -58,6 +86,11 @@ POD_LIST = reading.Collection(
     path=objectpaths.path(PODS), kind=PODS.kind, field_selector=LIVE_PODS, page_size=250
 )
 BUDGET_LIST = reading.Collection(path=objectpaths.path(BUDGETS), kind=BUDGETS.kind, page_size=250)
+SLICE_LIST = reading.Collection(path=objectpaths.path(SLICES), kind=SLICES.kind, page_size=250)
+CLAIM_LIST = reading.Collection(path=objectpaths.path(CLAIMS), kind=CLAIMS.kind, page_size=500)
+CLASS_LIST = reading.Collection(
+    path=objectpaths.path(DEVICE_CLASSES), kind=DEVICE_CLASSES.kind, page_size=250
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +221,9 @@ async def load_fleet(
     """Every GPU node, and (by default) every GPUNodeState and every live pod, in parallel.
     ``pod_sink`` wraps the pods' sink (``plan`` keeps more of the pods it may evict)."""
     reads = [read_into(api, NODE_LIST, NodeSink(cache), purpose="every GPU node")]
+    dra_read = _uses_dra(cache)
+    if dra_read:
+        reads.append(load_dra(api, cache))
     if node_states:
         sink = NodeStateSink(cache)
         purpose = "what the operator published for each node"
@@ -200,6 +236,31 @@ async def load_fleet(
             into = pod_sink(into)
         reads.append(read_into(api, pod_list, into, purpose=purpose))
     await asyncio.gather(*reads)
+    if not dra_read and any(dra.is_on(record) for record in cache.nodes.values()):
+        await load_dra(api, cache)  # nodes still on DRA under a policy that left it
+
+
+def _uses_dra(cache: ClusterCache) -> bool:
+    return any(policy.dra for policy in cache.policies.values())
+
+
+async def load_dra(api: reading.Api, cache: ClusterCache, *, node: str | None = None) -> None:
+    """What the operator's DRA informers hold: the ``gpu.nvidia.com`` slices (of ``node``
+    alone, when named), the claims holding their devices, and the DeviceClasses.  Without them
+    a DRA node could not be shown Verified, nor its claims counted."""
+    slices = SLICE_LIST
+    if node is not None:  # a checked name (objectpaths): it cannot add a term
+        slices = replace(SLICE_LIST, field_selector=f"spec.nodeName={node}")
+    await asyncio.gather(
+        read_into(api, slices, SliceSink(cache), purpose="the devices NVIDIA's DRA plugin lists"),
+        read_into(api, CLAIM_LIST, ClaimSink(cache), purpose="the claims holding DRA devices"),
+        read_into(
+            api,
+            CLASS_LIST,
+            DeviceClassSink(cache),
+            purpose="the DeviceClasses serving nvidia.com/gpu on DRA nodes",
+        ),
+    )
 
 
 async def load_budgets(api: reading.Api) -> list[dict[str, Any]]:
@@ -228,4 +289,7 @@ async def load_node(api: reading.Api, cache: ClusterCache, name: str) -> dict[st
     # The name is a checked one (the reads above): it cannot add a term to the selector.
     pod_list = replace(POD_LIST, field_selector=f"spec.nodeName={name},{LIVE_PODS}")
     await read_into(api, pod_list, PodSink(cache), purpose="the pods on the node")
+    record = cache.nodes.get(name)
+    if _uses_dra(cache) or (record is not None and dra.is_on(record)):
+        await load_dra(api, cache, node=name)
     return body

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import nodephases, resolution
+from gpushare_operator.core import dra, nodephases, resolution
 from gpushare_operator.core.nodes import NodeRecord
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.kube import objectpaths, reading
@@ -24,6 +24,7 @@ from gpushare_operator.kubectl import cluster, migexplanations, promises
 from gpushare_operator.kubectl.output import Style, slots, table
 from gpushare_operator.kubectl.standings import POOL_LABELS, pool_of, standing_of
 from gpushare_operator.kubectl.status import eviction_line, eviction_of, new_planner
+from gpushare_operator.reconcile import tallies
 
 EVENTS_SHOWN = 10
 
@@ -71,9 +72,11 @@ async def explain_node(cluster_ref: cluster.ClusterRef, name: str) -> dict[str, 
         "config": _config(cache, record, decision.policy),
         "mig": migexplanations.explain(cache, record, decision, published=published),
         "slotPromise": promises.explain(
-            record, decision, phase=str(published.get("phase") or decision.phase)
+            tallies.slot_view(cache, record, decision.policy),  # a DRA node: its slice's memory
+            decision,
+            phase=str(published.get("phase") or decision.phase),
         ),
-        "slots": _slots(cache, name, target_now.resource, target_now.capacity),
+        "slots": _slots(cache, record, decision.policy, target_now.resource, target_now.capacity),
     }
 
 
@@ -184,14 +187,29 @@ def _config(
     return out
 
 
-def _slots(cache: ClusterCache, node: str, resource: str, capacity: int) -> dict[str, Any]:
-    allocated, _ = cache.usage.node_usage(node, resource)
+def _slots(
+    cache: ClusterCache,
+    record: NodeRecord,
+    policy: CompiledPolicy | None,
+    resource: str,
+    capacity: int,
+) -> dict[str, Any]:
+    """The node's slots as the operator counts them: on a node DRA serves, from the claims
+    allocated there (``claimedDevices``: a pod asking through a ResourceClaimTemplate names no
+    resource, and is counted only there)."""
+    node = record.name
+    allocated, _ = tallies.usage(cache, record, policy, resource)
     pods = sorted(
         (p for p in cache.usage if p.node == node and p.holds_slots),
         key=lambda p: (p.namespace, p.name),
     )
     held = cache.usage.node_slots(node)
+    extra: dict[str, Any] = {}
+    if dra.is_on(record):
+        devices, holders = cache.dra.held_devices(node)
+        extra = {"claimedDevices": sorted(devices), "claimPods": holders}
     return {
+        **extra,
         "resource": resource,
         "allocated": allocated,
         "capacity": capacity,
@@ -294,6 +312,12 @@ def _render_slots(usage: Mapping[str, Any], style: Style) -> str:
     if others:
         held = ", ".join(f"{n} {r}" for r, n in others.items())
         lines.append(f"  also held by its pods: {held}")
+    if "claimedDevices" in usage:
+        claimed = ", ".join(usage["claimedDevices"]) or "none"
+        lines.append(
+            f"  served by DRA: devices claimed {claimed} (claims reserved for"
+            f" {usage['claimPods']} pods)"
+        )
     rows = [
         (
             f"{p['namespace']}/{p['name']}",

@@ -29,6 +29,7 @@ from gpushare_operator.core.pods import MEMORY_REQUEST_LABEL
 from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.core.slotclasses import SlotClass
 from gpushare_operator.kubectl.output import Style, plural, slots, table
+from gpushare_operator.reconcile import tallies
 from gpushare_operator.reconcile.planner import Planner
 
 SEVERAL: Final = "several classes on the node: one label cannot speak for several classes"
@@ -117,9 +118,10 @@ def slot_classes(planner: Planner) -> list[dict[str, Any]]:
         policy = decision.policy
         if policy is None or decision.phase is NodePhase.UNSUPPORTED:
             continue
-        found = node_slots(record, policy, phase=phase_of(planner, record, decision.phase))
+        view = tallies.slot_view(cache, record, policy)  # a DRA node: its slice's memory
+        found = node_slots(view, policy, phase=phase_of(planner, record, decision.phase))
         for slot, capacity in found.classes:
-            allocated = cache.usage.node_usage(name, slot.resource)[0]
+            allocated = tallies.usage(cache, record, policy, slot.resource)[0]
             total = totals.setdefault(slot, _Class())
             total.policies.add(policy.name)
             if found.offered:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpushare_operator.core import devconfigs, miggeometry
+from gpushare_operator.core import devconfigs, dra, miggeometry
 from gpushare_operator.core.decisions import NodeDecision
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import GPU_MEMORY, NodeRecord
@@ -65,6 +65,9 @@ def _promise(found: NodeSlots) -> str:
 
 
 def _memory_source(record: NodeRecord) -> str:
+    if dra.is_on(record):
+        memory = record.labels.get(GPU_MEMORY)
+        return f"the lowest memory its {dra.DRIVER} ResourceSlice lists, {memory} MiB"
     if mig_profile_of(record.labels.get("nvidia.com/gpu.product")) is None:
         return f"GPU Feature Discovery's label {GPU_MEMORY}={record.labels.get(GPU_MEMORY)}"
     return f"NVIDIA's tables for {record.product} (GFD shows MIG slices under single)"

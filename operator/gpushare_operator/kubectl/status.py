@@ -18,6 +18,7 @@ from gpushare_operator.kubectl import cluster, freeslots
 from gpushare_operator.kubectl.forecast import KEY_GRACE_PERIOD, MISMATCH_TIMEOUT
 from gpushare_operator.kubectl.output import Style, slots, table
 from gpushare_operator.kubectl.standings import POOL_LABELS, pool_of, standing_of
+from gpushare_operator.reconcile import tallies
 from gpushare_operator.reconcile.planner import Planner, Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 
@@ -103,7 +104,7 @@ def _nodes(planner: Planner, name: str) -> list[dict[str, Any]]:
         ready = next(
             (c for c in published.get("conditions") or () if c.get("type") == "Ready"), None
         )
-        allocated, pods = cache.usage.node_usage(node, standing.resource)
+        allocated, pods = tallies.usage(cache, record, decision.policy, standing.resource)
         rows.append(
             {
                 "name": node,

@@ -31,6 +31,16 @@ def held(cache: ClusterCache, record: NodeRecord, policy: CompiledPolicy) -> dic
     return {r: cache.usage.node_usage(record.name, r) for r in policy.resources}
 
 
+def usage(
+    cache: ClusterCache, record: NodeRecord, policy: CompiledPolicy | None, resource: str
+) -> Held:
+    """Slots of ``resource`` held on the node and the pods holding them, as ``held`` counts
+    them (from claims on a node DRA serves, from pod requests elsewhere)."""
+    if policy is not None and dra.is_on(record) and resource in policy.resources:
+        return held(cache, record, policy)[resource]
+    return cache.usage.node_usage(record.name, resource)
+
+
 def devices(cache: ClusterCache, record: NodeRecord, policy: CompiledPolicy) -> int:
     """The GPUs a node's capacity is counted from: on a node of a DRA policy that DRA serves,
     those its ResourceSlice lists (what claims can be allocated from); else GFD's count."""

@@ -253,18 +253,8 @@ REJECTED = [
         "spec.rollout.failureThreshold",
         "greater than or equal to 1",
     ),
-    Rejected(
-        "dra-time-slicing",
-        spec(backend="DRA"),
-        "spec",
-        "TimeSlicingSettings, MPSSupport",
-    ),
-    Rejected(
-        "dra-mps",
-        spec(strategy="MPS", replicas=4, backend="DRA"),
-        "spec",
-        "alpha feature gates",
-    ),
+    # TimeSlicing and MPS under DRA: not the CRD's to refuse (the operator's --dra-sharing
+    # decides; the chart's ValidatingAdmissionPolicy refuses them: test_dra_sharing.py).
     Rejected(
         "dra-mig-single",  # a one-profile layout is single unless it says mixed
         {"strategy": "MIG", "mig": {"profile": "1g.10gb"}, "backend": "DRA"},

@@ -87,6 +87,7 @@ FLAG_VALUES: dict[str, tuple[str, str]] = {
     "renew-deadline": ("operator.renewDeadline", "33"),
     "retry-period": ("operator.retryPeriod", "3.5"),
     "log-format": ("operator.logFormat", "console"),
+    "dra-sharing": ("operator.draSharing", "true"),
     "webhook-port": ("webhook.port", "9445"),
     "webhook-secret": ("webhook.secretName", "gpu-admission-tls"),
     "webhook-configuration": ("webhook.configurationName", "gpu-admission"),
@@ -163,6 +164,7 @@ def test_every_operator_flag_is_a_value_that_reaches_the_container(helm: Helm) -
         webhook_service="gpu-admission",
         webhook_hosts=tuple(hosts),
         webhook_cert_validity=86400.0,
+        dra_sharing=True,
     )
     # The certificate holds the name the API server calls (the Service's, in its namespace).
     assert "gpu-admission.gpushare-system.svc" in parsed.webhook_names()
@@ -213,9 +215,11 @@ def test_defaults_match_the_operator_and_are_hardened(helm: Helm) -> None:
         ("Service", "gpushare-system"),
         ("Service", "gpushare-system"),
         ("ServiceAccount", "gpushare-system"),
+        ("ValidatingAdmissionPolicy", ""),  # TimeSlicing and MPS under DRA refused
         ("ValidatingAdmissionPolicy", ""),  # the node guard
         ("ValidatingAdmissionPolicy", ""),  # the node label guard
         ("ValidatingAdmissionPolicy", ""),  # the webhook guard
+        ("ValidatingAdmissionPolicyBinding", ""),
         ("ValidatingAdmissionPolicyBinding", ""),
         ("ValidatingAdmissionPolicyBinding", ""),
         ("ValidatingAdmissionPolicyBinding", ""),
@@ -590,7 +594,7 @@ def test_the_node_guard_is_rendered_for_the_chart_service_account_and_can_be_tur
     # Off: none of the guards is rendered. Older than 1.30: refused unless it is off.
     off = helm.template("--set", "nodeGuard.enabled=false")
     assert not {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} & {
-        m["kind"] for m in off
+        m["kind"] for m in off if not m["metadata"]["name"].endswith("-dra-sharing")
     }
     old = helm.render("--kube-version", "1.29.9", check=False)
     assert old.returncode != 0

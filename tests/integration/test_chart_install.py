@@ -58,7 +58,7 @@ def test_rendered_manifests_pass_server_side_dry_run(
         stdin=rendered,
     )
     applied = [line for line in out.splitlines() if line.endswith("(server dry run)")]
-    assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]) == 25, out
+    assert len(applied) == len([d for d in yaml.safe_load_all(rendered) if d]) == 27, out
     # A dry run: nothing was created.
     status, _ = control_plane.request(
         "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/dry-gpushare-operator"
@@ -135,6 +135,8 @@ def test_install_creates_everything_and_uninstall_leaves_nothing(
                 ("clusterroles", "", "gpushare-policy-admin"),  # roles for people
                 ("clusterroles", "", "gpushare-viewer"),
                 ("clusterrolebindings", "", full),
+                ("validatingadmissionpolicies", "", f"{full}-dra-sharing"),
+                ("validatingadmissionpolicybindings", "", f"{full}-dra-sharing"),
                 ("validatingadmissionpolicies", "", f"{full}-node-guard"),
                 ("validatingadmissionpolicybindings", "", f"{full}-node-guard"),
                 ("validatingadmissionpolicies", "", f"{full}-node-guard-labels"),

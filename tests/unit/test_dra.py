@@ -56,11 +56,12 @@ def slice_obj(node_name: str, gpus: int, *, generation: int = 1, driver: str = d
 
 @pytest.mark.parametrize("strategy", ["TimeSlicing", "MPS"])
 def test_sharing_under_dra_is_refused_naming_nvidias_alpha_gates(strategy: str) -> None:
+    """Unless the operator runs with --dra-sharing (tests/unit/test_dra_sharing.py)."""
     with pytest.raises(pydantic.ValidationError, match="TimeSlicingSettings, MPSSupport"):
         GPUSharingPolicySpec.model_validate(
             {**BASE, "strategy": strategy, "replicas": 4, "backend": "DRA"}
         )
-    assert "alpha feature gates" in DRA_SHARING_ALPHA
+    assert "alpha feature gates" in DRA_SHARING_ALPHA and "--dra-sharing" in DRA_SHARING_ALPHA
 
 
 def test_mig_under_dra_takes_the_mixed_strategy_and_no_replicas() -> None:

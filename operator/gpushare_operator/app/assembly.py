@@ -111,7 +111,7 @@ class Assembly:
         self.settings = s = settings
         self.handle = handle
         api = handle.api
-        self.cache = ClusterCache()
+        self.cache = ClusterCache(dra_sharing=s.dra_sharing)
         self.cache.mig_config_name = s.mig_parted_configmap
         self.cache.queue.cap = s.write_backoff_cap
         self.registry = CollectorRegistry()

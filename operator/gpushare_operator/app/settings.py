@@ -49,6 +49,7 @@ class Settings:
     webhook_service: str
     webhook_hosts: tuple[str, ...]
     webhook_cert_validity: float
+    dra_sharing: bool = False  # TimeSlicing and MPS accepted under backend DRA (alpha)
 
     @property
     def webhook_enabled(self) -> bool:
@@ -251,6 +252,14 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]
         )
         if spec.name == "metrics-port":  # in --help, the switch beside the port it changes
             _add_metrics_insecure(parser, env=env)
+    _add_switch(
+        parser,
+        env=env,
+        name="dra-sharing",
+        help="accept TimeSlicing and MPS under backend DRA: rendered as NVIDIA's DRA driver"
+        " GpuConfig on the DeviceClass, which needs the driver's alpha feature gates"
+        " (TimeSlicingSettings, MPSSupport)",
+    )
     parser.add_argument(
         "--log-format",
         choices=["json", "console"],
@@ -260,17 +269,28 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, env: Mapping[str, str]
 
 
 def _add_metrics_insecure(parser: argparse.ArgumentParser, *, env: Mapping[str, str]) -> None:
+    _add_switch(
+        parser,
+        env=env,
+        name="metrics-insecure",
+        help="serve /metrics over plain HTTP to anyone, without TokenReview and "
+        "SubjectAccessReview",
+    )
+
+
+def _add_switch(
+    parser: argparse.ArgumentParser, *, env: Mapping[str, str], name: str, help: str
+) -> None:
     """A switch that the environment can turn on and a flag can still turn off, both ways."""
     try:
-        insecure = _boolean(_env_default(env, "metrics-insecure", "false"))
+        on = _boolean(_env_default(env, name, "false"))
     except argparse.ArgumentTypeError as exc:
-        parser.error(f"{_env_name('metrics-insecure')}: {exc}")
+        parser.error(f"{_env_name(name)}: {exc}")
     parser.add_argument(
-        "--metrics-insecure",
+        f"--{name}",
         action=argparse.BooleanOptionalAction,
-        default=insecure,
-        help="serve /metrics over plain HTTP to anyone, without TokenReview and "
-        "SubjectAccessReview (env GPUSHARE_METRICS_INSECURE; default false)",
+        default=on,
+        help=f"{help} (env {_env_name(name)}; default false)",
     )
 
 
@@ -306,6 +326,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         webhook_service=args.webhook_service,
         webhook_hosts=args.webhook_hosts,
         webhook_cert_validity=args.webhook_cert_validity,
+        dra_sharing=args.dra_sharing,
     )
     if not settings.retry_period < settings.renew_deadline < settings.lease_duration:
         raise ValueError("need retry-period < renew-deadline < lease-duration")

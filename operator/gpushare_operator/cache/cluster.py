@@ -50,8 +50,11 @@ class ClusterCache:
         *,
         clock: Callable[[], float] = time.monotonic,
         wallclock: Callable[[], float] = time.time,
+        dra_sharing: bool = False,
     ) -> None:
         self.clock = clock
+        # --dra-sharing: TimeSlicing and MPS under backend DRA compile (core.drasharing).
+        self.dra_sharing = dra_sharing
         self.wallclock = wallclock
         self.nodes: dict[str, NodeRecord] = {}
         # Node name -> resourceVersion of the newest Node the informer delivered; a write's
@@ -305,11 +308,17 @@ class ClusterCache:
         self.queue.policy(name)
         if old is not None and (old.uid, old.generation) == (uid, generation):
             return  # status-only change (usually our own write): nothing to recompile
-        new = compile_policy(name=name, uid=uid, generation=generation, spec=body.get("spec"))
+        new = compile_policy(
+            name=name,
+            uid=uid,
+            generation=generation,
+            spec=body.get("spec"),
+            dra_sharing=self.dra_sharing,
+        )
         if old is not None:
             new = keep_last_good(old, new)
         else:
-            new = keep_recorded(new, body.get("status"))
+            new = keep_recorded(new, body.get("status"), dra_sharing=self.dra_sharing)
         self.policies[name] = new
         self.policy_epoch += 1
         self._track_resource(new)

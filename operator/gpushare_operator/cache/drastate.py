@@ -149,9 +149,10 @@ class DraState:
     def class_names(self) -> list[str]:
         return list(self.classes)
 
-    def readiness(self, *resources: str) -> dra.Readiness:
-        """Whether our classes for ``resources`` are all there, and the first foreign class
-        claiming one of them."""
+    def readiness(self, *resources: str, config: str | None = None) -> dra.Readiness:
+        """Whether our classes for ``resources`` are all there carrying ``config`` (a sharing
+        policy's GpuConfig, or none), and the first conflict: a foreign class claiming one of
+        them, or ours carrying another DRA policy's config."""
         ready, conflict = True, None
         for resource in resources:
             ours = self.classes.get(draclasses.class_name(resource))
@@ -164,4 +165,7 @@ class DraState:
                     " later, so which one a pod gets is chance: remove theirs, or set backend"
                     " DevicePlugin"
                 )
+            if ready and ours is not None and ours.config != config and conflict is None:
+                ready = False
+                conflict = draclasses.config_conflict(resource, held=ours.config, wanted=config)
         return dra.Readiness(class_ready=ready, conflict=conflict)

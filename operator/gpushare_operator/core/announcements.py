@@ -26,6 +26,7 @@ _POLICY_RULES = {
     ("Ready", "False", "NodesMismatched"): "NodesMismatched",
     ("Ready", "False", "InvalidSpec"): "InvalidPolicy",
     ("Ready", "False", "InvalidConfig"): "InvalidPolicy",
+    ("Ready", "False", "DRASharingDisabled"): "InvalidPolicy",
     ("Overcommitted", "True", None): "Overcommitted",
     ("Unsupported", "True", None): "NodesUnsupported",
     ("SchemaOutdated", "True", None): "SchemaOutdated",

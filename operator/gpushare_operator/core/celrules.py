@@ -150,11 +150,6 @@ SPEC_RULES: Final = (
     ),
     *MIG_SPEC_RULES,
     _rule(
-        f"!has(self.backend) || self.backend != {_DRA}"
-        f" || (self.strategy != {_TIME_SLICING} && self.strategy != {_MPS})",
-        models.DRA_SHARING_ALPHA,
-    ),
-    _rule(
         f"!has(self.backend) || self.backend != {_DRA} || self.strategy != {_MIG}"
         " || !has(self.mig) || (has(self.mig.migStrategy)"
         f" ? self.mig.migStrategy == {_MIXED} : has(self.mig.devices))",

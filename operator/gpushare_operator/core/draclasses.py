@@ -10,11 +10,13 @@ ours is a conflict, said in a condition.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from gpushare_operator.core import drasharing
 from gpushare_operator.core.conditions import Cond
 from gpushare_operator.core.dra import DRIVER, GPU_TYPE, MIG_TYPE, Readiness, mig_profile
 
@@ -33,6 +35,9 @@ class ClassRecord:
     ours: bool
     owners: tuple[str, ...] = ()  # the uids its ownerReferences name, sorted
     expressions: tuple[str, ...] = ()  # its selectors' CEL
+    # Its ``spec.config`` for our driver, as ``drasharing.canonical`` text of the GpuConfig
+    # (None: none); any other config (another driver's, more than one) as its whole text.
+    config: str | None = None
 
 
 def class_record(obj: Mapping[str, Any]) -> ClassRecord:
@@ -47,7 +52,19 @@ def class_record(obj: Mapping[str, Any]) -> ClassRecord:
         expressions=tuple(
             str((s.get("cel") or {}).get("expression")) for s in spec.get("selectors") or ()
         ),
+        config=_config(spec.get("config")),
     )
+
+
+def _config(config: object) -> str | None:
+    """What a class's ``spec.config`` configures, comparable with a policy's ``gpu_config``."""
+    if not config:
+        return None
+    if isinstance(config, list) and len(config) == 1 and isinstance(config[0], Mapping):
+        opaque = config[0].get("opaque") or {}
+        if isinstance(opaque, Mapping) and opaque.get("driver") == DRIVER:
+            return drasharing.canonical(opaque.get("parameters"))
+    return json.dumps(config, sort_keys=True)
 
 
 def class_name(resource: str) -> str:
@@ -77,9 +94,12 @@ def selector(resource: str) -> str:
     return f"device.driver == '{DRIVER}' && {attributes}.type == '{GPU_TYPE}'"
 
 
-def device_class(resource: str, owners: Iterable[Owner], *, api_version: str) -> dict[str, Any]:
+def device_class(
+    resource: str, owners: Iterable[Owner], *, api_version: str, config: str | None = None
+) -> dict[str, Any]:
     """The class for ``resource``: the ``gpu.nvidia.com`` devices that serve it (``selector``),
-    and the classic ``resource`` requests served through it (KEP 5004)."""
+    the classic ``resource`` requests served through it (KEP 5004), and for a sharing policy
+    (``--dra-sharing``) the driver's GpuConfig (``config``, ``drasharing.canonical`` text)."""
     refs = [
         {"apiVersion": api_version, "kind": "GPUSharingPolicy", "name": o.name, "uid": o.uid}
         for o in sorted(owners, key=lambda o: o.name)
@@ -96,6 +116,11 @@ def device_class(resource: str, owners: Iterable[Owner], *, api_version: str) ->
         "spec": {
             "selectors": [{"cel": {"expression": expression}}],
             "extendedResourceName": resource,
+            **(
+                {}
+                if config is None
+                else {"config": [{"opaque": {"driver": DRIVER, "parameters": json.loads(config)}}]}
+            ),
         },
     }
 
@@ -104,6 +129,28 @@ def conflicts(resource: str, classes: Iterable[ClassRecord]) -> list[str]:
     """Classes not ours that serve ``resource`` too: the API server picks the one created later,
     so which one a pod gets would be chance.  Named, for a condition."""
     return sorted(c.name for c in classes if not c.ours and c.extended_resource == resource)
+
+
+def config_conflict(resource: str, *, held: str | None, wanted: str | None) -> str:
+    """Why a DRA policy's nodes wait: our class for ``resource`` carries another DRA policy's
+    config (``held``), and a class's config applies to every device it selects."""
+    return (
+        f"DeviceClass {class_name(resource)} serves {resource} with"
+        f" {drasharing.describe(held)}, as another DRA policy serving {resource} has it, and this"
+        f" policy wants {drasharing.describe(wanted)}: a class's config applies to every device"
+        f" it selects, so DRA policies serving one resource must share alike; give this one a"
+        " resource of its own (renameByDefault or resourceName)"
+    )
+
+
+def pick_config(configs: Iterable[tuple[str, str | None]], *, held: str | None) -> str | None:
+    """The config a class serving several DRA policies carries, given ``(policy name, its
+    config)`` pairs: the one the class already carries if one of them wants it (a new leader
+    keeps it), else the first policy's by name.  The others' nodes wait (``config_conflict``)."""
+    ordered = sorted(configs, key=lambda c: c[0])
+    if any(c == held for _, c in ordered):
+        return held
+    return ordered[0][1] if ordered else None
 
 
 def classes_named(resources: Iterable[str]) -> str:

@@ -25,6 +25,7 @@ from pydantic import (
     Field,
     StrictBool,
     StrictInt,
+    ValidationInfo,
     model_validator,
 )
 from pydantic.json_schema import WithJsonSchema
@@ -286,11 +287,18 @@ class Backend(enum.StrEnum):
     DRA = "DRA"
 
 
-# Why a policy under backend DRA is refused sharing and (in this release) MIG.
+# Why a policy under backend DRA is refused sharing, unless the operator runs with
+# --dra-sharing (the CRD cannot see a flag: the chart's ValidatingAdmissionPolicy refuses at
+# admission when the flag is off, and the operator refuses what gets past it).
 DRA_SHARING_ALPHA: Final = (
     "TimeSlicing and MPS under backend DRA need NVIDIA's DRA driver alpha feature gates"
-    " (TimeSlicingSettings, MPSSupport): use backend DevicePlugin for shared GPUs"
+    " (TimeSlicingSettings, MPSSupport): use backend DevicePlugin for shared GPUs, or run"
+    " gpushare with --dra-sharing (chart: draSharing.enabled=true) and the DRA driver with"
+    " those gates on"
 )
+# The validation context key that lifts DRA_SHARING_ALPHA (GPUSharingPolicySpec.model_validate
+# with context={DRA_SHARING: True}).
+DRA_SHARING: Final = "dra_sharing"
 DRA_MIG_MIXED: Final = (
     "MIG under backend DRA takes mig.migStrategy mixed: each profile is served as"
     " nvidia.com/mig-<profile> by a DeviceClass of its own (under single every MIG device would"
@@ -455,13 +463,22 @@ class GPUSharingPolicySpec(ApiModel):
     """What serves the GPUs: DevicePlugin (NVIDIA's device plugin, configured by a ConfigMap
     key), or DRA (NVIDIA's DRA kubelet plugin publishes ResourceSlices; DeviceClasses with
     extendedResourceName keep nvidia.com/gpu and nvidia.com/mig-<profile> requests working). DRA
-    takes Exclusive, and MIG with migStrategy mixed.
+    takes Exclusive, and MIG with migStrategy mixed; TimeSlicing and MPS only when gpushare runs
+    with --dra-sharing (NVIDIA's driver: alpha).
     Changing it moves the nodes under the rollout, like any other change."""
 
+    @property
+    def dra_shared(self) -> bool:
+        """TimeSlicing or MPS under backend DRA: NVIDIA's driver shares (an alpha feature)."""
+        return self.backend is Backend.DRA and self.strategy in (
+            SharingStrategy.TIME_SLICING,
+            SharingStrategy.MPS,
+        )
+
     @model_validator(mode="after")
-    def _backend_serves_strategy(self) -> Self:
+    def _backend_serves_strategy(self, info: ValidationInfo) -> Self:
         if self.backend is Backend.DRA:
-            if self.strategy in (SharingStrategy.TIME_SLICING, SharingStrategy.MPS):
+            if self.dra_shared and not (info.context or {}).get(DRA_SHARING):
                 raise ValueError(DRA_SHARING_ALPHA)
             mig = self.mig
             if self.strategy is SharingStrategy.MIG and mig is not None:

@@ -14,9 +14,18 @@ from typing import Any
 
 import pydantic
 
-from gpushare_operator.core import devconfigs, selectors
+from gpushare_operator.core import devconfigs, drasharing, selectors
 from gpushare_operator.core.migpolicies import CompiledMig, compile_mig
-from gpushare_operator.core.models import Backend, GPUSharingPolicySpec, SharingStrategy
+from gpushare_operator.core.models import (
+    DRA_SHARING,
+    DRA_SHARING_ALPHA,
+    Backend,
+    GPUSharingPolicySpec,
+    SharingStrategy,
+)
+
+# Why a DRA TimeSlicing or MPS policy is refused by an operator without --dra-sharing.
+DRA_SHARING_DISABLED = "DRASharingDisabled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +46,9 @@ class CompiledPolicy:
     kept_generation: int | None = None
     # Strategy MIG: the layout per GPU model, and the reasons for the models it cannot fit.
     mig: CompiledMig | None = None
+    # TimeSlicing or MPS under backend DRA (--dra-sharing): the GpuConfig its DeviceClass
+    # carries for NVIDIA's driver, as ``drasharing.canonical`` text; None for any other policy.
+    gpu_config: str | None = None
 
     @property
     def generation_in_force(self) -> int | None:
@@ -86,8 +98,11 @@ class CompiledPolicy:
 
     @property
     def replicas(self) -> int | None:
-        """Slots per GPU (1 for Exclusive); None for a policy that never compiled."""
-        return self.spec.slots_per_gpu if self.spec is not None else None
+        """Slots per GPU (1 for Exclusive, and for sharing under DRA, where a device goes to
+        one claim: ``core.drasharing``); None for a policy that never compiled."""
+        if self.spec is None:
+            return None
+        return 1 if self.spec.dra_shared else self.spec.slots_per_gpu
 
 
 def _validation_message(exc: pydantic.ValidationError) -> str:
@@ -117,7 +132,9 @@ def keep_last_good(current: CompiledPolicy, update: CompiledPolicy) -> CompiledP
     )
 
 
-def keep_recorded(update: CompiledPolicy, status: object) -> CompiledPolicy:
+def keep_recorded(
+    update: CompiledPolicy, status: object, *, dra_sharing: bool = False
+) -> CompiledPolicy:
     """A broken spec met for the first time (a new leader, a restart): keep the last good spec
     that the status recorded in force, rather than release every node of the policy."""
     if update.valid or not isinstance(status, Mapping):
@@ -130,7 +147,9 @@ def keep_recorded(update: CompiledPolicy, status: object) -> CompiledPolicy:
         return update
     if generation >= update.generation:
         return update
-    kept = compile_policy(name=update.name, uid=update.uid, generation=generation, spec=spec)
+    kept = compile_policy(
+        name=update.name, uid=update.uid, generation=generation, spec=spec, dra_sharing=dra_sharing
+    )
     return keep_last_good(kept, update) if kept.valid else update
 
 
@@ -151,6 +170,14 @@ def _invalid(*, name: str, uid: str, generation: int, message: str, reason: str)
 
 
 def sharing_config(spec: GPUSharingPolicySpec) -> devconfigs.SharingConfig:
+    if spec.dra_shared:
+        # NVIDIA's DRA driver shares (GpuConfig on the DeviceClass); GPU Feature Discovery, the
+        # one reader of the device-plugin text on a DRA node, is told each GPU is one slot,
+        # and the resource is the one the policy's pods ask (``.shared`` if renamed).
+        name = spec.resourceName + (devconfigs.SHARED_SUFFIX if spec.renameByDefault else "")
+        return devconfigs.SharingConfig(
+            strategy=str(SharingStrategy.EXCLUSIVE), replicas=1, resource_name=name
+        )
     if spec.mig is not None:
         mig = spec.mig
         return devconfigs.SharingConfig(
@@ -175,9 +202,16 @@ def sharing_config(spec: GPUSharingPolicySpec) -> devconfigs.SharingConfig:
 
 
 def compile_policy(
-    *, name: str, uid: str, generation: int, spec: Mapping[str, Any] | None
+    *,
+    name: str,
+    uid: str,
+    generation: int,
+    spec: Mapping[str, Any] | None,
+    dra_sharing: bool = False,
 ) -> CompiledPolicy:
-    """Validate and compile; an invalid policy compiles too, carrying its error for status."""
+    """Validate and compile; an invalid policy compiles too, carrying its error for status.
+    ``dra_sharing``: the operator runs with ``--dra-sharing`` (TimeSlicing and MPS accepted
+    under backend DRA)."""
     raw = dict(spec or {})
     try:
         selector = selectors.compile_selector(raw.get("nodeSelector"))
@@ -191,7 +225,7 @@ def compile_policy(
             name=name, uid=uid, generation=generation, message=problem, reason="InvalidSelector"
         )
     try:
-        parsed = GPUSharingPolicySpec.model_validate(raw)
+        parsed = GPUSharingPolicySpec.model_validate(raw, context={DRA_SHARING: dra_sharing})
         sharing = sharing_config(parsed)
         text = devconfigs.render_config_text(sharing)
         key = devconfigs.config_key(
@@ -200,6 +234,14 @@ def compile_policy(
         mig = None if parsed.mig is None else compile_mig(policy_name=name, spec=parsed.mig)
     except pydantic.ValidationError as exc:
         message = _validation_message(exc)
+        if DRA_SHARING_ALPHA in message:
+            return _invalid(
+                name=name,
+                uid=uid,
+                generation=generation,
+                message=message,
+                reason=DRA_SHARING_DISABLED,
+            )
         return _invalid(
             name=name, uid=uid, generation=generation, message=message, reason="InvalidSpec"
         )
@@ -219,4 +261,5 @@ def compile_policy(
         config_text=text,
         error=None,
         mig=mig,
+        gpu_config=drasharing.canonical(drasharing.gpu_config(parsed)),
     )

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpushare_operator.core import conditions, rollouts
+from gpushare_operator.core import conditions, drasharing, rollouts
 from gpushare_operator.core.conditions import Cond
 from gpushare_operator.core.models import MAX_LISTED_NODES, PodPolicy, RolloutPhase, RolloutSpec
 from gpushare_operator.core.policies import CompiledPolicy
@@ -357,6 +357,9 @@ def render_policy_status(
         wanted.append(Cond("SchemaOutdated", "True", "CRDOutdated", schema_problem))
     if device_class is not None:
         wanted.append(device_class)
+    alpha = drasharing.condition(policy.spec) if policy.spec is not None else None
+    if alpha is not None:
+        wanted.append(alpha)
     adjusted = policy.spec.rollout.eviction.adjustment() if policy.spec is not None else None
     if adjusted is not None:  # a value an older CRD let in, read otherwise
         wanted.append(Cond("SpecAdjusted", "True", "GracePeriodRaised", adjusted))

@@ -23,7 +23,7 @@ from gpushare_operator.core.models import PodPolicy
 from gpushare_operator.core.pods import PodRecord
 from gpushare_operator.core.policies import CompiledPolicy, compile_policy
 from gpushare_operator.kubectl.disruptions import DEFAULT_GRACE_PERIOD, PodDetails
-from gpushare_operator.kubectl.standings import GOVERNED, standing_of
+from gpushare_operator.kubectl.standings import DRA_SHARING, GOVERNED, standing_of
 from gpushare_operator.reconcile.planner import Planner
 from gpushare_operator.reconcile.rollouts import RolloutBook
 
@@ -53,7 +53,10 @@ def may_evict(policies: Iterable[CompiledPolicy], bodies: Iterable[Mapping[str, 
     planned = {str((body.get("metadata") or {}).get("name")): body for body in bodies}
     specs = [p.spec for p in policies if p.name not in planned]
     for name, body in planned.items():
-        specs.append(compile_policy(name=name, uid="", generation=0, spec=body.get("spec")).spec)
+        compiled = compile_policy(
+            name=name, uid="", generation=0, spec=body.get("spec"), dra_sharing=DRA_SHARING
+        )
+        specs.append(compiled.spec)
     return any(s is not None and s.rollout.podPolicy is PodPolicy.EVICT for s in specs)
 
 

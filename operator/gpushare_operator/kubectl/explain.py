@@ -22,7 +22,7 @@ from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.kube import objectpaths, reading
 from gpushare_operator.kubectl import cluster, migexplanations, promises
 from gpushare_operator.kubectl.output import Style, slots, table
-from gpushare_operator.kubectl.standings import POOL_LABELS, pool_of, standing_of
+from gpushare_operator.kubectl.standings import DRA_SHARING, POOL_LABELS, pool_of, standing_of
 from gpushare_operator.kubectl.status import eviction_line, eviction_of, new_planner
 from gpushare_operator.reconcile import tallies
 
@@ -35,7 +35,7 @@ class UnknownNode(LookupError):
 
 async def explain_node(cluster_ref: cluster.ClusterRef, name: str) -> dict[str, Any]:
     objectpaths.checked(name, kind=cluster.NODES.kind)  # before any request (kube/objectpaths.py)
-    cache = ClusterCache()
+    cache = ClusterCache(dra_sharing=DRA_SHARING)
     planner = new_planner(cache)
     async with cluster.connected(cluster_ref) as api:
         await cluster.load_policies(api, cache)

@@ -49,6 +49,7 @@ from gpushare_operator.kube import reading
 from gpushare_operator.kubectl.disruptions import DetailSink, PodDetails
 from gpushare_operator.kubectl.evictions import NodeEvictions, drain_seconds, foresee, may_evict
 from gpushare_operator.kubectl.standings import (
+    DRA_SHARING,
     POOL_LABELS,
     UNSUPPORTED,
     NodeStanding,
@@ -181,7 +182,7 @@ class Forecaster:
         pool_labels: Sequence[str] = POOL_LABELS,
     ) -> None:
         self.clock = ManualClock()
-        self.cache = ClusterCache(clock=self.clock)
+        self.cache = ClusterCache(clock=self.clock, dra_sharing=DRA_SHARING)
         self.pace = pace or RolloutPace()
         self.pool_labels = tuple(pool_labels)
         self.reconciler = Reconciler(
@@ -213,7 +214,11 @@ class Forecaster:
         for body in bodies:
             metadata = body.get("metadata") or {}
             compiled = compile_policy(
-                name=str(metadata.get("name")), uid="", generation=0, spec=body.get("spec")
+                name=str(metadata.get("name")),
+                uid="",
+                generation=0,
+                spec=body.get("spec"),
+                dra_sharing=DRA_SHARING,
             )
             self.cache.tracked_resources.update(compiled.resources)
 

@@ -42,6 +42,12 @@ GOVERNED: Final = "Governed"
 UNSUPPORTED: Final = "Unsupported"
 UNMANAGED: Final = "Unmanaged"
 
+# TimeSlicing and MPS under backend DRA compile here as under an operator run with
+# --dra-sharing: the plugin cannot read the operator's flags, but admission decides (the chart's
+# ValidatingAdmissionPolicy refuses such a policy, a plan's dry run too, while the flag is off),
+# and one that got past it anyway says so in its status (Ready=False DRASharingDisabled).
+DRA_SHARING: Final = True
+
 # Where clusters say which pool a node belongs to: this project's examples, then GKE, EKS,
 # AKS and Karpenter.  A node with none of them is grouped by its GPU product.
 POOL_LABELS: Final = (

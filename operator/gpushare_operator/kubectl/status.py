@@ -17,7 +17,7 @@ from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.kubectl import cluster, freeslots
 from gpushare_operator.kubectl.forecast import KEY_GRACE_PERIOD, MISMATCH_TIMEOUT
 from gpushare_operator.kubectl.output import Style, slots, table
-from gpushare_operator.kubectl.standings import POOL_LABELS, pool_of, standing_of
+from gpushare_operator.kubectl.standings import DRA_SHARING, POOL_LABELS, pool_of, standing_of
 from gpushare_operator.reconcile import tallies
 from gpushare_operator.reconcile.planner import Planner, Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
@@ -38,7 +38,7 @@ def new_planner(cache: ClusterCache) -> Planner:
 async def make_status(
     cluster_ref: cluster.ClusterRef, *, policy: str | None = None
 ) -> dict[str, Any]:
-    cache = ClusterCache()
+    cache = ClusterCache(dra_sharing=DRA_SHARING)
     planner = new_planner(cache)
     async with cluster.connected(cluster_ref) as api:
         items = await cluster.load_policies(api, cache)

@@ -22,21 +22,29 @@ from gpushare_operator.core.nodes import GPU_RESOURCE
 def wanted(cache: ClusterCache) -> dict[str, dict[str, Any]]:
     """Class name -> the whole body to apply."""
     owners: dict[str, set[draclasses.Owner]] = {}
+    configs: dict[str, set[tuple[str, str | None]]] = {}
     for policy in cache.dra_policies():
         for resource in policy.resources:
             owners.setdefault(resource, set()).add(draclasses.Owner(policy.name, policy.uid))
+            configs.setdefault(resource, set()).add((policy.name, policy.gpu_config))
     for name in _still_on_dra(cache):
         held = cache.policies.get(name)
         if held is None:
             continue  # gone: its finalizer held it until no node carried its label
         for resource in held.resources or (GPU_RESOURCE,):
             owners.setdefault(resource, set()).add(draclasses.Owner(held.name, held.uid))
-    return {
-        draclasses.class_name(resource): draclasses.device_class(
-            resource, who, api_version=models.API_VERSION
+            configs.setdefault(resource, set()).add((held.name, held.gpu_config))
+    wanted = {}
+    for resource, who in owners.items():
+        name = draclasses.class_name(resource)
+        present = cache.dra.classes.get(name)
+        config = draclasses.pick_config(
+            configs[resource], held=present.config if present is not None else None
         )
-        for resource, who in owners.items()
-    }
+        wanted[name] = draclasses.device_class(
+            resource, who, api_version=models.API_VERSION, config=config
+        )
+    return wanted
 
 
 def _still_on_dra(cache: ClusterCache) -> set[str]:

@@ -125,7 +125,7 @@ class Planner:
         """For a DRA policy: its DeviceClass as the informer shows it, and the node's devices."""
         if policy is None or not policy.dra or policy.sharing is None:
             return dra.NOT_DRA
-        ready = self.cache.dra.readiness(*policy.resources)
+        ready = self.cache.dra.readiness(*policy.resources, config=policy.gpu_config)
         return replace(ready, devices=self.cache.dra.devices(record.name))
 
     def decide(self, record: NodeRecord) -> nodephases.NodeDecision:
@@ -338,7 +338,8 @@ class Planner:
         if not policy.dra or policy.sharing is None:
             return None
         resources = policy.resources
-        return draclasses.class_condition(resources, self.cache.dra.readiness(*resources))
+        ready = self.cache.dra.readiness(*resources, config=policy.gpu_config)
+        return draclasses.class_condition(resources, ready)
 
     def tally(self, policy: CompiledPolicy) -> policystatus.PolicyTally:
         return tallies.tally(self, policy)

@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import dra, draclasses, nodelabels, nodephases, victims
+from gpushare_operator.core import backends, dra, draclasses, nodelabels, nodephases, victims
 from gpushare_operator.core.models import (
     DRA_MIG_MIXED,
     DRA_SHARING_ALPHA,
@@ -177,10 +177,10 @@ def test_a_node_not_on_dra_is_not_shown_as_a_dra_target() -> None:
 
 def test_a_backend_move_needs_idle_gpus_as_a_mig_change_does() -> None:
     record = project_node(node("n1", count="2"))
-    assert dra.needs_idle(record, compiled(backend="DRA"), layouts={})
-    assert not dra.needs_idle(record, compiled(), layouts={})
+    assert backends.needs_idle(record, compiled(backend="DRA"), layouts={})
+    assert not backends.needs_idle(record, compiled(), layouts={})
     assert victims.room(record, compiled(backend="DRA"), layouts={}) is None
-    assert "backend move" in dra.idle_reason(record, compiled(backend="DRA"))
+    assert "backend move" in backends.idle_reason(record, compiled(backend="DRA"))
 
 
 def test_a_slot_label_apply_restates_the_dra_switch() -> None:

@@ -25,10 +25,7 @@ from typing import Any, Final
 
 from gpushare_operator.core import migphases
 from gpushare_operator.core.decisions import Labels
-from gpushare_operator.core.migconfigs import MigLayout
-from gpushare_operator.core.models import MIG_IDLE
 from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.policies import CompiledPolicy
 from gpushare_operator.core.quantities import QuantityError, parse_mib
 
 DRIVER: Final = "gpu.nvidia.com"
@@ -244,23 +241,3 @@ class Readiness:
 
 
 NOT_DRA: Final = Readiness(class_ready=True)
-
-
-def needs_idle(
-    record: NodeRecord,
-    policy: CompiledPolicy | None,
-    *,
-    layouts: Mapping[str, MigLayout | None] | None,
-) -> bool:
-    """Whether moving the node to ``policy`` (None: releasing it) may only happen on idle GPUs:
-    a change of MIG layout (``migphases.changes_mig``) or of backend (``BACKEND_IDLE``)."""
-    if migphases.changes_mig(record, policy, layouts=layouts):
-        return True
-    return changes_backend(record, dra=policy is not None and policy.dra)
-
-
-def idle_reason(record: NodeRecord, policy: CompiledPolicy | None) -> str:
-    """Why every GPU pod must go first, for a message."""
-    if changes_backend(record, dra=policy is not None and policy.dra):
-        return BACKEND_IDLE
-    return MIG_IDLE

@@ -16,8 +16,8 @@ from dataclasses import replace
 from typing import Any
 
 from gpushare_operator.core import (
+    backends,
     conditions,
-    devconfigs,
     dra,
     draclasses,
     migphases,
@@ -31,7 +31,6 @@ from gpushare_operator.core.decisions import Published as Published
 from gpushare_operator.core.models import NodePhase
 from gpushare_operator.core.nodes import (
     CONFIG_LABEL,
-    MIG_CONFIG_LABEL,
     POLICY_LABEL,
     NodeRecord,
 )
@@ -89,61 +88,18 @@ def _applied(
     mismatch_timeout: float,
     devices: tuple[dra.Device, ...] = (),
 ) -> NodeDecision:
-    assert policy.sharing is not None
-    if policy.dra and policy.mig is not None:
-        waiting = migphases.waiting(
-            record, policy, published=published, applied_since=applied_since, now=now
-        )
-        if waiting is not None:
-            return waiting
-        per_gpu = policy.mig.slots_per_gpu(record.product)
-        problems = dra.mig_disagreements(record, devices, per_gpu=per_gpu)
-        if not problems:
-            listed = ", ".join(f"{n} x {r}" for r, n in sorted(per_gpu.items()))
-            message = (
-                f"the MIG manager applied {migphases.layout_name(record, policy)}; the"
-                f" {dra.DRIVER} ResourceSlice lists {listed} per GPU on {record.gpus} GPUs,"
-                " and kubelet none of them from the device plugin"
-            )
-            return NodeDecision(policy, NodePhase.VERIFIED, "Verified", message, None)
-    elif policy.dra:
-        resource = devconfigs.advertised_resource(policy.sharing)
-        problems = dra.disagreements(record, devices, resource=resource)
-        if not problems:
-            gpus = dra.gpu_count(devices)
-            message = (
-                f"the {dra.DRIVER} ResourceSlice lists {gpus} GPUs; kubelet shows no {resource}"
-                " from the device plugin"
-            )
-            return NodeDecision(policy, NodePhase.VERIFIED, "Verified", message, None)
-    elif policy.mig is not None:
-        waiting = migphases.waiting(
-            record, policy, published=published, applied_since=applied_since, now=now
-        )
-        if waiting is not None:
-            return waiting
-        slots = policy.mig.slots_per_gpu(record.product)
-        problems = migphases.disagreements(record, policy=policy, layout_slots=slots)
-    else:
-        problems = disagreements(record, policy.sharing)
-    if not problems and policy.mig is not None and not policy.dra:
-        layout = ", ".join(
-            f"{n} x {r}" for r, n in sorted(policy.mig.slots_per_gpu(record.product).items())
-        )
-        message = (
-            f"the MIG manager applied {migphases.layout_name(record, policy)}; the device plugin"
-            f" advertises {layout} per GPU on {record.gpus} GPUs"
-        )
-        return NodeDecision(policy, NodePhase.VERIFIED, "Verified", message, None)
-    if not problems:
-        strategy = devconfigs.sharing_strategy_label(policy.sharing)
-        resource = devconfigs.advertised_resource(policy.sharing)
-        message = (
-            f"GPU Feature Discovery reports {policy.replicas} replicas, {strategy}; kubelet shows"
-            f" {record.allocatable_of(resource)} {resource} allocatable"
-        )
-        return NodeDecision(policy, NodePhase.VERIFIED, "Verified", message, None)
-    seen = "; ".join(problems)
+    """A node that carries its target: confirmed by what its backend's agents publish, or
+    waiting for them until ``mismatch_timeout``."""
+    backend = backends.of(policy)
+    waiting = backend.waiting(
+        record, policy, published=published, applied_since=applied_since, now=now
+    )
+    if waiting is not None:
+        return waiting
+    check = backend.check(record, policy, devices=devices)
+    if not check.problems:
+        return NodeDecision(policy, NodePhase.VERIFIED, "Verified", check.verified, None)
+    seen = "; ".join(check.problems)
     named = migphases.layout_name(record, policy) if policy.mig is not None else None
     if published.verified(policy, layout=named):
         # Confirmed once for this very config: whatever changed since is drift on the node,
@@ -157,52 +113,17 @@ def _applied(
         return NodeDecision(policy, NodePhase.MISMATCH, "NotConfirmed", message, None)
     # What is seen is left out until the timeout: it changes as the plugin restarts and GFD
     # relabels, and every change would be one more status write per node of a rollout.
-    message = "label applied; waiting for the device plugin and GPU Feature Discovery to confirm"
-    if policy.dra:
-        message = f"labels applied; waiting for the {dra.DRIVER} kubelet plugin's ResourceSlice"
-    return NodeDecision(policy, NodePhase.APPLIED, "Applied", message, None, recheck_at=deadline)
-
-
-def disagreements(record: NodeRecord, sharing: devconfigs.SharingConfig) -> list[str]:
-    """What the node shows that ``sharing`` in force would not: GFD's replicas and
-    sharing-strategy labels, and kubelet's allocatable of the advertised resource.
-
-    An Exclusive config is confirmed by the absence of sharing labels as well as by GFD's
-    explicit ``1`` / ``none``: GFD releases before sharing support wrote neither; the
-    allocatable check still proves the GPUs are there, one slot each.
-    """
-    if sharing.strategy == devconfigs.MIG:
-        return migphases.key_disagreements(record, sharing)
-    replicas = sharing.replicas if sharing.shared else 1
-    strategy = devconfigs.sharing_strategy_label(sharing)
-    shared = sharing.shared
-    resource = devconfigs.advertised_resource(sharing)
-    problems = []
-    reported = record.reported_replicas
-    if reported != replicas and (shared or reported is not None):
-        problems.append(f"nvidia.com/gpu.replicas is {reported}, expected {replicas}")
-    reported_strategy = record.sharing_strategy
-    if reported_strategy != strategy and (shared or reported_strategy is not None):
-        problems.append(
-            f"nvidia.com/gpu.sharing-strategy is {reported_strategy}, expected {strategy}"
-        )
-    allocatable = record.allocatable_of(resource)
-    expected = (record.gpus or 0) * replicas
-    if allocatable != expected:
-        problems.append(f"allocatable {resource} is {allocatable}, expected {expected}")
-    return problems
+    return NodeDecision(
+        policy, NodePhase.APPLIED, "Applied", backend.applied, None, recheck_at=deadline
+    )
 
 
 def shows_target(record: NodeRecord, policy: CompiledPolicy) -> bool:
-    """Whether the node carries ``policy``'s labels: its key, its name, and for MIG its
-    layout (and for any other policy, no MIG layout of ours left enabled)."""
+    """Whether the node carries ``policy``'s labels: its key, its name, and what its backend
+    adds (the DRA switch, a MIG layout; for any other, no MIG layout of ours left enabled)."""
     if record.config_label != policy.config_key or record.policy_label != policy.name:
         return False
-    if not dra.shows(record, dra=policy.dra):
-        return False
-    if policy.mig is None:
-        return not migphases.mig_enabled_by_us(record)
-    return record.mig_config_label == migphases.layout_name(record, policy)
+    return backends.of(policy).shows(record, policy)
 
 
 def decide(
@@ -274,16 +195,11 @@ def decide(
             recheck_at=key.ready_at,
             config_ready_at=key.ready_at_wall,
         )
+    changer = backends.of(policy)
     labels: Labels = {CONFIG_LABEL: policy.config_key, POLICY_LABEL: policy.name}
-    labels.update(dra.switch(record, dra=policy.dra))
+    labels.update(changer.target(record, policy))
     message = f"labelling the node with config key {policy.config_key}"
-    if policy.dra:
-        message += f" and {dra.DRA_DRIVER_LABEL}=true (backend DRA)"
-    if layout is not None:
-        labels[MIG_CONFIG_LABEL] = layout
-        message += f" and MIG layout {layout}"
-    # Otherwise a MIG layout label of ours (all-disabled by now) goes with this apply, which
-    # leaves it out; one that another manager owns stays, as SSA has it.
+    message += changer.describe(record, policy)
     return NodeDecision(policy, NodePhase.PENDING, "LabelPending", message, labels)
 
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
+from gpushare_operator.core import backends, devconfigs
 from gpushare_operator.core import budgets as core_budgets
-from gpushare_operator.core import devconfigs, dra
 from gpushare_operator.core.budgets import BudgetRecord
 from gpushare_operator.core.migconfigs import MigLayout
 from gpushare_operator.core.nodes import GPU_RESOURCE, NodeRecord
@@ -136,7 +136,7 @@ def room(
     change; ``layouts`` as ``migphases.changes_mig`` takes them).  A MIG layout of several
     profiles has a count per resource, each judged by itself (``select``)."""
     gpus = record.gpus or 0
-    if dra.needs_idle(record, policy, layouts=layouts):
+    if backends.needs_idle(record, policy, layouts=layouts):
         return None
     if policy is not None and policy.mig is not None:
         slots = policy.mig.slots_per_gpu(record.product)

@@ -34,8 +34,8 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import (
+    backends,
     defaults,
-    dra,
     memoryfits,
     miggeometry,
     nodephases,
@@ -353,7 +353,7 @@ class Forecaster:
             if held is not None:
                 reason, why = held
                 layouts = cache.mig_config.layouts
-                mig = dra.needs_idle(record, policy, layouts=layouts)
+                mig = backends.needs_idle(record, policy, layouts=layouts)
                 memory = (
                     reason == memoryfits.REASON and self.book.slot_misfit(record, policy) is None
                 )

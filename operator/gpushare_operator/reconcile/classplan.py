@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import draclasses, models
+from gpushare_operator.core import backends, draclasses, models
 from gpushare_operator.core.nodes import GPU_RESOURCE
 
 
@@ -24,7 +24,7 @@ def wanted(cache: ClusterCache) -> dict[str, dict[str, Any]]:
     owners: dict[str, set[draclasses.Owner]] = {}
     configs: dict[str, set[tuple[str, str | None]]] = {}
     for policy in cache.dra_policies():
-        for resource in policy.resources:
+        for resource in backends.of(policy).renders(policy).device_classes:
             owners.setdefault(resource, set()).add(draclasses.Owner(policy.name, policy.uid))
             configs.setdefault(resource, set()).add((policy.name, policy.gpu_config))
     for name in _still_on_dra(cache):

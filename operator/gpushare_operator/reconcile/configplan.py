@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import devconfigs
+from gpushare_operator.core import backends, devconfigs
 from gpushare_operator.core.models import FIELD_MANAGER
 from gpushare_operator.reconcile.memory import WriteMemory
 from gpushare_operator.reconcile.plans import ConfigPlan
@@ -44,8 +44,7 @@ class ConfigPlanner:
         foreign = self._memory.foreign_keys if foreign is None else foreign
         wanted = {devconfigs.DEFAULT_KEY: devconfigs.render_default_text()}
         for policy in cache.policies.values():
-            if policy.config_key and policy.config_text:
-                wanted[policy.config_key] = policy.config_text
+            wanted.update(backends.of(policy).renders(policy).config)
         now = cache.clock()
         known = self._memory.unused_since
         unused: dict[str, float] = {}

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import dra, migphases, nodephases, rollouts, victims
+from gpushare_operator.core import backends, migphases, nodephases, rollouts, victims
 from gpushare_operator.core.budgets import BudgetRecord
 from gpushare_operator.core.models import NodePhase, PodPolicy
 from gpushare_operator.core.nodes import NodeRecord
@@ -102,7 +102,7 @@ class Drains:
         spec, _ = self.book.spec_of(place.charged)
         policy = None if nodephases.releases(planned) else planned.policy
         layouts = self.cache.mig_config.layouts
-        mig = planned.labels is not None and dra.needs_idle(record, policy, layouts=layouts)
+        mig = planned.labels is not None and backends.needs_idle(record, policy, layouts=layouts)
         if planned.labels is None or (spec.podPolicy is not PodPolicy.EVICT and not mig):
             return Drain(judged, done=done)
         misfit = self.book.misfit(record, policy)

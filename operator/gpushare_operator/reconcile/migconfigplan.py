@@ -11,7 +11,7 @@ so instead.  With no MIG policy and no ConfigMap, nothing is written at all.
 from __future__ import annotations
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import migconfigs
+from gpushare_operator.core import backends, migconfigs
 from gpushare_operator.core.migconfigs import MigLayout
 from gpushare_operator.core.models import FIELD_MANAGER
 from gpushare_operator.core.workqueue import MIG_CONFIG
@@ -31,8 +31,7 @@ class MigConfigPlanner:
         """The layouts of every usable MIG policy, by name (a deleted one's until it lets go)."""
         wanted: dict[str, MigLayout] = {}
         for policy in self.cache.policies.values():
-            if policy.mig is not None and policy.usable:
-                wanted.update(policy.mig.entries)
+            wanted.update(backends.of(policy).renders(policy).layouts)
         return wanted
 
     def foreign(self) -> dict[str, str]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import (
+    backends,
     dra,
     draclasses,
     listpatches,
@@ -244,7 +245,7 @@ class Planner:
         tainted = any(rollouts.is_ours(taint) for taint in record.taints)
         target = None if nodephases.releases(decision) else decision.policy
         layouts = self.cache.mig_config.layouts
-        mig = dra.needs_idle(record, target, layouts=layouts) and decision.labels is not None
+        mig = backends.needs_idle(record, target, layouts=layouts) and decision.labels is not None
         # Kept through the MIG manager's work until the node is available again; not put on a
         # node whose GPUs already show the layout its label names (another policy's identical
         # layout: the MIG manager has nothing to do).

@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import (
+    backends,
     dra,
     memoryfits,
     migconfigs,
@@ -33,6 +34,7 @@ from gpushare_operator.core import (
     rollouts,
     victims,
 )
+from gpushare_operator.core.backends import deviceplugin
 from gpushare_operator.core.migconfigs import ALL_DISABLED
 from gpushare_operator.core.models import NodePhase, PodPolicy, RolloutSpec
 from gpushare_operator.core.nodes import NodeRecord
@@ -153,7 +155,7 @@ class RolloutBook:
             sharing = self.cache.key_configs.get(key)
             # A key that is not (or no longer) in the ConfigMap: the config manager cannot
             # apply it, and the device plugin does not run.
-            confirmed = sharing is not None and not nodephases.disagreements(record, sharing)
+            confirmed = sharing is not None and not deviceplugin.disagreements(record, sharing)
         return None if confirmed else self._existing(owner)
 
     def _other_layout(
@@ -212,7 +214,7 @@ class RolloutBook:
         # A MIG change waits for its pods once admitted and tainted (``reconcile.drains``):
         # held back untainted, pods would keep landing on the GPUs that must go idle.
         layouts = self.cache.mig_config.layouts
-        if spec.podPolicy is PodPolicy.WAIT_FOR_PODS and not dra.needs_idle(
+        if spec.podPolicy is PodPolicy.WAIT_FOR_PODS and not backends.needs_idle(
             record, policy, layouts=layouts
         ):
             misfit = self.held_by_pods(record, policy)
@@ -352,7 +354,7 @@ class RolloutBook:
         room = victims.room(record, policy, layouts=self.cache.mig_config.layouts)
         if room is None:
             pods = max(len(self.cache.usage.node_pods(record.name)), claimers)
-            return f"{pods} GPU pod(s) on the node: {dra.idle_reason(record, policy)}"
+            return f"{pods} GPU pod(s) on the node: {backends.idle_reason(record, policy)}"
         return rollouts.misfit(held, room=room)
 
     def memory_misfits(

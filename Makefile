@@ -50,7 +50,7 @@ prometheus: ## Build prometheus and promtool from their Go module (cached), for 
 MIG_TABLES_DIR := .cache/miggeometry
 
 .PHONY: mig-tables
-mig-tables: ## Print go-nvml's MIG tables as JSON (the Go exporter in tests/miggeometry, built once and cached; core/migtables.json is this plus NVIDIA's corrections).
+mig-tables: ## Print go-nvml's MIG tables as JSON (the Go exporter in tests/miggeometry, built once and cached; core/hardware/migtables.json is this plus NVIDIA's corrections).
 	@bash tests/miggeometry/build.sh $(MIG_TABLES_DIR)
 	@$(MIG_TABLES_DIR)/miggeometry
 

@@ -6,8 +6,8 @@ devices as NVIDIA's kubelet plugin lists them (an 8-GPU H100 node: eight full GP
 devices of seven 1g.10gb each, every device with its attributes and ``memory``); a ResourceClaim
 is one pod's allocation (kube-scheduler makes one per ``nvidia.com/gpu`` pod served through a
 DeviceClass, KEP 5004).  Both arrive as watch lines; the informer's real line handler
-(``kube.reading.Reader``) decodes them into the cache's slim records (``core.dra``,
-``core.draclaims``): a slice keeps its node, pool generation and each device's name, type,
+(``kube.reading.Reader``) decodes them into the cache's slim records (``core.dra.driver``,
+``core.dra.draclaims``): a slice keeps its node, pool generation and each device's name, type,
 memory and profile; a claim its (pool, device) pairs and the pods it serves; a claim holding no
 ``gpu.nvidia.com`` device is not kept at all.
 

@@ -42,8 +42,8 @@ from benchmarks import mignodes
 from benchmarks.naive import NaiveController
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import NodeSink
-from gpushare_operator.core.nodes import GPU_COUNT, GPU_PRODUCT
-from gpushare_operator.core.policies import compile_policy
+from gpushare_operator.core.records.nodes import GPU_COUNT, GPU_PRODUCT
+from gpushare_operator.core.records.policies import compile_policy
 from gpushare_operator.kube.reading import Collection, Reader
 from gpushare_operator.reconcile.planner import Planner, Timings
 from gpushare_operator.reconcile.reconciler import Reconciler

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from gpushare_operator.core import migconfigs
-from gpushare_operator.core.nodes import (
+from gpushare_operator.core.mig import migconfigs
+from gpushare_operator.core.records.nodes import (
     CONFIG_LABEL,
     FIELD_MANAGER,
     MIG_CONFIG_LABEL,

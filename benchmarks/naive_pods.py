@@ -9,7 +9,7 @@ design, so that the benchmark compares designs, not micro-optimisations.
 
 It must also be *right*: the benchmark holds its per-node totals to gpushare's incremental
 ledger, so its effective-request rule is written out here from docs/api.md rather than
-imported from ``core.pods``, which it checks.
+imported from ``core.records.pods``, which it checks.
 """
 
 from __future__ import annotations

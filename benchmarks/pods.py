@@ -47,7 +47,7 @@ from benchmarks.ingest import drain, environment, log, node_body, sample, timed
 from benchmarks.naive_pods import NaivePodCache, Totals
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import NodeSink, PodSink
-from gpushare_operator.core.nodes import GPU_RESOURCE, SHARED_RESOURCE
+from gpushare_operator.core.records.nodes import GPU_RESOURCE, SHARED_RESOURCE
 from gpushare_operator.kube.reading import Collection, Reader
 from gpushare_testing.bodies import Body, watch_event_line
 from gpushare_testing.podbodies import plain_pod, shared_gpu_pod

@@ -22,7 +22,7 @@ import aiohttp
 import orjson
 import yaml
 
-from gpushare_operator.core import models
+from gpushare_operator.core.api import models
 from gpushare_testing import bodies, podbodies
 from gpushare_testing.rawclient import ApiError, RawClient
 

@@ -31,8 +31,8 @@ import kopf
 from aiohttp import web
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import flagvalues, models
-from gpushare_operator.core import pods as core_pods
+from gpushare_operator.core.api import flagvalues, models
+from gpushare_operator.core.records import pods as core_pods
 from gpushare_operator.kube import http
 from gpushare_operator.kube.connection import ApiHandle, open_handle
 from gpushare_operator.kube.events import EventRecorder

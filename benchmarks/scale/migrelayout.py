@@ -31,8 +31,8 @@ from typing import Any, Final
 
 from benchmarks.scale import cluster, run
 from gpushare_operator.app import settings
-from gpushare_operator.core import migconfigs
-from gpushare_operator.core.nodes import MIG_CONFIG_LABEL, MIG_STATE_LABEL
+from gpushare_operator.core.mig import migconfigs
+from gpushare_operator.core.records.nodes import MIG_CONFIG_LABEL, MIG_STATE_LABEL
 from gpushare_testing import apiobjects as h
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.gpupods import create_pod

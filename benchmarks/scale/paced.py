@@ -58,7 +58,7 @@ from typing import Any, Final
 
 from benchmarks.scale import cluster, delayed, gfd, run, stats
 from gpushare_operator.app import settings
-from gpushare_operator.core import rollouts
+from gpushare_operator.core.rollout import rollouts
 
 PACED: Final[dict[str, Any]] = {"maxUnavailable": "10%", "canary": 1}
 GRACE_PERIOD: Final = 3600.0

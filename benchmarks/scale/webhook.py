@@ -80,7 +80,8 @@ import aiohttp
 
 from benchmarks.scale import cluster, gfd, run, stats
 from gpushare_operator.app import settings
-from gpushare_operator.core import quantities, slotclasses
+from gpushare_operator.core import quantities
+from gpushare_operator.core.slots import slotclasses
 from gpushare_testing import podbodies
 from gpushare_testing import webhooks as wh
 from gpushare_testing.controlplane import ControlPlane, free_port

@@ -10,9 +10,9 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink
-from gpushare_operator.core import devconfigs
-from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
-from gpushare_operator.core.rollouts import FINALIZER
+from gpushare_operator.core.deviceplugin import devconfigs
+from gpushare_operator.core.records.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.core.rollout.rollouts import FINALIZER
 from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_testing import writepath
 

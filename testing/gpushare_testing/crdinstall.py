@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from gpushare_operator.core import crds
+from gpushare_operator.core.api import crds
 from gpushare_testing.apiobjects import API
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.paths import CRDS

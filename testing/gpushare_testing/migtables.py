@@ -24,7 +24,7 @@ from typing import Any
 
 __all__ = ["GpuModel", "MigProfileInfo", "fits", "load_tables", "models_from"]
 
-_PACKAGE = "gpushare_operator.core"
+_PACKAGE = "gpushare_operator.core.hardware"
 _FILE = "migtables.json"
 
 

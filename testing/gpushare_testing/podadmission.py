@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any, Final
 
-from gpushare_operator.core.pods import effective_request
+from gpushare_operator.core.records.pods import effective_request
 
 __all__ = [
     "REJECTED_PREFIX",
@@ -111,7 +111,7 @@ def _resource_names(spec: Mapping[str, Any]) -> set[str]:
 def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
     """What the pod asks of its node, in kubelet's units: cpu in millicores, the rest whole.
 
-    The scheduler's effective request (``core.pods.effective_request``: app containers and
+    The scheduler's effective request (``core.records.pods.effective_request``: app containers and
     sidecars summed, the largest init container if more) for cpu, memory and every extended
     resource; a pod always takes one of the node's pod slots.
     """

@@ -8,10 +8,10 @@ sending (or, with ``sent``, as if every write went through), ``drain`` just empt
 from __future__ import annotations
 
 from gpushare_operator.core.listpatches import JsonPatch
-from gpushare_operator.core.nodephases import NodeDecision
-from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.phases.nodephases import NodeDecision
 from gpushare_operator.core.policystatus import PolicyTally
+from gpushare_operator.core.records.nodes import NodeRecord
+from gpushare_operator.core.records.policies import CompiledPolicy
 from gpushare_operator.core.workqueue import CONFIG, CONFIG_KEY, NODE, POLICY, Key, WorkQueue
 from gpushare_operator.reconcile.outcomes import Orders
 from gpushare_operator.reconcile.plans import ConfigPlan, NodePlan, Plan, PolicyPlan, Stage

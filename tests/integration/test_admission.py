@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from gpushare_operator.core import models, rewrittenlabels, statuses
+from gpushare_operator.core.api import models, statuses
+from gpushare_operator.core.labelling import rewrittenlabels
 from gpushare_testing.controlplane import ControlPlane
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "crds"

@@ -19,7 +19,7 @@ from kubernetes_asyncio import client
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import NodeSink
-from gpushare_operator.core.nodes import GPU_PRESENT, NodeRecord, project_node
+from gpushare_operator.core.records.nodes import GPU_PRESENT, NodeRecord, project_node
 from gpushare_operator.kube import connection, http
 from gpushare_operator.kube.informer import Informer
 from gpushare_operator.kube.reading import Gone

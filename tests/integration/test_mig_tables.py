@@ -1,6 +1,7 @@
 """The committed MIG tables are go-nvml's export plus the listed corrections, and nothing else.
 
-``core/migtables.json`` is what the operator decides MIG layouts with. It claims to be the output
+``core/hardware/migtables.json`` is what the operator decides MIG layouts with. It claims to be the
+output
 of ``make mig-tables`` (the Go exporter in tests/miggeometry, against the go-nvml version in its
 go.mod) with each field the MIG User Guide corrects listed under ``corrections``. Here the
 exporter is built (cached) and run, the corrections are undone on the committed data, and the
@@ -24,7 +25,7 @@ import pytest
 from gpushare_testing.paths import ROOT
 
 EXPORTER = ROOT / "tests" / "miggeometry"
-TABLES = ROOT / "operator" / "gpushare_operator" / "core" / "migtables.json"
+TABLES = ROOT / "operator" / "gpushare_operator" / "core" / "hardware" / "migtables.json"
 
 
 @pytest.fixture(scope="module")
@@ -107,5 +108,5 @@ def test_the_wheel_ships_the_tables(tmp_path: Path) -> None:
     )
     [wheel] = tmp_path.glob("gpushare_operator-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        shipped = archive.read("gpushare_operator/core/migtables.json")
+        shipped = archive.read("gpushare_operator/core/hardware/migtables.json")
     assert shipped == TABLES.read_bytes()

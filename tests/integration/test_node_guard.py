@@ -7,7 +7,7 @@ TokenRequest API minted for the chart's ServiceAccount, so the API server authen
 authorizes and admits them as it would the operator's in a cluster.  (Impersonation would send
 the same username, but with the groups and extra the admin's headers name and after the admin's
 own authorization: a real token is the faithful test.)  The guard's request bodies are the
-operator's own: ``core.rollouts`` builds the taint patches, the label apply is the one
+operator's own: ``core.rollout.rollouts`` builds the taint patches, the label apply is the one
 ``kube.patching`` sends.  Every refusal is also sent as admin as a dry run, which succeeds: the
 request is valid, RBAC allows it to the ServiceAccount, and only the guard stops it.  That
 nothing changed is read from the audit log.  Kubelets are ``system:node:<name>`` in
@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 
-from gpushare_operator.core import models, rollouts
+from gpushare_operator.core.api import models
+from gpushare_operator.core.rollout import rollouts
 from gpushare_testing import apiobjects as h
 from gpushare_testing import bodies, nodeguard
 from gpushare_testing.controlplane import ControlPlane

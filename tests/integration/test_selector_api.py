@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from hypothesis import example, given, settings
 
-from gpushare_operator.core.selectors import compile_selector
+from gpushare_operator.core.labelling.selectors import compile_selector
 from gpushare_testing.controlplane import ControlPlane
 from gpushare_testing.strategies import KEY_POOL, RARE_VALUES, VALUE_POOL, selectors
 

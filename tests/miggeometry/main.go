@@ -3,7 +3,7 @@
 // mig-parted would give it, its slices, memory, instance count and placements.
 //
 // It reports what go-nvml says and nothing else: the corrections from NVIDIA's MIG User Guide
-// live in the operator's package data (core/migtables.json), and a test compares the two, so a
+// live in the operator's package data (core/hardware/migtables.json), and a test compares the two, so a
 // go-nvml bump that changes a table shows up as a diff instead of silently changing geometry.
 package main
 

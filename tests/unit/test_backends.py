@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpushare_operator.core import backends, dra, migphases
+from gpushare_operator.core import backends, migphases
+from gpushare_operator.core.api.models import MIG_IDLE
 from gpushare_operator.core.backends.deviceplugin import DEVICE_PLUGIN
 from gpushare_operator.core.backends.dra import DRA
 from gpushare_operator.core.backends.mig import MIG
-from gpushare_operator.core.models import MIG_IDLE
-from gpushare_operator.core.nodes import MIG_CONFIG_LABEL, project_node
-from gpushare_operator.core.policies import CompiledPolicy, compile_policy
+from gpushare_operator.core.dra import driver as dra
+from gpushare_operator.core.records.nodes import MIG_CONFIG_LABEL, project_node
+from gpushare_operator.core.records.policies import CompiledPolicy, compile_policy
 from gpushare_testing.builders import node
 
 H100 = "NVIDIA-H100-80GB-HBM3"

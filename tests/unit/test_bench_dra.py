@@ -6,7 +6,8 @@ from __future__ import annotations
 import orjson
 from benchmarks import dra as bench
 
-from gpushare_operator.core import dra, draclaims
+from gpushare_operator.core.dra import draclaims
+from gpushare_operator.core.dra import driver as dra
 
 
 def test_the_bodies_are_what_the_operator_keeps_and_a_foreign_claim_is_not() -> None:

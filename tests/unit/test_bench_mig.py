@@ -12,7 +12,7 @@ from typing import Any
 from benchmarks import ingest, mignodes
 from benchmarks.scale import migrelayout
 
-from gpushare_operator.core.nodes import MIG_CONFIG_LABEL, project_node
+from gpushare_operator.core.records.nodes import MIG_CONFIG_LABEL, project_node
 
 USER = migrelayout.USER
 # GFD's labels of one MIG resource under mixed: the base labeler's, and the device attributes.

@@ -18,7 +18,7 @@ import pytest
 from benchmarks import __main__ as bench_main
 from benchmarks import naive_pods, pods
 
-from gpushare_operator.core.pods import effective_request
+from gpushare_operator.core.records.pods import effective_request
 
 CONFIG = pods.Config(nodes=20, pods=200, small=50, rounds=1, naive_changes=2)
 
@@ -86,7 +86,8 @@ def test_main_prints_the_table_and_exits_zero(
 
 
 def test_the_baseline_applies_the_scheduler_rule() -> None:
-    """Every pod shape of the workload, and the rule's corners, as ``core.pods`` computes them."""
+    """Every pod shape of the workload, and the rule's corners, as ``core.records.pods`` computes
+    them."""
     work = pods.build_workload(CONFIG)
     bodies = [orjson.loads(line)["object"] for line in work.added[:200]]
 

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from benchmarks import ingest, naive
 
-from gpushare_operator.core.selectors import compile_selector
+from gpushare_operator.core.labelling.selectors import compile_selector
 
 EVENT_KEYS = {
     "json_loads_ns_per_event",

@@ -11,7 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from gpushare_operator.app import crdgen
-from gpushare_operator.core import crds, models
+from gpushare_operator.core.api import crds, models
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIRS = [ROOT / "crds", ROOT / "charts" / "gpushare-operator" / "crds"]

@@ -14,7 +14,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpushare_operator.core.devconfigs import (
+from gpushare_operator.core.deviceplugin.devconfigs import (
     DEFAULT_KEY,
     ConfigError,
     SharingConfig,
@@ -29,7 +29,7 @@ from gpushare_operator.core.devconfigs import (
     sharing_strategy_label,
     validate_config,
 )
-from gpushare_operator.core.labels import is_valid_label_value
+from gpushare_operator.core.labelling.labels import is_valid_label_value
 
 CONFIGMAP_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 KEY_SHAPE = re.compile(

@@ -21,7 +21,7 @@ import pytest
 from pydantic import BaseModel
 
 from gpushare_operator.app import settings
-from gpushare_operator.core import models, statuses
+from gpushare_operator.core.api import models, statuses
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "operator" / "gpushare_operator"

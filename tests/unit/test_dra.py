@@ -8,15 +8,19 @@ import pydantic
 import pytest
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import backends, dra, draclasses, nodelabels, nodephases, victims
-from gpushare_operator.core.models import (
+from gpushare_operator.core import backends
+from gpushare_operator.core.api.models import (
     DRA_MIG_MIXED,
     DRA_SHARING_ALPHA,
     GPUSharingPolicySpec,
     NodePhase,
 )
-from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL, project_node
-from gpushare_operator.core.policies import CompiledPolicy, compile_policy
+from gpushare_operator.core.dra import draclasses
+from gpushare_operator.core.dra import driver as dra
+from gpushare_operator.core.phases import nodelabels, nodephases
+from gpushare_operator.core.records.nodes import CONFIG_LABEL, POLICY_LABEL, project_node
+from gpushare_operator.core.records.policies import CompiledPolicy, compile_policy
+from gpushare_operator.core.rollout import victims
 from gpushare_operator.kubectl import manifests
 from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_operator.kubectl.plan import PlanOptions, report

@@ -12,8 +12,9 @@ import pytest
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ClaimSink
-from gpushare_operator.core import dra, draclaims, draclasses
-from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.core.dra import draclaims, draclasses
+from gpushare_operator.core.dra import driver as dra
+from gpushare_operator.core.records.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing.builders import Clock, config_texts, node, pod, policy

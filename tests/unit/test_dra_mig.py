@@ -6,10 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import dra, draclasses, nodephases
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import CONFIG_LABEL, MIG_CONFIG_LABEL, POLICY_LABEL, project_node
-from gpushare_operator.core.policies import CompiledPolicy, compile_policy
+from gpushare_operator.core.api.models import NodePhase
+from gpushare_operator.core.dra import draclasses
+from gpushare_operator.core.dra import driver as dra
+from gpushare_operator.core.phases import nodephases
+from gpushare_operator.core.records.nodes import (
+    CONFIG_LABEL,
+    MIG_CONFIG_LABEL,
+    POLICY_LABEL,
+    project_node,
+)
+from gpushare_operator.core.records.policies import CompiledPolicy, compile_policy
 from gpushare_operator.reconcile import classplan
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler

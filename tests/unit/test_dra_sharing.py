@@ -10,9 +10,10 @@ import pydantic
 import pytest
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import draclasses, drasharing, policystatus
-from gpushare_operator.core.models import DRA_SHARING, GPUSharingPolicySpec
-from gpushare_operator.core.policies import DRA_SHARING_DISABLED, compile_policy
+from gpushare_operator.core import drasharing, policystatus
+from gpushare_operator.core.api.models import DRA_SHARING, GPUSharingPolicySpec
+from gpushare_operator.core.dra import draclasses
+from gpushare_operator.core.records.policies import DRA_SHARING_DISABLED, compile_policy
 from gpushare_operator.reconcile import classplan
 
 BASE = {"nodeSelector": {"matchLabels": {"pool": "a"}}, "backend": "DRA"}

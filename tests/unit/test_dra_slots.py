@@ -5,9 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import dra, draslots, slotclasses
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import CONFIG_LABEL, GPU_MEMORY, POLICY_LABEL, project_node
+from gpushare_operator.core.api.models import NodePhase
+from gpushare_operator.core.dra import draslots
+from gpushare_operator.core.dra import driver as dra
+from gpushare_operator.core.records.nodes import (
+    CONFIG_LABEL,
+    GPU_MEMORY,
+    POLICY_LABEL,
+    project_node,
+)
+from gpushare_operator.core.slots import slotclasses
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing.builders import Clock, node, policy

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.rollouts import TAINT_KEY
+from gpushare_operator.core.api.models import NodePhase
+from gpushare_operator.core.rollout.rollouts import TAINT_KEY
 from gpushare_operator.reconcile.outcomes import Done, NodeWritten
 from gpushare_operator.reconcile.plans import NodePlan
 from gpushare_operator.reconcile.reconciler import eviction_backoff

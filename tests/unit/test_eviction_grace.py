@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpushare_operator.core import announcements, crds, models, policystatus
-from gpushare_operator.core.policies import CompiledPolicy, compile_policy
+from gpushare_operator.core import announcements, policystatus
+from gpushare_operator.core.api import crds, models
 from gpushare_operator.core.policystatus import PolicyTally
+from gpushare_operator.core.records.policies import CompiledPolicy, compile_policy
 
 
 def compiled(grace: int | None) -> CompiledPolicy:

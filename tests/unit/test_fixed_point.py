@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.core.records.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_testing import agents
 
 PRODUCT = "nvidia.com/gpu.product"

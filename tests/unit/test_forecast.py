@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import nodephases
-from gpushare_operator.core.models import NodePhase
+from gpushare_operator.core.api.models import NodePhase
+from gpushare_operator.core.phases import nodephases
 from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_operator.kubectl.standings import (
     GOVERNED,

@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import rewrittenlabels, selectors, slotclasses
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
-from gpushare_operator.core.policies import compile_policy
+from gpushare_operator.core.api.models import NodePhase
+from gpushare_operator.core.labelling import rewrittenlabels, selectors
+from gpushare_operator.core.records.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.core.records.policies import compile_policy
+from gpushare_operator.core.slots import slotclasses
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing.builders import Clock, node, policy, sync_config

@@ -1,5 +1,5 @@
 """The plugin's part of memory requests, without an API: what a change takes from a pod's slot
-(core.slotchanges, kubectl.memoryplan), the free slots per class of ``status``
+(core.slots.slotchanges, kubectl.memoryplan), the free slots per class of ``status``
 (kubectl.freeslots) and the slot promise of ``explain node`` (kubectl.promises)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import memoryfits, slotchanges, slotclasses
-from gpushare_operator.core.nodes import project_node
-from gpushare_operator.core.policies import CompiledPolicy, compile_policy
-from gpushare_operator.core.slotchanges import Loss
-from gpushare_operator.core.slotclasses import Isolation, SlotClass
+from gpushare_operator.core.records.nodes import project_node
+from gpushare_operator.core.records.policies import CompiledPolicy, compile_policy
+from gpushare_operator.core.slots import memoryfits, slotchanges, slotclasses
+from gpushare_operator.core.slots.slotchanges import Loss
+from gpushare_operator.core.slots.slotclasses import Isolation, SlotClass
 from gpushare_operator.kubectl import freeslots, manifests, memoryplan, output, planview, promises
 from gpushare_operator.kubectl.forecast import Forecaster
 from gpushare_operator.kubectl.plan import PlanOptions, report
@@ -37,7 +37,8 @@ def mps(memory: int | None) -> SlotClass:
 SLICED = SlotClass(GPU, Isolation.NONE, None)
 
 
-# -- core.slotchanges: what a change takes from a pod --------------------------------------------
+# -- core.slots.slotchanges: what a change takes from a pod
+# --------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -145,7 +146,7 @@ def test_more_mps_replicas_shrink_the_slot_under_a_20gi_request_and_the_plan_exi
         },
         "why": item["why"],
         "evicted": False,
-        "waitsForPods": True,  # the operator holds n0: the same rule (core.memoryfits)
+        "waitsForPods": True,  # the operator holds n0: the same rule (core.slots.memoryfits)
     }
     assert plan["exitCode"] == 2 and not plan["overcommitted"]
     assert plan["problems"] == [

@@ -8,8 +8,8 @@ import sys
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpushare_operator.core import labelsets
-from gpushare_operator.core.labelsets import LabelSet
+from gpushare_operator.core.labelling import labelsets
+from gpushare_operator.core.labelling.labelsets import LabelSet
 from gpushare_testing.strategies import label_sets
 
 

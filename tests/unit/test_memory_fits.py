@@ -1,5 +1,5 @@
 """Memory is part of "fits": a pod that asked for GPU memory misfits a change whose new slot
-enforces less than its request, or nothing (core.memoryfits), and the rollout holds the node
+enforces less than its request, or nothing (core.slots.memoryfits), and the rollout holds the node
 (podPolicy WaitForPods, reason MemoryNoLongerEnforced) or evicts the pod (Evict), whatever
 the slot count says.  The example: an A100 80GB pool going from MPS x2 (40960 MiB a client)
 to x8 (10240 MiB), or to time-slicing, under a pod that asked for 30Gi."""
@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import devconfigs, memoryfits
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import NodeRecord, project_node
-from gpushare_operator.core.pods import PodRecord, project_pod
-from gpushare_operator.core.policies import compile_policy
-from gpushare_operator.core.slotchanges import Loss
-from gpushare_operator.core.slotclasses import Isolation, SlotClass
+from gpushare_operator.core.api.models import NodePhase
+from gpushare_operator.core.deviceplugin import devconfigs
+from gpushare_operator.core.records.nodes import NodeRecord, project_node
+from gpushare_operator.core.records.pods import PodRecord, project_pod
+from gpushare_operator.core.records.policies import compile_policy
+from gpushare_operator.core.slots import memoryfits
+from gpushare_operator.core.slots.slotchanges import Loss
+from gpushare_operator.core.slots.slotclasses import Isolation, SlotClass
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_operator.reconcile.rollouts import Step

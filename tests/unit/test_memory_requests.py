@@ -1,4 +1,4 @@
-"""The memory-request webhook's decision (core.memoryrequests, core.quantities): no API."""
+"""The memory-request webhook's decision (core.slots.memoryrequests, core.quantities): no API."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpushare_operator.core import memoryrequests, quantities, slotclasses
-from gpushare_operator.core.memoryrequests import Placement, Refusal
-from gpushare_operator.core.slotclasses import Isolation, Offer
+from gpushare_operator.core import quantities
+from gpushare_operator.core.slots import memoryrequests, slotclasses
+from gpushare_operator.core.slots.memoryrequests import Placement, Refusal
+from gpushare_operator.core.slots.slotclasses import Isolation, Offer
 
 MPS8 = Offer(10194, "nvidia.com/gpu", Isolation.MPS, "batch8")
 MPS4 = Offer(20389, "nvidia.com/gpu", Isolation.MPS, "batch")

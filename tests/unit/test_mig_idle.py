@@ -11,9 +11,10 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink
-from gpushare_operator.core import migconfigs, rollouts
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import CONFIG_LABEL, MIG_CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.core.api.models import NodePhase
+from gpushare_operator.core.mig import migconfigs
+from gpushare_operator.core.records.nodes import CONFIG_LABEL, MIG_CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.core.rollout import rollouts
 from gpushare_operator.reconcile.drains import CONFIRMING_IDLE
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.plans import NodePlan

@@ -9,11 +9,13 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink
-from gpushare_operator.core import migconfigs, migphases, victims
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import MIG_CONFIG_LABEL, project_node
-from gpushare_operator.core.pods import PodRecord
-from gpushare_operator.core.policies import CompiledPolicy, compile_policy
+from gpushare_operator.core import migphases
+from gpushare_operator.core.api.models import NodePhase
+from gpushare_operator.core.mig import migconfigs
+from gpushare_operator.core.records.nodes import MIG_CONFIG_LABEL, project_node
+from gpushare_operator.core.records.pods import PodRecord
+from gpushare_operator.core.records.policies import CompiledPolicy, compile_policy
+from gpushare_operator.core.rollout import victims
 from gpushare_operator.kubectl.standings import settled_body
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler

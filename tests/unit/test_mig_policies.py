@@ -8,17 +8,19 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ConfigMapSink
-from gpushare_operator.core import (
-    migconfigs,
-    migphases,
-    nodephases,
-    policystatus,
-    rollouts,
-    selectors,
+from gpushare_operator.core import migphases, policystatus
+from gpushare_operator.core.api.models import NodePhase
+from gpushare_operator.core.labelling import selectors
+from gpushare_operator.core.mig import migconfigs
+from gpushare_operator.core.phases import nodephases
+from gpushare_operator.core.records.nodes import (
+    CONFIG_LABEL,
+    MIG_CONFIG_LABEL,
+    POLICY_LABEL,
+    project_node,
 )
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import CONFIG_LABEL, MIG_CONFIG_LABEL, POLICY_LABEL, project_node
-from gpushare_operator.core.policies import CompiledPolicy, compile_policy
+from gpushare_operator.core.records.policies import CompiledPolicy, compile_policy
+from gpushare_operator.core.rollout import rollouts
 from gpushare_operator.core.workqueue import CONFIG, DEVICE_CLASSES, MIG_CONFIG, MIG_CONFIG_KEY
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler

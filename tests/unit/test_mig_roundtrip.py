@@ -7,8 +7,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpushare_operator.core import migconfigs, miggeometry
-from gpushare_operator.core.migconfigs import MigLayout
+from gpushare_operator.core.hardware import miggeometry
+from gpushare_operator.core.mig import migconfigs
+from gpushare_operator.core.mig.migconfigs import MigLayout
 from gpushare_testing.migparted import parse_mig_parted_config
 
 PROFILES = sorted(

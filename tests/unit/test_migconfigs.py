@@ -12,8 +12,14 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpushare_operator.core.labels import is_valid_label_value
-from gpushare_operator.core.migconfigs import (
+from gpushare_operator.core.hardware.migprofiles import (
+    MigProfile,
+    ProfileError,
+    parse_profile,
+    profile_error,
+)
+from gpushare_operator.core.labelling.labels import is_valid_label_value
+from gpushare_operator.core.mig.migconfigs import (
     ALL_DISABLED,
     CONFIGMAP_KEY,
     CONFIGMAP_NAME,
@@ -24,12 +30,6 @@ from gpushare_operator.core.migconfigs import (
     render_spec,
     render_text,
     validate_spec,
-)
-from gpushare_operator.core.migprofiles import (
-    MigProfile,
-    ProfileError,
-    parse_profile,
-    profile_error,
 )
 
 NAME_SHAPE = re.compile(r"(?:(?P<policy>.+)-)?mig-(?P<hash>[0-9a-f]{6})")

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare_operator.core import miggeometry
-from gpushare_operator.core.miggeometry import GpuModel, Placement, Profile
+from gpushare_operator.core.hardware import miggeometry
+from gpushare_operator.core.hardware.miggeometry import GpuModel, Placement, Profile
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100_40 = "NVIDIA-A100-SXM4-40GB"
@@ -296,7 +296,7 @@ def test_layout_error_is_exact(case: tuple[GpuModel, dict[str, int]]) -> None:
 
 def _go_nvml_model(product: str) -> GpuModel:
     """The model with go-nvml's values back where migtables.json corrects them."""
-    text = resources.files("gpushare_operator.core").joinpath("migtables.json").read_text()
+    text = resources.files("gpushare_operator.core.hardware").joinpath("migtables.json").read_text()
     corrections = json.loads(text)["corrections"]
     model = _must(product)
     profiles = dict(model.profiles)

@@ -12,14 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gpushare_operator.core import models
-from gpushare_operator.core.models import (
+from gpushare_operator.core.api import models
+from gpushare_operator.core.api.models import (
     GPUSharingPolicySpec,
     LabelSelector,
     NodePhase,
     SharingStrategy,
 )
-from gpushare_operator.core.statuses import (
+from gpushare_operator.core.api.statuses import (
     Condition,
     GPUNodeStateStatus,
     GPUSharingPolicyStatus,

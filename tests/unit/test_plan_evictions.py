@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpushare_operator.core.pods import PodRecord
+from gpushare_operator.core.records.pods import PodRecord
 from gpushare_operator.kubectl import disruptions, explain, manifests, output, planview, status
 from gpushare_operator.kubectl.disruptions import DetailSink, PodDetails
 from gpushare_operator.kubectl.forecast import Forecaster

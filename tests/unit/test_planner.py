@@ -9,8 +9,8 @@ import pytest
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import NodeSink
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.core.api.models import NodePhase
+from gpushare_operator.core.records.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing.builders import Clock, drain, node, policy, sync_config

@@ -2,7 +2,7 @@
 
 The property test drives a ``ClusterCache`` through random pod, node and policy events, the way
 the informers and kopf would deliver them, and holds the ledger's O(1) counters to a
-from-scratch recomputation (``core.pods.total``) after every step.
+from-scratch recomputation (``core.records.pods.total``) after every step.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from hypothesis.stateful import (
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import PodSink
 from gpushare_operator.cache.usage import UsageLedger
-from gpushare_operator.core import devconfigs
-from gpushare_operator.core.pods import (
+from gpushare_operator.core.deviceplugin import devconfigs
+from gpushare_operator.core.records.pods import (
     PodRecord,
     effective_request,
     effective_requests,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.core.records.nodes import CONFIG_LABEL, POLICY_LABEL
 from gpushare_operator.core.workqueue import CONFIG_KEY, NODE, POLICY, WorkQueue
 from gpushare_operator.reconcile import turns
 from gpushare_operator.reconcile.outcomes import (

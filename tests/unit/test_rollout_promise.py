@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import nodephases, rollouts
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
-from gpushare_operator.core.releases import QUIET_RELEASE as QUIET
-from gpushare_operator.core.releases import release
-from gpushare_operator.core.rollouts import FINALIZER
+from gpushare_operator.core.api.models import NodePhase
+from gpushare_operator.core.phases import nodephases
+from gpushare_operator.core.phases.releases import QUIET_RELEASE as QUIET
+from gpushare_operator.core.phases.releases import release
+from gpushare_operator.core.records.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.core.rollout import rollouts
+from gpushare_operator.core.rollout.rollouts import FINALIZER
 from gpushare_operator.reconcile.outcomes import Done, NodeWritten
 from gpushare_operator.reconcile.plans import Stage
 from gpushare_testing.builders import Clock, config_texts, node, on, policy

@@ -1,4 +1,5 @@
-"""Rollout arithmetic (core.rollouts) and the bookkeeping that admits nodes (reconcile.rollouts)."""
+"""Rollout arithmetic (core.rollout.rollouts) and the bookkeeping that admits nodes
+(reconcile.rollouts)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import listpatches, rollouts
-from gpushare_operator.core.models import GPUSharingPolicySpec, RolloutPhase, RolloutSpec
-from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
-from gpushare_operator.core.rollouts import FINALIZER
+from gpushare_operator.core import listpatches
+from gpushare_operator.core.api.models import GPUSharingPolicySpec, RolloutPhase, RolloutSpec
+from gpushare_operator.core.records.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.core.rollout import rollouts
+from gpushare_operator.core.rollout.rollouts import FINALIZER
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing.builders import Clock, config_texts, node, on, policy
@@ -280,7 +282,7 @@ def test_a_fresh_state_keeps_the_spec_the_status_recorded_when_the_current_one_i
 
 def test_rollout_status_keeps_its_times_while_the_generation_is_the_same() -> None:
     from gpushare_operator.core import policystatus
-    from gpushare_operator.core.policies import compile_policy
+    from gpushare_operator.core.records.policies import compile_policy
 
     compiled = compile_policy(name="p", uid="u", generation=3, spec=policy("p")["spec"])
     busy = policystatus.RolloutView(counts=rollouts.Counts(total=4, updated=1, waiting=3))
@@ -495,7 +497,7 @@ def _status_at(
     view_counts: rollouts.Counts, *, previous: dict[str, Any] | None, now: str, **rollout: Any
 ) -> dict[str, Any]:
     from gpushare_operator.core import policystatus
-    from gpushare_operator.core.policies import compile_policy
+    from gpushare_operator.core.records.policies import compile_policy
 
     spec = policy("p", rollout={"maxUnavailable": 2, **rollout})["spec"]
     compiled = compile_policy(name="p", uid="u", generation=3, spec=spec)

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpushare_operator.core.labels import (
+from gpushare_operator.core.labelling.labels import (
     is_valid_label_key,
     is_valid_label_value,
     label_key_error,
     label_value_error,
 )
-from gpushare_operator.core.selectors import (
+from gpushare_operator.core.labelling.selectors import (
     EVERYTHING,
     CompiledSelector,
     SelectorError,

@@ -102,7 +102,7 @@ SHARED_FLAGS = (
 
 
 def test_the_operator_and_the_plugin_default_alike() -> None:
-    from gpushare_operator.core.models import RolloutSpec
+    from gpushare_operator.core.api.models import RolloutSpec
     from gpushare_operator.kubectl import cluster, forecast
     from gpushare_operator.kubectl.cli import build_parser
     from gpushare_operator.kubectl.plan import PlanOptions

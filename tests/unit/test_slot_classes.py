@@ -1,4 +1,5 @@
-"""What a slot enforces (core.slotclasses), the labels that say so (core.nodelabels), the
+"""What a slot enforces (core.slots.slotclasses), the labels that say so (core.phases.nodelabels),
+the
 index the webhook reads (cache.slotoffers) and slots.classes in both statuses: no API."""
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from hypothesis import strategies as st
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.slotoffers import SlotOffers
-from gpushare_operator.core import nodelabels, slotclasses
+from gpushare_operator.core.api.models import NodePhase
 from gpushare_operator.core.decisions import NodeDecision
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import CONFIG_LABEL, MIG_CONFIG_LABEL, POLICY_LABEL
-from gpushare_operator.core.nodes import project_node as project
-from gpushare_operator.core.policies import CompiledPolicy, compile_policy
-from gpushare_operator.core.slotclasses import Isolation, Offer, SlotClass
+from gpushare_operator.core.phases import nodelabels
+from gpushare_operator.core.records.nodes import CONFIG_LABEL, MIG_CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.core.records.nodes import project_node as project
+from gpushare_operator.core.records.policies import CompiledPolicy, compile_policy
+from gpushare_operator.core.slots import slotclasses
+from gpushare_operator.core.slots.slotclasses import Isolation, Offer, SlotClass
 from gpushare_testing.builders import Clock, node, on, policy, sync_config
 from gpushare_testing.leaders import leader, published
 

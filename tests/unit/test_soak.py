@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sized
 from typing import Any
 
 from gpushare_operator.cache.cluster import TOMBSTONE_SECONDS, ClusterCache
-from gpushare_operator.core.devconfigs import render_default_text
+from gpushare_operator.core.deviceplugin.devconfigs import render_default_text
 from gpushare_operator.reconcile.planner import Timings
 from gpushare_operator.reconcile.reconciler import Reconciler
 from gpushare_testing import podbodies, writepath

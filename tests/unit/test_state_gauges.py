@@ -13,10 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpushare_operator.app.assembly import Assembly, MetricsReadings
 from gpushare_operator.app.metrics import StateCollector
 from gpushare_operator.app.settings import parse_settings
-from gpushare_operator.core import slotclasses
-from gpushare_operator.core.nodes import POLICY_LABEL
-from gpushare_operator.core.rollouts import Counts
-from gpushare_operator.core.slotclasses import Isolation, Offer
+from gpushare_operator.core.records.nodes import POLICY_LABEL
+from gpushare_operator.core.rollout.rollouts import Counts
+from gpushare_operator.core.slots import slotclasses
+from gpushare_operator.core.slots.slotclasses import Isolation, Offer
 from gpushare_operator.kube.connection import ApiHandle
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpushare_operator.core.pods import PodRecord
-from gpushare_operator.core.victims import choose, importance
+from gpushare_operator.core.records.pods import PodRecord
+from gpushare_operator.core.rollout.victims import choose, importance
 
 SHARED = "nvidia.com/gpu.shared"
 GPU = "nvidia.com/gpu"

@@ -8,7 +8,7 @@ from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import BudgetSink
-from gpushare_operator.core.budgets import BudgetRecord
+from gpushare_operator.core.rollout.budgets import BudgetRecord
 
 GPU = "nvidia.com/gpu"
 

@@ -12,10 +12,10 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gpushare_operator.core import budgets as core_budgets
-from gpushare_operator.core.budgets import BudgetRecord, project_budget
-from gpushare_operator.core.pods import PodRecord, project_pod
-from gpushare_operator.core.victims import choose
+from gpushare_operator.core.records.pods import PodRecord, project_pod
+from gpushare_operator.core.rollout import budgets as core_budgets
+from gpushare_operator.core.rollout.budgets import BudgetRecord, project_budget
+from gpushare_operator.core.rollout.victims import choose
 
 GPU = "nvidia.com/gpu"
 DAY1, DAY2 = "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"

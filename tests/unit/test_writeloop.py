@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import models
+from gpushare_operator.core.api import models
 from gpushare_operator.core.workqueue import WorkQueue
 from gpushare_operator.kube import http
 from gpushare_operator.kube.events import EventRecorder

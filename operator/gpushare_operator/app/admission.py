@@ -1,7 +1,7 @@
 """The memory-request webhook: kopf's ``@kopf.on.mutate`` handler, and the server it runs on.
 
 Every replica serves it, the leader and its followers alike: the decision
-(``core.memoryrequests``) reads only the slot classes the nodes' labels offer
+(``core.slots.memoryrequests``) reads only the slot classes the nodes' labels offer
 (``cache.slotoffers``), which every replica's node informer keeps, so the answer does not
 depend on who leads and survives a failover.  The server is our own implementation of kopf's
 webhook-server protocol rather than ``kopf.WebhookServer``: the serving certificate comes from a
@@ -26,7 +26,8 @@ from aiohttp import web
 from cryptography import x509
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import certificates, memoryrequests
+from gpushare_operator.core import certificates
+from gpushare_operator.core.slots import memoryrequests
 
 log = structlog.get_logger(__name__)
 
@@ -125,7 +126,7 @@ class AdmissionServer:
             admitted = (review.get("request") or {}).get("object")
             if webhook == WEBHOOK_ID and isinstance(admitted, dict):
                 # What the handler reads and changes, and no more: kopf diffs what it is given
-                # (core.memoryrequests.admission_view says why the patch is the same).
+                # (core.slots.memoryrequests.admission_view says why the patch is the same).
                 review["request"]["object"] = memoryrequests.admission_view(admitted)
             answer = await fn(review, webhook=webhook)
         except orjson.JSONDecodeError as exc:

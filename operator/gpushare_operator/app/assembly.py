@@ -27,10 +27,10 @@ from gpushare_operator.cache.sinks import (
     PodSink,
     SliceSink,
 )
-from gpushare_operator.core import models
-from gpushare_operator.core.nodes import carries_mig_config
-from gpushare_operator.core.rollouts import Counts
-from gpushare_operator.core.slotclasses import Offer
+from gpushare_operator.core.api import models
+from gpushare_operator.core.records.nodes import carries_mig_config
+from gpushare_operator.core.rollout.rollouts import Counts
+from gpushare_operator.core.slots.slotclasses import Offer
 from gpushare_operator.kube import access, connection, reading
 from gpushare_operator.kube.connection import ApiHandle
 from gpushare_operator.kube.election import LeaseElector, LeaseTimings
@@ -59,7 +59,8 @@ PODS = reading.Collection(
     page_size=250,  # ~8 KB a pod: about the 2 MB of a page of 100 Nodes, in fewer round trips
     batch_window=READ_ONLY_BATCH_WINDOW,
 )
-# What podPolicy Evict's choice of victims reads (core.budgets), as kube-scheduler's does.  A
+# What podPolicy Evict's choice of victims reads (core.rollout.budgets), as kube-scheduler's does.
+# A
 # 403 (a ClusterRole from before the chart granted it) counts as no budget: the Eviction API
 # still keeps every budget, and the list is retried until allowed.
 BUDGETS = reading.Collection(

@@ -14,7 +14,7 @@ import kopf
 
 from gpushare_operator.app import admission
 from gpushare_operator.app.assembly import Assembly
-from gpushare_operator.core import models
+from gpushare_operator.core.api import models
 
 if TYPE_CHECKING:  # kopf.operator's parameter type, which kopf does not re-export
     from kopf._core.engines.peering import Identity

@@ -20,9 +20,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from gpushare_operator.core import memoryrequests, rollouts
-from gpushare_operator.core.rollouts import Counts
-from gpushare_operator.core.slotclasses import Offer
+from gpushare_operator.core.rollout import rollouts
+from gpushare_operator.core.rollout.rollouts import Counts
+from gpushare_operator.core.slots import memoryrequests
+from gpushare_operator.core.slots.slotclasses import Offer
 
 _LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 _ADMISSION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from gpushare_operator.core import defaults, flagvalues
+from gpushare_operator.core.api import defaults, flagvalues
 
 LogFormat = Literal["json", "console"]
 

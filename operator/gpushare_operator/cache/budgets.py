@@ -1,7 +1,7 @@
 """PodDisruptionBudgets, as slim records by namespace, and the pod label keys they read.
 
 Fed by an informer on policy/v1 ``poddisruptionbudgets`` (``cache.sinks.BudgetSink``): each
-event replaces one record (``core.budgets.project_budget``: namespace, name, the selector
+event replaces one record (``core.rollout.budgets.project_budget``: namespace, name, the selector
 compiled once, ``disruptionsAllowed``, ``disruptedPods``; nothing else of the object is kept)
 and moves the count of the label keys its selector reads.  Read when podPolicy Evict chooses
 its victims (``reconcile.drains``, the plugin's plan): the budgets of one node's pods'
@@ -19,8 +19,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from gpushare_operator.core.budgets import BudgetRecord, project_budget
-from gpushare_operator.core.pods import PodRecord
+from gpushare_operator.core.records.pods import PodRecord
+from gpushare_operator.core.rollout.budgets import BudgetRecord, project_budget
 
 
 def budget_key(obj: Mapping[str, Any]) -> str:

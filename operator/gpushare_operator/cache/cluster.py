@@ -18,17 +18,21 @@ from gpushare_operator.cache.index import MatchIndex
 from gpushare_operator.cache.migconfig import MigConfigState
 from gpushare_operator.cache.slotoffers import SlotOffers
 from gpushare_operator.cache.usage import UsageLedger
-from gpushare_operator.core import defaults, dra, nodephases, resolution, rollouts
-from gpushare_operator.core import nodes as core_nodes
-from gpushare_operator.core import pods as core_pods
-from gpushare_operator.core.devconfigs import SharingConfig, parse_config_text
-from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.policies import (
+from gpushare_operator.core import resolution
+from gpushare_operator.core.api import defaults
+from gpushare_operator.core.deviceplugin.devconfigs import SharingConfig, parse_config_text
+from gpushare_operator.core.dra import driver as dra
+from gpushare_operator.core.phases import nodephases
+from gpushare_operator.core.records import nodes as core_nodes
+from gpushare_operator.core.records import pods as core_pods
+from gpushare_operator.core.records.nodes import NodeRecord
+from gpushare_operator.core.records.policies import (
     CompiledPolicy,
     compile_policy,
     keep_last_good,
     keep_recorded,
 )
+from gpushare_operator.core.rollout import rollouts
 from gpushare_operator.core.workqueue import MIG_CONFIG, MIG_CONFIG_KEY, WorkQueue
 
 ALWAYS_TRACKED = frozenset({core_nodes.GPU_RESOURCE, core_nodes.SHARED_RESOURCE})

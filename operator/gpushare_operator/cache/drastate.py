@@ -2,10 +2,11 @@
 hold their devices, and DeviceClasses.
 
 Fed by three informers (``app.assembly``); read by the planner.  Slices are kept slim
-(``core.dra.SliceRecord``: devices by name, type and memory, nothing else), only for driver
+(``core.dra.driver.SliceRecord``: devices by name, type and memory, nothing else), only for driver
 ``gpu.nvidia.com``, and indexed by node so that a node's plan reads its own slices only.  A
 change marks the node it is about dirty.  Claims are kept only while they hold
-``gpu.nvidia.com`` devices (``core.draclaims.ClaimRecord``: the (node, device) pairs and the pods
+``gpu.nvidia.com`` devices (``core.dra.draclaims.ClaimRecord``: the (node, device) pairs and the
+pods
 they serve), indexed by node: a DRA node's allocated slots are counted from them, not from
 pod specs (a pod may ask through a ResourceClaimTemplate and name no resource at all); a
 change marks the nodes it touches, through ``on_usage``.  A DeviceClass change marks every
@@ -18,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpushare_operator.core import dra, draclaims, draclasses
+from gpushare_operator.core.dra import draclaims, draclasses
+from gpushare_operator.core.dra import driver as dra
 from gpushare_operator.core.workqueue import WorkQueue
 
 
@@ -33,7 +35,7 @@ class DraState:
         self.classes: dict[str, draclasses.ClassRecord] = {}
         # Called after a DeviceClass change (the cache marks the DRA policies' nodes).
         self.on_classes: Callable[[], None] = lambda: None
-        # Claim uid -> its record: only claims holding gpu.nvidia.com devices (core.dra).
+        # Claim uid -> its record: only claims holding gpu.nvidia.com devices (core.dra.driver).
         self.claims: dict[str, draclaims.ClaimRecord] = {}
         # Node (pool) -> uids of the claims holding devices there: every claim is indexed under
         # each of its record's nodes and nowhere else; never an empty set.
@@ -73,7 +75,8 @@ class DraState:
         self._queue.node(old.node)
 
     def devices(self, node: str) -> tuple[dra.Device, ...]:
-        """The devices the node's newest pool generation lists (``core.dra.node_devices``)."""
+        """The devices the node's newest pool generation lists
+        (``core.dra.driver.node_devices``)."""
         names = self._by_node.get(node)
         if not names:
             return ()
@@ -127,7 +130,7 @@ class DraState:
 
     def held_devices(self, node: str) -> tuple[frozenset[str], int]:
         """The devices claims hold on ``node``, and the pods they serve
-        (``core.draclaims.held_on``)."""
+        (``core.dra.draclaims.held_on``)."""
         uids = self._claims_on.get(node)
         if not uids:
             return frozenset(), 0

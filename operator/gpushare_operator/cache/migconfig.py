@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-from gpushare_operator.core import migconfigs
-from gpushare_operator.core.migconfigs import MigLayout
+from gpushare_operator.core.mig import migconfigs
+from gpushare_operator.core.mig.migconfigs import MigLayout
 
 
 class MigConfigState:

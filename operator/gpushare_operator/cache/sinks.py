@@ -12,7 +12,7 @@ from typing import Any
 
 from gpushare_operator.cache.budgets import budget_key
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import pods as core_pods
+from gpushare_operator.core.records import pods as core_pods
 
 
 class _ReplacingSink(abc.ABC):

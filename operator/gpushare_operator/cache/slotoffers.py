@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from gpushare_operator.core import slotclasses
-from gpushare_operator.core.nodes import POLICY_LABEL
-from gpushare_operator.core.slotclasses import Offer
+from gpushare_operator.core.records.nodes import POLICY_LABEL
+from gpushare_operator.core.slots import slotclasses
+from gpushare_operator.core.slots.slotclasses import Offer
 
 
 class SlotOffers:

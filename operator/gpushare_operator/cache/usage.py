@@ -2,7 +2,7 @@
 
 Nothing here ever sums over all pods: a pod event moves its own contribution out of the
 counters it was in and into the ones it is in now; a node whose governing policy changes moves
-the node's total from one policy to the other.  ``core.pods.total`` is the from-scratch
+the node's total from one policy to the other.  ``core.records.pods.total`` is the from-scratch
 reference that a property test holds these counters to.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-from gpushare_operator.core.pods import PodRecord
+from gpushare_operator.core.records.pods import PodRecord
 
 Governor = tuple[str, tuple[str, ...]]  # (policy name, the resources it advertises)
 

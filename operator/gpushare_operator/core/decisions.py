@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpushare_operator.core import conditions
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.api.models import NodePhase
+from gpushare_operator.core.records.policies import CompiledPolicy
 from gpushare_operator.core.stamps import epoch_of
 
 Labels = dict[str, str | None]

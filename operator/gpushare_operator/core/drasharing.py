@@ -29,8 +29,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
+from gpushare_operator.core.api.models import GPUSharingPolicySpec, SharingStrategy
 from gpushare_operator.core.conditions import Cond
-from gpushare_operator.core.models import GPUSharingPolicySpec, SharingStrategy
 
 CONFIG_API: Final = "resource.nvidia.com/v1beta1"
 CONFIG_KIND: Final = "GpuConfig"

@@ -17,10 +17,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from gpushare_operator.core import devconfigs, migconfigs, miggeometry
+from gpushare_operator.core.api.models import NodePhase
 from gpushare_operator.core.decisions import Labels, NodeDecision, Published
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import (
+from gpushare_operator.core.deviceplugin import devconfigs
+from gpushare_operator.core.hardware import miggeometry
+from gpushare_operator.core.labelling.rewrittenlabels import mig_profile_of
+from gpushare_operator.core.mig import migconfigs
+from gpushare_operator.core.records.nodes import (
     CONFIG_LABEL,
     GPU_PRODUCT,
     MIG_CAPABLE,
@@ -29,8 +32,7 @@ from gpushare_operator.core.nodes import (
     POLICY_LABEL,
     NodeRecord,
 )
-from gpushare_operator.core.policies import CompiledPolicy
-from gpushare_operator.core.rewrittenlabels import mig_profile_of
+from gpushare_operator.core.records.policies import CompiledPolicy
 
 MIG_CHANGING: Final = "MIGChanging"  # the reason of a node whose MIG manager is at work
 DISABLING: Final = "DisablingMIG"  # the reason of a node whose MIG goes off first

@@ -6,11 +6,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpushare_operator.core import conditions, drasharing, rollouts
+from gpushare_operator.core import conditions, drasharing
+from gpushare_operator.core.api.models import MAX_LISTED_NODES, PodPolicy, RolloutPhase, RolloutSpec
 from gpushare_operator.core.conditions import Cond
-from gpushare_operator.core.models import MAX_LISTED_NODES, PodPolicy, RolloutPhase, RolloutSpec
-from gpushare_operator.core.policies import CompiledPolicy
-from gpushare_operator.core.slotstatus import ClassTally
+from gpushare_operator.core.records.policies import CompiledPolicy
+from gpushare_operator.core.rollout import rollouts
+from gpushare_operator.core.slots.slotstatus import ClassTally
 
 
 @dataclass(slots=True)

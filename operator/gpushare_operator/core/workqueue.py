@@ -31,7 +31,7 @@ import random
 from collections.abc import Callable, Collection, Iterable
 from typing import Final
 
-from gpushare_operator.core import defaults
+from gpushare_operator.core.api import defaults
 
 Key = tuple[str, str]  # (kind, name)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from gpushare_operator.core import pods
+from gpushare_operator.core.records import pods
 from gpushare_operator.kube.sending import Sender
 
 # Pods bound to one node: a few dozen at most (kubelet's default maximum is 110).

@@ -14,7 +14,7 @@ import aiohttp
 import structlog
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import defaults
+from gpushare_operator.core.api import defaults
 from gpushare_operator.kube import http
 from gpushare_operator.kube.sending import FIELD_MANAGER, NotSent, Sender, Tokens, policy_ref
 from gpushare_operator.reconcile.memory import WriteMemory

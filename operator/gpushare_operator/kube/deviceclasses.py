@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import draclasses
+from gpushare_operator.core.dra import draclasses
 from gpushare_operator.kube import http
 from gpushare_operator.kube.sending import FAILURES, FIELD_MANAGER, NotSent, Sender, Tokens
 from gpushare_operator.reconcile import classplan

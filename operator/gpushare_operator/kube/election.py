@@ -29,7 +29,7 @@ import aiohttp
 import structlog
 from kubernetes_asyncio import client
 
-from gpushare_operator.core import defaults
+from gpushare_operator.core.api import defaults
 from gpushare_operator.kube import http
 
 log = structlog.get_logger(__name__)

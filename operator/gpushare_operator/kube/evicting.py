@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from gpushare_operator.core.models import eviction_grace_period
+from gpushare_operator.core.api.models import eviction_grace_period
 from gpushare_operator.kube import http
 from gpushare_operator.kube.events import ObjectRef
 from gpushare_operator.kube.sending import FAILURES, Sender, Tokens

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import quote
 
-from gpushare_operator.core import models
+from gpushare_operator.core.api import models
 
 # Longest stretch of a refused name that an error message repeats.
 _SHOWN: Final = 60

@@ -17,9 +17,10 @@ import aiohttp
 import structlog
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import announcements, models
-from gpushare_operator.core.nodes import CONFIG_LABEL, POLICY_LABEL
-from gpushare_operator.core.rollouts import TAINT_KEY
+from gpushare_operator.core import announcements
+from gpushare_operator.core.api import models
+from gpushare_operator.core.records.nodes import CONFIG_LABEL, POLICY_LABEL
+from gpushare_operator.core.rollout.rollouts import TAINT_KEY
 from gpushare_operator.kube import checking, evicting, http
 from gpushare_operator.kube.events import ObjectRef
 from gpushare_operator.kube.sending import (

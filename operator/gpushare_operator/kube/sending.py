@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import aiohttp
 from kubernetes_asyncio import client
 
-from gpushare_operator.core import models
+from gpushare_operator.core.api import models
 from gpushare_operator.kube import http
 from gpushare_operator.kube.events import EventRecorder, ObjectRef
 from gpushare_operator.kube.streams import drop_managed_fields

@@ -22,7 +22,7 @@ import structlog
 from kubernetes_asyncio import client
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import defaults
+from gpushare_operator.core.api import defaults
 from gpushare_operator.core.workqueue import (
     CONFIG_KEY,
     DEVICE_CLASSES_KEY,

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from gpushare_operator import __version__
-from gpushare_operator.core import defaults, flagvalues
+from gpushare_operator.core.api import defaults, flagvalues
 from gpushare_operator.kube import connection, objectpaths, reading
 from gpushare_operator.kubectl import cluster, explain, manifests, output, planview, status
 from gpushare_operator.kubectl.permissions import MissingPermission

@@ -30,8 +30,9 @@ from gpushare_operator.cache.sinks import (
     PodSink,
     SliceSink,
 )
-from gpushare_operator.core import defaults, dra, models
-from gpushare_operator.core.nodes import carries_mig_config
+from gpushare_operator.core.api import defaults, models
+from gpushare_operator.core.dra import driver as dra
+from gpushare_operator.core.records.nodes import carries_mig_config
 from gpushare_operator.kube import connection, objectpaths, reading
 from gpushare_operator.kube.objectpaths import Resource
 from gpushare_operator.kubectl.permissions import Permission, needing

@@ -1,6 +1,7 @@
 """Which PodDisruptionBudgets would refuse the evictions a plan foresees, now.
 
-Which pods are evicted is the operator's choice (``core.victims`` with ``core.budgets``:
+Which pods are evicted is the operator's choice (``core.rollout.victims`` with
+``core.rollout.budgets``:
 kube-scheduler's rule, under which an empty selector covers no pod); this module says which
 budgets would refuse those evictions, by the Eviction API's rule, which differs from it.
 
@@ -31,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core.pods import PodRecord
-from gpushare_operator.core.selectors import SelectorError, compile_selector
+from gpushare_operator.core.labelling.selectors import SelectorError, compile_selector
+from gpushare_operator.core.records.pods import PodRecord
 from gpushare_operator.kube import reading
 
 # What a pod's own terminationGracePeriodSeconds is when its spec leaves it out.

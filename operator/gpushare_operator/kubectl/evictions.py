@@ -1,10 +1,11 @@
 """The pods a planned change would evict from a node under ``podPolicy: Evict``, and how long.
 
-The choice is the operator's own (``core.victims.select``, with the slots of each resource the
+The choice is the operator's own (``core.rollout.victims.select``, with the slots of each resource
+the
 node's new config advertises, and the PodDisruptionBudgets the plan read, as kube-scheduler's
 preemption chooses): the fewest pods whose slots must go, those no budget holds back before
 those one protects, lowest priority then youngest first, never a DaemonSet's or a static pod,
-and every pod whose GPU memory request its new slot would not hold (``core.memoryfits``).  A
+and every pod whose GPU memory request its new slot would not hold (``core.slots.memoryfits``).  A
 change of MIG layout needs idle
 GPUs: every GPU pod goes, as ``reconcile.drains`` has it (``fit`` below says the same).  A
 node whose pods cannot be made to fit even so (pods that are never evicted hold what the new
@@ -18,10 +19,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpushare_operator.core import victims
-from gpushare_operator.core.models import PodPolicy
-from gpushare_operator.core.pods import PodRecord
-from gpushare_operator.core.policies import CompiledPolicy, compile_policy
+from gpushare_operator.core.api.models import PodPolicy
+from gpushare_operator.core.records.pods import PodRecord
+from gpushare_operator.core.records.policies import CompiledPolicy, compile_policy
+from gpushare_operator.core.rollout import victims
 from gpushare_operator.kubectl.disruptions import DEFAULT_GRACE_PERIOD, PodDetails
 from gpushare_operator.kubectl.standings import DRA_SHARING, GOVERNED, standing_of
 from gpushare_operator.reconcile.planner import Planner

@@ -16,9 +16,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import dra, nodephases, resolution
-from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core import resolution
+from gpushare_operator.core.dra import driver as dra
+from gpushare_operator.core.phases import nodephases
+from gpushare_operator.core.records.nodes import NodeRecord
+from gpushare_operator.core.records.policies import CompiledPolicy
 from gpushare_operator.kube import objectpaths, reading
 from gpushare_operator.kubectl import cluster, migexplanations, promises
 from gpushare_operator.kubectl.output import Style, slots, table

@@ -7,7 +7,7 @@ informers feed, then ``run`` upserts the planned policies into that same state a
   render (``kubectl.standings.standing_of``): who governs it, with which key and capacity;
 - whose pods would hold more slots than the new config advertises, or (for a change of MIG
   layout, which needs idle GPUs) any slot at all, or lose the slot that enforces the GPU memory
-  they asked for (``core.memoryfits``): the rollout book's own ``misfit``;
+  they asked for (``core.slots.memoryfits``): the rollout book's own ``misfit``;
 - the rollout, by replaying the operator's own ``RolloutBook``: its gate and its admissions
   (fresh nodes at once, canary first and alone, ``maxUnavailable``, the cluster-wide budget,
   order by fewest allocated slots then name, WaitForPods), with every admitted node settled
@@ -15,7 +15,7 @@ informers feed, then ``run`` upserts the planned policies into that same state a
   while GPU pods run waits for them under WaitForPods (tainted, charged to the budget, and
   never settled by the replay: the pods are the user's to end);
 - under ``podPolicy: Evict``, which pods a change evicts (``kubectl.evictions``, by
-  ``core.victims``): such a node is no misfit.  The replay judges each node through the
+  ``core.rollout.victims``): such a node is no misfit.  The replay judges each node through the
   operator's own drain (``reconcile.drains``): a node it would drain is admitted like any other
   and changes once its evicted pods are gone (they leave the state as it settles), in a batch
   that lasts as long as the evictions too; one it would give up at once (pods that are never
@@ -33,17 +33,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import (
-    backends,
-    defaults,
-    memoryfits,
-    miggeometry,
-    nodephases,
-    rollouts,
-)
-from gpushare_operator.core.pods import PodRecord
-from gpushare_operator.core.policies import compile_policy
-from gpushare_operator.core.rollouts import FINALIZER
+from gpushare_operator.core import backends
+from gpushare_operator.core.api import defaults
+from gpushare_operator.core.hardware import miggeometry
+from gpushare_operator.core.phases import nodephases
+from gpushare_operator.core.records.pods import PodRecord
+from gpushare_operator.core.records.policies import compile_policy
+from gpushare_operator.core.rollout import rollouts
+from gpushare_operator.core.rollout.rollouts import FINALIZER
+from gpushare_operator.core.slots import memoryfits
 from gpushare_operator.core.workqueue import CONFIG, MIG_CONFIG, NODE, POLICY
 from gpushare_operator.kube import reading
 from gpushare_operator.kubectl.disruptions import DetailSink, PodDetails

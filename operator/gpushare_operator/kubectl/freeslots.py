@@ -1,9 +1,9 @@
 """``kubectl gpushare status``: the free slots of each slot class over the cluster.
 
-A slot class (``core.slotclasses``: a resource, its isolation, the GPU memory a slot enforces)
+A slot class (``core.slots.slotclasses``: a resource, its isolation, the GPU memory a slot enforces)
 is what a pod created with ``gpushare.dev/gpu-memory`` can be given: the operator's webhook
 chooses the smallest enforced class that holds the request among those the nodes' slot labels
-offer (``core.memoryrequests``, ``cache.slotoffers``).  Per node, the classes and their slots
+offer (``core.slots.memoryrequests``, ``cache.slotoffers``).  Per node, the classes and their slots
 come from the operator's own code with the policy governing it (``slotstatus.per_class``, the
 figures of ``slots.classes`` in the statuses), the slots held from the usage ledger; a node's
 slots count as offered only where it carries the slot labels its class calls for
@@ -22,12 +22,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gpushare_operator.core import slotclasses, slotstatus
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.pods import MEMORY_REQUEST_LABEL
-from gpushare_operator.core.policies import CompiledPolicy
-from gpushare_operator.core.slotclasses import SlotClass
+from gpushare_operator.core.api.models import NodePhase
+from gpushare_operator.core.records.nodes import NodeRecord
+from gpushare_operator.core.records.pods import MEMORY_REQUEST_LABEL
+from gpushare_operator.core.records.policies import CompiledPolicy
+from gpushare_operator.core.slots import slotclasses, slotstatus
+from gpushare_operator.core.slots.slotclasses import SlotClass
 from gpushare_operator.kubectl.output import Style, plural, slots, table
 from gpushare_operator.reconcile import tallies
 from gpushare_operator.reconcile.planner import Planner

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from gpushare_operator.core import models
+from gpushare_operator.core.api import models
 from gpushare_operator.kube import dryrun, http, reading
 from gpushare_operator.kube.objectpaths import BadName, checked
 from gpushare_operator.kubectl.cluster import POLICIES, read_one

@@ -1,7 +1,7 @@
 """The plan's memory requests: pods that asked for GPU memory and whose slot the change would
 take away or shrink under their request.
 
-The rule is the operator's own (``core.memoryfits``): for each such pod on a node, the node's
+The rule is the operator's own (``core.slots.memoryfits``): for each such pod on a node, the node's
 slot classes before the planned change (under the policy that governs it now) and after (under
 the policy governing it in the forecast's standings, as GFD will label the node), and what the
 pod loses.  The operator holds such a node (``podPolicy: WaitForPods``, reason
@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import memoryfits, quantities, slotclasses
-from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.pods import MEMORY_REQUEST_LABEL, PodRecord
-from gpushare_operator.core.policies import CompiledPolicy
-from gpushare_operator.core.slotchanges import SlotChange
-from gpushare_operator.core.slotclasses import SlotClass
+from gpushare_operator.core import quantities
+from gpushare_operator.core.records.nodes import NodeRecord
+from gpushare_operator.core.records.pods import MEMORY_REQUEST_LABEL, PodRecord
+from gpushare_operator.core.records.policies import CompiledPolicy
+from gpushare_operator.core.slots import memoryfits, slotclasses
+from gpushare_operator.core.slots.slotchanges import SlotChange
+from gpushare_operator.core.slots.slotclasses import SlotClass
 from gpushare_operator.kubectl.forecast import Forecast
 from gpushare_operator.kubectl.output import Style, table
 from gpushare_operator.kubectl.standings import GOVERNED, NodeStanding

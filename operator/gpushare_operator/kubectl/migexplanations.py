@@ -14,11 +14,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import migconfigs, miggeometry, migphases
+from gpushare_operator.core import migphases
+from gpushare_operator.core.api.models import NodePhase
 from gpushare_operator.core.decisions import NodeDecision
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.hardware import miggeometry
+from gpushare_operator.core.mig import migconfigs
+from gpushare_operator.core.records.nodes import NodeRecord
+from gpushare_operator.core.records.policies import CompiledPolicy
 from gpushare_operator.kubectl.output import Style
 
 

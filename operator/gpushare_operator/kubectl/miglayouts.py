@@ -18,8 +18,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpushare_operator.core import migconfigs, migphases
-from gpushare_operator.core.nodes import (
+from gpushare_operator.core import migphases
+from gpushare_operator.core.labelling.rewrittenlabels import MIG_INFIX
+from gpushare_operator.core.mig import migconfigs
+from gpushare_operator.core.records.nodes import (
     GPU_COUNT,
     GPU_PRODUCT,
     GPU_RESOURCE,
@@ -29,8 +31,7 @@ from gpushare_operator.core.nodes import (
     NVIDIA_RESOURCES,
     NodeRecord,
 )
-from gpushare_operator.core.policies import CompiledPolicy
-from gpushare_operator.core.rewrittenlabels import MIG_INFIX
+from gpushare_operator.core.records.policies import CompiledPolicy
 
 Slots = tuple[tuple[str, int], ...]  # (resource, slots), by resource name
 

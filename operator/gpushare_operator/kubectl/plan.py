@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from gpushare_operator.core import defaults
-from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.api import defaults
+from gpushare_operator.core.records.policies import CompiledPolicy
 from gpushare_operator.kubectl import cluster, disruptions, manifests, memoryplan
 from gpushare_operator.kubectl.evictions import NodeEvictions
 from gpushare_operator.kubectl.forecast import Forecast, Forecaster

@@ -1,10 +1,11 @@
 """``explain node``: what the node's slots promise of GPU memory, and why.
 
-The classes are the operator's (``core.slotclasses`` with the policy governing the node); this
+The classes are the operator's (``core.slots.slotclasses`` with the policy governing the node); this
 module only says where each figure comes from, from the same inputs ``classes`` reads: the
 GPU's memory (GPU Feature Discovery's ``nvidia.com/gpu.memory``, or NVIDIA's tables when GFD
 shows MIG slices under single), the replicas of MPS, a MIG profile's memory in NVIDIA's tables
-(``core.miggeometry``) or GFD's ``<resource>.memory`` where lower.  Then the slot labels: those
+(``core.hardware.miggeometry``) or GFD's ``<resource>.memory`` where lower.  Then the slot labels:
+those
 the node carries, those its class calls for (written once it is Verified), or why it carries
 none (several classes, not Verified yet).
 """
@@ -14,13 +15,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpushare_operator.core import devconfigs, dra, miggeometry
+from gpushare_operator.core.api.models import NodePhase
 from gpushare_operator.core.decisions import NodeDecision
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import GPU_MEMORY, NodeRecord
-from gpushare_operator.core.policies import CompiledPolicy
-from gpushare_operator.core.rewrittenlabels import mig_profile_of
-from gpushare_operator.core.slotclasses import Isolation, SlotClass
+from gpushare_operator.core.deviceplugin import devconfigs
+from gpushare_operator.core.dra import driver as dra
+from gpushare_operator.core.hardware import miggeometry
+from gpushare_operator.core.labelling.rewrittenlabels import mig_profile_of
+from gpushare_operator.core.records.nodes import GPU_MEMORY, NodeRecord
+from gpushare_operator.core.records.policies import CompiledPolicy
+from gpushare_operator.core.slots.slotclasses import Isolation, SlotClass
 from gpushare_operator.kubectl.freeslots import SEVERAL, NodeSlots, node_slots
 from gpushare_operator.kubectl.memoryplan import class_dict
 from gpushare_operator.kubectl.output import Style

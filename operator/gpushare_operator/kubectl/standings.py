@@ -20,9 +20,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpushare_operator.core import defaults, devconfigs, nodephases
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import (
+from gpushare_operator.core.api import defaults
+from gpushare_operator.core.api.models import NodePhase
+from gpushare_operator.core.deviceplugin import devconfigs
+from gpushare_operator.core.labelling.rewrittenlabels import base_product
+from gpushare_operator.core.phases import nodephases
+from gpushare_operator.core.records.nodes import (
     CONFIG_LABEL,
     GFD_TIMESTAMP,
     GPU_PRODUCT,
@@ -33,8 +36,7 @@ from gpushare_operator.core.nodes import (
     SHARED_RESOURCE,
     NodeRecord,
 )
-from gpushare_operator.core.policies import CompiledPolicy
-from gpushare_operator.core.rewrittenlabels import base_product
+from gpushare_operator.core.records.policies import CompiledPolicy
 from gpushare_operator.kubectl import miglayouts
 from gpushare_operator.kubectl.miglayouts import Slots
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.records.policies import CompiledPolicy
 from gpushare_operator.kubectl import cluster, freeslots
 from gpushare_operator.kubectl.forecast import KEY_GRACE_PERIOD, MISMATCH_TIMEOUT
 from gpushare_operator.kubectl.output import Style, slots, table

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from gpushare_operator.core import resolution, rollouts
+from gpushare_operator.core import resolution
+from gpushare_operator.core.rollout import rollouts
 from gpushare_operator.reconcile.rollouts import CLUSTER, RELEASE, Placement, RolloutBook, Step
 
 FULL_LOOK_EVERY = 2.0  # seconds between admissions while node events keep arriving

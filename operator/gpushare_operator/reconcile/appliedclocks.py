@@ -12,10 +12,10 @@ import datetime
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpushare_operator.core import nodephases
+from gpushare_operator.core.api.models import NodePhase
 from gpushare_operator.core.migphases import MIG_CHANGING
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.phases import nodephases
+from gpushare_operator.core.records.policies import CompiledPolicy
 
 
 def _epoch(stamp: object) -> float | None:

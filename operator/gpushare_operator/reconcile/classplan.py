@@ -1,6 +1,7 @@
 """Which DeviceClasses gpushare should have, from the cache: level-based, like a ConfigMap key.
 
-A class serves one extended resource (``core.draclasses.device_class``: ``nvidia.com/gpu`` for full
+A class serves one extended resource (``core.dra.draclasses.device_class``: ``nvidia.com/gpu`` for
+full
 GPUs, ``nvidia.com/mig-<profile>`` for each profile of a MIG layout) for the policies of backend
 DRA that advertise it, and stays while a node still carries our DRA switch under a policy that
 advertised it (a move back to the device plugin, or a deleted policy's nodes being released):
@@ -15,8 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import backends, draclasses, models
-from gpushare_operator.core.nodes import GPU_RESOURCE
+from gpushare_operator.core import backends
+from gpushare_operator.core.api import models
+from gpushare_operator.core.dra import draclasses
+from gpushare_operator.core.records.nodes import GPU_RESOURCE
 
 
 def wanted(cache: ClusterCache) -> dict[str, dict[str, Any]]:

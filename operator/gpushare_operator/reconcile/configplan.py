@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import backends, devconfigs
-from gpushare_operator.core.models import FIELD_MANAGER
+from gpushare_operator.core import backends
+from gpushare_operator.core.api.models import FIELD_MANAGER
+from gpushare_operator.core.deviceplugin import devconfigs
 from gpushare_operator.reconcile.memory import WriteMemory
 from gpushare_operator.reconcile.plans import ConfigPlan
 

@@ -2,7 +2,7 @@
 
 Between the rollout book's judgement and the writes: a node admitted to a change that its pods
 would not fit (``RolloutBook.misfit``) is not labelled yet.  It is tainted, the fewest pods
-that must go (``core.victims``, as kube-scheduler chooses preemption victims: pods whose
+that must go (``core.rollout.victims``, as kube-scheduler chooses preemption victims: pods whose
 PodDisruptionBudget allows no disruption are kept first) are evicted through the Eviction API,
 and once they are gone (the pods' records leave the node: terminated, not just terminating)
 the change goes ahead.  Meanwhile it is ``Evicting`` and counts against its policy's budget,
@@ -34,11 +34,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import backends, migphases, nodephases, rollouts, victims
-from gpushare_operator.core.budgets import BudgetRecord
-from gpushare_operator.core.models import NodePhase, PodPolicy
-from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.pods import PodRecord
+from gpushare_operator.core import backends, migphases
+from gpushare_operator.core.api.models import NodePhase, PodPolicy
+from gpushare_operator.core.phases import nodephases
+from gpushare_operator.core.records.nodes import NodeRecord
+from gpushare_operator.core.records.pods import PodRecord
+from gpushare_operator.core.rollout import rollouts, victims
+from gpushare_operator.core.rollout.budgets import BudgetRecord
 from gpushare_operator.core.stamps import epoch_of, rfc3339
 from gpushare_operator.reconcile.memory import WriteMemory
 from gpushare_operator.reconcile.rollouts import Judgement, RolloutBook, Step

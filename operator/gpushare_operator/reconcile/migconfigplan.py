@@ -11,9 +11,10 @@ so instead.  With no MIG policy and no ConfigMap, nothing is written at all.
 from __future__ import annotations
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import backends, migconfigs
-from gpushare_operator.core.migconfigs import MigLayout
-from gpushare_operator.core.models import FIELD_MANAGER
+from gpushare_operator.core import backends
+from gpushare_operator.core.api.models import FIELD_MANAGER
+from gpushare_operator.core.mig import migconfigs
+from gpushare_operator.core.mig.migconfigs import MigLayout
 from gpushare_operator.core.workqueue import MIG_CONFIG
 from gpushare_operator.reconcile.memory import WriteMemory
 from gpushare_operator.reconcile.plans import ConfigPlan

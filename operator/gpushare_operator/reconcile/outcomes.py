@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpushare_operator.core.nodephases import Labels
+from gpushare_operator.core.phases.nodephases import Labels
 from gpushare_operator.core.workqueue import Key
 from gpushare_operator.reconcile.plans import Stage
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from gpushare_operator.core import nodephases
-from gpushare_operator.core.models import NodePhase
+from gpushare_operator.core.api.models import NodePhase
+from gpushare_operator.core.phases import nodephases
 
 RELEASE = ""  # the target of a node to be released (config keys are never empty)
 CLUSTER = ""  # charged to no policy, only to the cluster-wide budget (names are never empty)

@@ -17,25 +17,18 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import (
-    backends,
-    dra,
-    draclasses,
-    listpatches,
-    memoryfits,
-    migphases,
-    nodelabels,
-    nodephases,
-    policystatus,
-    rollouts,
-    statusdiff,
-)
+from gpushare_operator.core import backends, listpatches, migphases, policystatus, statusdiff
+from gpushare_operator.core.api.models import NodePhase
 from gpushare_operator.core.conditions import Cond
+from gpushare_operator.core.dra import draclasses
+from gpushare_operator.core.dra import driver as dra
 from gpushare_operator.core.listpatches import JsonPatch
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.policies import CompiledPolicy
-from gpushare_operator.core.rollouts import FINALIZER
+from gpushare_operator.core.phases import nodelabels, nodephases
+from gpushare_operator.core.records.nodes import NodeRecord
+from gpushare_operator.core.records.policies import CompiledPolicy
+from gpushare_operator.core.rollout import rollouts
+from gpushare_operator.core.rollout.rollouts import FINALIZER
+from gpushare_operator.core.slots import memoryfits
 from gpushare_operator.core.stamps import epoch_of, rfc3339
 from gpushare_operator.core.workqueue import MIG_CONFIG
 from gpushare_operator.reconcile import tallies

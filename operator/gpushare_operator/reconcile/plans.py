@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpushare_operator.core import nodephases
 from gpushare_operator.core.listpatches import JsonPatch
+from gpushare_operator.core.phases import nodephases
 from gpushare_operator.core.workqueue import CONFIG_KEY, NODE, POLICY, Key
 from gpushare_operator.reconcile.drains import Eviction
 from gpushare_operator.reconcile.rollouts import Placement

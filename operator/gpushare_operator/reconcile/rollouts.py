@@ -1,4 +1,4 @@
-"""Which node may change now: the rollout book between the planner and ``core.rollouts``.
+"""Which node may change now: the rollout book between the planner and ``core.rollout.rollouts``.
 
 Every node the planner looks at is *placed*: charged to a policy (the one that takes it, or,
 when none does, the one that loses it) at a step of that policy's rollout.  A node that wants
@@ -24,21 +24,17 @@ from collections.abc import Collection
 from dataclasses import replace
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import (
-    backends,
-    dra,
-    memoryfits,
-    migconfigs,
-    migphases,
-    nodephases,
-    rollouts,
-    victims,
-)
+from gpushare_operator.core import backends, migphases
+from gpushare_operator.core.api.models import NodePhase, PodPolicy, RolloutSpec
 from gpushare_operator.core.backends import deviceplugin
-from gpushare_operator.core.migconfigs import ALL_DISABLED
-from gpushare_operator.core.models import NodePhase, PodPolicy, RolloutSpec
-from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.dra import driver as dra
+from gpushare_operator.core.mig import migconfigs
+from gpushare_operator.core.mig.migconfigs import ALL_DISABLED
+from gpushare_operator.core.phases import nodephases
+from gpushare_operator.core.records.nodes import NodeRecord
+from gpushare_operator.core.records.policies import CompiledPolicy
+from gpushare_operator.core.rollout import rollouts, victims
+from gpushare_operator.core.slots import memoryfits
 from gpushare_operator.reconcile.placements import CLUSTER as CLUSTER
 from gpushare_operator.reconcile.placements import HELD_STEPS as HELD_STEPS
 from gpushare_operator.reconcile.placements import RELEASE as RELEASE

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Protocol
 
 from gpushare_operator.cache.cluster import ClusterCache
-from gpushare_operator.core import dra, draclaims, draslots, nodephases, policystatus, resolution
-from gpushare_operator.core.models import NodePhase
-from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core import policystatus, resolution
+from gpushare_operator.core.api.models import NodePhase
+from gpushare_operator.core.dra import draclaims, draslots
+from gpushare_operator.core.dra import driver as dra
+from gpushare_operator.core.phases import nodephases
+from gpushare_operator.core.records.nodes import NodeRecord
+from gpushare_operator.core.records.policies import CompiledPolicy
 
 Held = tuple[int, int]  # (slots, pods holding them)
 
@@ -19,7 +22,7 @@ def held(cache: ClusterCache, record: NodeRecord, policy: CompiledPolicy) -> dic
     On a node DRA serves, its devices are allocated by ResourceClaims whatever a pod spec names
     (an ``nvidia.com/gpu`` request gets a claim the scheduler makes; a pod may also ask through
     a ResourceClaimTemplate and name no resource at all): counted from the claims, a MIG device
-    under its profile's resource (``core.draclaims.by_resource``).  Elsewhere from the pods'
+    under its profile's resource (``core.dra.draclaims.by_resource``).  Elsewhere from the pods'
     requests, as the device plugin allocates them.
     """
     if dra.is_on(record) and policy.resources:
@@ -51,7 +54,7 @@ def devices(cache: ClusterCache, record: NodeRecord, policy: CompiledPolicy) -> 
 
 def slot_view(cache: ClusterCache, record: NodeRecord, policy: CompiledPolicy | None) -> NodeRecord:
     """The node as its slots read: on a node DRA serves under a DRA policy, with the memory its
-    ResourceSlice states (``core.draslots``); elsewhere as GFD labels it."""
+    ResourceSlice states (``core.dra.draslots``); elsewhere as GFD labels it."""
     if policy is None or not policy.dra or not dra.is_on(record):
         return record
     return draslots.view(record, cache.dra.devices(record.name), resources=policy.resources)

@@ -5,6 +5,7 @@ plugin (``dra``).  ``of`` says which governs a policy's nodes; the rest of the p
 
 from __future__ import annotations
 
+from gpushare_operator.core.api.models import MIG_IDLE
 from gpushare_operator.core.backends.base import Backend as Backend
 from gpushare_operator.core.backends.base import Check as Check
 from gpushare_operator.core.backends.base import Layouts as Layouts
@@ -12,9 +13,8 @@ from gpushare_operator.core.backends.base import Rendered as Rendered
 from gpushare_operator.core.backends.deviceplugin import DEVICE_PLUGIN
 from gpushare_operator.core.backends.dra import DRA
 from gpushare_operator.core.backends.mig import MIG
-from gpushare_operator.core.models import MIG_IDLE
-from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.records.nodes import NodeRecord
+from gpushare_operator.core.records.policies import CompiledPolicy
 
 
 def of(policy: CompiledPolicy | None) -> Backend:

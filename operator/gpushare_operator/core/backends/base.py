@@ -4,7 +4,7 @@ disrupts, and what it renders cluster-wide.
 Three things change a GPU node: the device plugin's config key (``deviceplugin``), the MIG
 manager's layout (``mig``) and the switch to NVIDIA's DRA kubelet plugin (``dra``).  Each is a
 ``Backend``; ``core.backends.of`` says which one governs a policy's nodes, and the phase machine
-(``core.nodephases``) and the planners of the ConfigMaps and DeviceClasses ask it, never the
+(``core.phases.nodephases``) and the planners of the ConfigMaps and DeviceClasses ask it, never the
 policy's fields.
 """
 
@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpushare_operator.core.decisions import Labels, NodeDecision, Published
-from gpushare_operator.core.dra import Device
-from gpushare_operator.core.migconfigs import MigLayout
-from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.dra.driver import Device
+from gpushare_operator.core.mig.migconfigs import MigLayout
+from gpushare_operator.core.records.nodes import NodeRecord
+from gpushare_operator.core.records.policies import CompiledPolicy
 
 Layouts = Mapping[str, MigLayout | None]
 

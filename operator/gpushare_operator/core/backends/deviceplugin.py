@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from typing import Final
 
-from gpushare_operator.core import devconfigs, dra, migphases
+from gpushare_operator.core import migphases
+from gpushare_operator.core.api.models import MIG_IDLE
 from gpushare_operator.core.backends.base import Check, Layouts, Rendered
 from gpushare_operator.core.decisions import Labels, NodeDecision, Published
-from gpushare_operator.core.dra import Device
-from gpushare_operator.core.models import MIG_IDLE
-from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.deviceplugin import devconfigs
+from gpushare_operator.core.dra import driver as dra
+from gpushare_operator.core.dra.driver import Device
+from gpushare_operator.core.records.nodes import NodeRecord
+from gpushare_operator.core.records.policies import CompiledPolicy
 
 
 class DevicePlugin:

@@ -1,5 +1,6 @@
 """DRA: the node's device plugin is switched off and NVIDIA's DRA kubelet plugin on (two
-labels, ``core.dra``); confirmed by a ResourceSlice listing the devices GPU Feature Discovery's
+labels, ``core.dra.driver``); confirmed by a ResourceSlice listing the devices GPU Feature
+Discovery's
 labels promise (full GPUs, or the MIG layout's devices) and no allocatable left from the
 device plugin.  Its MIG layout, if any, is the MIG manager's as on the device plugin."""
 
@@ -7,14 +8,16 @@ from __future__ import annotations
 
 from typing import Final
 
-from gpushare_operator.core import devconfigs, dra, migphases
+from gpushare_operator.core import migphases
 from gpushare_operator.core.backends import mig as mig_backend
 from gpushare_operator.core.backends.base import Check, Layouts, Rendered
 from gpushare_operator.core.backends.deviceplugin import config_of
 from gpushare_operator.core.decisions import Labels, NodeDecision, Published
-from gpushare_operator.core.dra import Device
-from gpushare_operator.core.nodes import NodeRecord
-from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.deviceplugin import devconfigs
+from gpushare_operator.core.dra import driver as dra
+from gpushare_operator.core.dra.driver import Device
+from gpushare_operator.core.records.nodes import NodeRecord
+from gpushare_operator.core.records.policies import CompiledPolicy
 
 
 class Dra:

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 from typing import Final
 
-from gpushare_operator.core import dra, migphases
+from gpushare_operator.core import migphases
+from gpushare_operator.core.api.models import MIG_IDLE
 from gpushare_operator.core.backends.base import Check, Layouts, Rendered
 from gpushare_operator.core.backends.deviceplugin import config_of
 from gpushare_operator.core.decisions import Labels, NodeDecision, Published
-from gpushare_operator.core.dra import Device
-from gpushare_operator.core.migconfigs import MigLayout
-from gpushare_operator.core.models import MIG_IDLE
-from gpushare_operator.core.nodes import MIG_CONFIG_LABEL, NodeRecord
-from gpushare_operator.core.policies import CompiledPolicy
+from gpushare_operator.core.dra import driver as dra
+from gpushare_operator.core.dra.driver import Device
+from gpushare_operator.core.mig.migconfigs import MigLayout
+from gpushare_operator.core.records.nodes import MIG_CONFIG_LABEL, NodeRecord
+from gpushare_operator.core.records.policies import CompiledPolicy
 
 
 class Mig:

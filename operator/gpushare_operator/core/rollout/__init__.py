@@ -1,0 +1,1 @@
+"""Rollouts: the budget arithmetic, status.rollout, and which pods an eviction takes."""

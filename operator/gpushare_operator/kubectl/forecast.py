@@ -35,6 +35,7 @@ from typing import Any
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.core import backends
 from gpushare_operator.core.api import defaults
+from gpushare_operator.core.dra import driver as dra
 from gpushare_operator.core.hardware import miggeometry
 from gpushare_operator.core.phases import nodephases
 from gpushare_operator.core.records.pods import PodRecord
@@ -94,9 +95,10 @@ class Misfit:
     pool: str
     why: str
     pods: tuple[PodRecord, ...]
-    mig: bool = False  # a change of MIG layout: it needs every GPU pod gone, not fewer slots
+    mig: bool = False  # a change of MIG layout or backend: every GPU pod gone, not fewer slots
     # Only memory requests do not fit (the slots do): ``kubectl.memoryplan`` reports it.
     memory: bool = False
+    backend: bool = False  # of ``mig``, a change of backend (device plugin <-> DRA)
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +342,7 @@ class Forecaster:
         a change of MIG layout, any GPU pod at all; a pod whose memory request its new slot
         would not hold, whatever the slots."""
         cache, usage = self.cache, self.cache.usage
-        found: dict[str, tuple[str, str, bool, bool]] = {}
+        found: dict[str, tuple[str, str, bool, bool, bool]] = {}
         for change in changes:
             if not usage.node_slots(change.name) or change.after.standing == UNSUPPORTED:
                 continue  # an Unsupported node is left as it is
@@ -351,11 +353,12 @@ class Forecaster:
             if held is not None:
                 reason, why = held
                 layouts = cache.mig_config.layouts
-                mig = backends.needs_idle(record, policy, layouts=layouts)
+                idle = backends.disruption(record, policy, layouts=layouts)
                 memory = (
                     reason == memoryfits.REASON and self.book.slot_misfit(record, policy) is None
                 )
-                found[change.name] = (change.pool, why, mig, memory)
+                backend = idle == dra.BACKEND_IDLE
+                found[change.name] = (change.pool, why, idle is not None, memory, backend)
         pods: defaultdict[str, list[PodRecord]] = defaultdict(list)
         if found:
             for pod in usage:
@@ -369,8 +372,9 @@ class Forecaster:
                 tuple(sorted(pods[node], key=lambda p: (p.namespace, p.name))),
                 mig,
                 memory,
+                backend,
             )
-            for node, (pool, why, mig, memory) in sorted(found.items())
+            for node, (pool, why, mig, memory, backend) in sorted(found.items())
         ]
 
     def _foresee(self, misfits: Sequence[Misfit]) -> dict[str, NodeEvictions]:

@@ -200,9 +200,10 @@ def _problems(forecast: Forecast) -> list[str]:
                 " it would keep its config"
             )
         elif misfit.mig:
+            changes = "it changes backend" if misfit.backend else "its MIG layout changes"
             problems.append(
                 f"node {misfit.node} would wait for {len(misfit.pods)} GPU pod(s) to end before"
-                " its MIG layout changes (podPolicy WaitForPods; tainted meanwhile)"
+                f" {changes} (podPolicy WaitForPods; tainted meanwhile)"
             )
         else:
             problems.append(f"node {misfit.node} would be overcommitted: {misfit.why}")
@@ -229,6 +230,7 @@ def _misfits(forecast: Forecast) -> list[dict[str, Any]]:
             "why": m.why,
             "waitsForPods": m.node in waiting,
             "migChange": m.mig,
+            "backendChange": m.backend,
             **({"notEvictable": stuck[m.node]} if m.node in stuck else {}),
             "pods": [
                 {

@@ -228,7 +228,7 @@ def record(name: str, resource: str, *, day: int = 1, **flags: Any) -> PodRecord
         "n0",
         "Running",
         ((resource, 1),),
-        created=f"2026-01-{day:02d}T00:00:00Z",
+        created=int(f"202601{day:02d}000000"),
         **flags,
     )
 

@@ -204,7 +204,7 @@ def test_record_keeps_identity_node_phase_and_requests_only() -> None:
         phase="Running",
         requests=((SHARED, 2),),
         priority=0,
-        created=body["metadata"]["creationTimestamp"],
+        created=int("".join(c for c in body["metadata"]["creationTimestamp"] if c.isdigit())),
         evictable=True,
         terminating=False,
         memory_mib=None,

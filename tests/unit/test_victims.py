@@ -30,7 +30,7 @@ def pod(
         "Running",
         ((resource, slots),),
         priority,
-        created,
+        int("".join(c for c in created if c.isdigit())),  # as the record keeps it
         evictable,
         terminating,
     )

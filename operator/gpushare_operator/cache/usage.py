@@ -1,9 +1,10 @@
-"""Incremental GPU-slot accounting: per node and per policy, O(1) per pod event.
+"""Incremental GPU-slot accounting: per node and per policy, with no pass over all pods.
 
-Nothing here ever sums over all pods: a pod event moves its own contribution out of the
-counters it was in and into the ones it is in now; a node whose governing policy changes moves
-the node's total from one policy to the other.  ``core.records.pods.total`` is the from-scratch
-reference that a property test holds these counters to.
+A pod event moves its record off the node it was counted on and onto the one it is on now,
+and its contribution out of the policy counters it was in and into the ones it is in now; a
+node's counts are summed from its own few records when asked; a node whose governing policy
+changes moves the node's total from one policy to the other.  ``core.records.pods.total`` is
+the from-scratch reference that a property test holds these counters to.
 """
 
 from __future__ import annotations
@@ -18,14 +19,11 @@ Governor = tuple[str, tuple[str, ...]]  # (policy name, the resources it adverti
 
 class UsageLedger:
     def __init__(self) -> None:
-        self.pods: dict[
-            str, PodRecord
-        ] = {}  # uid → record (only pods asking for tracked resources)
-        # node → resource → [slots, pods]
-        self._by_node: defaultdict[str, dict[str, list[int]]] = defaultdict(dict)
-        # node → uids of the pods counted on it: exactly the pods whose ``_move`` added to
-        # ``_by_node[node]`` (bound, not finished), so that evictions read one node's pods.
-        self._on_node: defaultdict[str, set[str]] = defaultdict(set)
+        self.pods: dict[str, PodRecord] = {}  # uid -> record (pods asking for tracked resources)
+        # node -> the records counted on it: exactly the pods that hold slots there (bound, not
+        # finished), each once.  A node's counts are summed from them when asked (a node holds
+        # a few pods, and a list is far smaller than a set and a counter dict per node).
+        self._on_node: dict[str, list[PodRecord]] = {}
         self._governors: dict[str, Governor] = {}
         # policy → resource → slots held on the nodes it governs; no zero entries, and no
         # policy without one (a mixed MIG policy has a resource per profile).
@@ -34,21 +32,30 @@ class UsageLedger:
     # -- reads -----------------------------------------------------------------------------------
 
     def node_usage(self, node: str, resource: str) -> tuple[int, int]:
-        counters = self._by_node.get(node, {}).get(resource)
-        return (counters[0], counters[1]) if counters else (0, 0)
+        """(slots of ``resource`` held on ``node``, pods holding them)."""
+        held = pods = 0
+        for record in self._on_node.get(node, ()):
+            amount = record.amount(resource)
+            if amount:
+                held, pods = held + amount, pods + 1
+        return held, pods
 
     def node_slots(self, node: str) -> dict[str, int]:
         """Slots held on ``node`` per resource (only resources some pod holds)."""
-        return {resource: c[0] for resource, c in self._by_node.get(node, {}).items() if c[0]}
+        held: dict[str, int] = {}
+        for record in self._on_node.get(node, ()):
+            for resource, amount in record.requests:
+                held[resource] = held.get(resource, 0) + amount
+        return held
 
     def node_total(self, node: str) -> int:
         """Slots held on ``node`` over all resources, without building ``node_slots``'s dict
         (the rollout orders every waiting node by it on each admission)."""
-        return sum(c[0] for c in self._by_node.get(node, {}).values())
+        return sum(a for r in self._on_node.get(node, ()) for _, a in r.requests)
 
     def node_pods(self, node: str) -> list[PodRecord]:
         """The pods counted on ``node`` (bound, not finished, asking for a tracked resource)."""
-        return [self.pods[uid] for uid in self._on_node.get(node, ())]
+        return list(self._on_node.get(node, ()))
 
     def policy_slots(self, policy: str) -> int:
         return sum(self._by_policy.get(policy, {}).values())
@@ -69,26 +76,21 @@ class UsageLedger:
         node = record.node
         if node is None or not record.holds_slots:
             return
-        counters = self._by_node[node]
-        governor = self._governors.get(node)
         if sign > 0:
-            self._on_node[node].add(record.uid)
+            self._on_node.setdefault(node, []).append(record)
         else:
-            held = self._on_node.get(node)
-            if held is not None:
-                held.discard(record.uid)
-                if not held:
-                    del self._on_node[node]
-        for resource, amount in record.requests:
-            slot = counters.setdefault(resource, [0, 0])
-            slot[0] += sign * amount
-            slot[1] += sign
-            if slot == [0, 0]:
-                del counters[resource]  # nodes come and go: keep no empty entries
-            if governor is not None and resource in governor[1]:
-                self._add_policy(governor[0], resource, sign * amount)
-        if not counters:
-            del self._by_node[node]
+            held = self._on_node.get(node, [])
+            for index, each in enumerate(held):
+                if each is record:
+                    del held[index]
+                    break
+            if not held:
+                self._on_node.pop(node, None)
+        governor = self._governors.get(node)
+        if governor is not None:
+            for resource, amount in record.requests:
+                if resource in governor[1]:
+                    self._add_policy(governor[0], resource, sign * amount)
 
     def _add_policy(self, policy: str, resource: str, amount: int) -> None:
         if not amount:
@@ -105,10 +107,13 @@ class UsageLedger:
     def replace(self, uid: str, record: PodRecord | None) -> tuple[PodRecord | None, bool]:
         """Swap a pod's record; returns the old one and whether any counter moved."""
         old = self.pods.pop(uid, None)
+        if old is not None and old == record:
+            self.pods[uid] = old  # the very object the node's list holds
+            return old, False
         if record is not None:
             self.pods[uid] = record
-        if old == record:
-            return old, False
+        if old is None and record is None:
+            return None, False
         if old is not None:
             self._move(old, -1)
         if record is not None:

@@ -2,9 +2,8 @@
 
 Only pods that request a tracked resource are kept, and of them only what usage accounting
 and the choice of eviction victims read: identity, node, phase, the effective requests, and
-the labels that PodDisruptionBudgets select on (``core.rollout.budgets``).  Everything else in a ~8
-KB
-Pod body (managedFields, env, volumes, status) is left behind at ingest.
+the labels that PodDisruptionBudgets select on (``core.rollout.budgets``).  Everything else in
+a ~8 KB Pod body (managedFields, env, volumes, status) is left behind at ingest.
 """
 
 from __future__ import annotations
@@ -36,7 +35,9 @@ class PodRecord:
     requests: Requests
     # What podPolicy Evict chooses by (kube-scheduler's preemption order) and never evicts.
     priority: int = 0  # spec.priority, as the priority admission plugin set it
-    created: str = ""  # metadata.creationTimestamp (RFC 3339 in UTC: sorts as it reads)
+    # metadata.creationTimestamp as the number YYYYMMDDhhmmss (sorts as the time does; 0 when
+    # absent or not RFC 3339): a small int, not its 20-character text.
+    created: int = 0
     evictable: bool = True  # False for a mirror (static) pod or a DaemonSet's pod
     terminating: bool = False  # metadata.deletionTimestamp is set: it is on its way out
     # What its gpushare.dev/gpu-memory label asks for, in MiB; None: no (valid) label.  A
@@ -154,7 +155,7 @@ def project_pod(
         phase=_intern(str((obj.get("status") or {}).get("phase") or "Pending")),
         requests=requests,
         priority=_priority(spec.get("priority")),
-        created=_intern(str(metadata.get("creationTimestamp") or "")),
+        created=_timestamp(metadata.get("creationTimestamp")),
         evictable=_evictable(metadata),
         terminating=bool(metadata.get("deletionTimestamp")),
         memory_mib=_memory_request(metadata),
@@ -184,6 +185,14 @@ def _memory_request(metadata: Mapping[str, Any]) -> int | None:
         return quantities.parse_mib(text)
     except quantities.QuantityError:
         return None
+
+
+def _timestamp(text: object) -> int:
+    """``2026-12-02T18:41:00Z`` -> 20261202184100; 0 for anything else."""
+    if not isinstance(text, str) or len(text) < 19:
+        return 0
+    digits = text[0:4] + text[5:7] + text[8:10] + text[11:13] + text[14:16] + text[17:19]
+    return int(digits) if digits.isdigit() else 0
 
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"

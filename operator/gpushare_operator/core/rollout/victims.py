@@ -46,7 +46,7 @@ class Victims:
     stuck: str | None = None  # why the node cannot fit even so (pods we never evict); None: it can
 
 
-def importance(pod: PodRecord) -> tuple[int, str, str, str]:
+def importance(pod: PodRecord) -> tuple[int, int, str, str]:
     """Sort key, most important first: higher priority, then older, then by name."""
     return (-pod.priority, pod.created, pod.namespace, pod.name)
 

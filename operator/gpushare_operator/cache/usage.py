@@ -25,6 +25,9 @@ class UsageLedger:
         # a few pods, and a list is far smaller than a set and a counter dict per node).
         self._on_node: dict[str, list[PodRecord]] = {}
         self._governors: dict[str, Governor] = {}
+        # Every distinct governor once: thousands of nodes share a handful of them, and each
+        # would otherwise keep a tuple of its own (rebuilt from ``_governors`` when it grows).
+        self._shared: dict[Governor, Governor] = {}
         # policy → resource → slots held on the nodes it governs; no zero entries, and no
         # policy without one (a mixed MIG policy has a resource per profile).
         self._by_policy: defaultdict[str, dict[str, int]] = defaultdict(dict)
@@ -134,7 +137,12 @@ class UsageLedger:
             for resource in old[1]:
                 self._add_policy(old[0], resource, -self.node_usage(node, resource)[0])
             del self._governors[node]
+            if not self._governors:
+                self._shared.clear()  # nothing governed: nothing to share
         if governor is not None:
+            governor = self._shared.setdefault(governor, governor)
+            if len(self._shared) > 2 * len(self._governors) + 64:
+                self._shared = {g: g for g in self._governors.values()}
             self._governors[node] = governor
             for resource in governor[1]:
                 self._add_policy(governor[0], resource, self.node_usage(node, resource)[0])

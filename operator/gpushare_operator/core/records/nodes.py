@@ -197,15 +197,27 @@ def _capacity(status: Mapping[str, Any], resource: str) -> int | None:
     return _int_or_none(capacity.get(resource))
 
 
+# Allocatable pairs seen, each kept once: a pool's nodes advertise the same few (bounded, so a
+# fleet of odd figures cannot grow it without end; past the bound a node keeps its own).
+_SHARED_ALLOCATABLE: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
+_SHARED_MAX = 4096
+
+
 def _nvidia_allocatable(status: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     allocatable = status.get("allocatable")
     if not isinstance(allocatable, Mapping):
         return ()
-    return tuple(
+    pairs = tuple(
         (_intern(name), _intern(str(quantity)))
         for name, quantity in allocatable.items()
         if name.startswith(NVIDIA_RESOURCES)
     )
+    known = _SHARED_ALLOCATABLE.get(pairs)
+    if known is not None:
+        return known
+    if len(_SHARED_ALLOCATABLE) < _SHARED_MAX:
+        _SHARED_ALLOCATABLE[pairs] = pairs
+    return pairs
 
 
 def _allocatable_unchanged(kept: tuple[tuple[str, str], ...], status: Mapping[str, Any]) -> bool:

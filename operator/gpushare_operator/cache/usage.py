@@ -110,13 +110,12 @@ class UsageLedger:
     def replace(self, uid: str, record: PodRecord | None) -> tuple[PodRecord | None, bool]:
         """Swap a pod's record; returns the old one and whether any counter moved."""
         old = self.pods.pop(uid, None)
-        if old is not None and old == record:
-            self.pods[uid] = old  # the very object the node's list holds
+        if old == record:
+            if old is not None:
+                self.pods[uid] = old  # the very object the node's list holds
             return old, False
         if record is not None:
             self.pods[uid] = record
-        if old is None and record is None:
-            return None, False
         if old is not None:
             self._move(old, -1)
         if record is not None:

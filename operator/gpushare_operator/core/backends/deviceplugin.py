@@ -15,14 +15,15 @@ from gpushare_operator.core.dra.driver import Device
 from gpushare_operator.core.records.nodes import NodeRecord
 from gpushare_operator.core.records.policies import CompiledPolicy
 
+# Until the device plugin restarts with the node's config and GFD relabels (MIG layouts too).
+APPLIED: Final = "label applied; waiting for the device plugin and GPU Feature Discovery to confirm"
+
 
 class DevicePlugin:
     """Whole GPUs (Exclusive, TimeSlicing, MPS) served by NVIDIA's device plugin."""
 
     name: Final = "device plugin"
-    applied: Final = (
-        "label applied; waiting for the device plugin and GPU Feature Discovery to confirm"
-    )
+    applied: Final = APPLIED
 
     def target(self, record: NodeRecord, policy: CompiledPolicy) -> Labels:
         # Off DRA, if the node was on it; a MIG layout of ours (all-disabled by now) is left

@@ -9,7 +9,7 @@ from typing import Final
 from gpushare_operator.core import migphases
 from gpushare_operator.core.api.models import MIG_IDLE
 from gpushare_operator.core.backends.base import Check, Layouts, Rendered
-from gpushare_operator.core.backends.deviceplugin import config_of
+from gpushare_operator.core.backends.deviceplugin import APPLIED, config_of, leaving
 from gpushare_operator.core.decisions import Labels, NodeDecision, Published
 from gpushare_operator.core.dra import driver as dra
 from gpushare_operator.core.dra.driver import Device
@@ -22,9 +22,7 @@ class Mig:
     """MIG slices laid out by the MIG manager, served by NVIDIA's device plugin."""
 
     name: Final = "MIG"
-    applied: Final = (
-        "label applied; waiting for the device plugin and GPU Feature Discovery to confirm"
-    )
+    applied: Final = APPLIED
 
     def target(self, record: NodeRecord, policy: CompiledPolicy) -> Labels:
         return {**dra.switch(record, dra=False), **layout_label(record, policy)}
@@ -65,9 +63,7 @@ class Mig:
     def disrupts(
         self, record: NodeRecord, policy: CompiledPolicy | None, *, layouts: Layouts | None
     ) -> str | None:
-        if dra.changes_backend(record, dra=False):
-            return dra.BACKEND_IDLE
-        return relayout(record, policy, layouts=layouts)
+        return leaving(record, policy, layouts=layouts)  # what any device-plugin target says
 
     def renders(self, policy: CompiledPolicy) -> Rendered:
         return Rendered(config=config_of(policy), layouts=layouts_of(policy))

@@ -1,21 +1,38 @@
-"""The webhook's HTTPS server (app.admission): how large a review it takes, and what a Secret it
-cannot use does to it; a real server on 127.0.0.1, no API server."""
+"""The webhook's HTTPS server (app.admission, app.reviewserver): a real server on 127.0.0.1 on
+its own thread, real TLS, no API server.  How large a review it takes, how it frames HTTP/1.1,
+what a Secret it cannot use does to it, a certificate rotated under open connections, and an
+answer while the main event loop is kept busy."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime
-import io
+import hashlib
+import http.client
 import socket
+import ssl
+import threading
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import orjson
+import pytest
 from cryptography.hazmat.primitives import serialization
 
-from gpushare_operator.app.admission import MAX_REVIEW_BYTES, AdmissionServer, ServingTLS
+from gpushare_operator.app.admission import (
+    MAX_REVIEW_BYTES,
+    AdmissionServer,
+    MemoryRequests,
+    ServingTLS,
+)
 from gpushare_operator.core import certificates
+from gpushare_operator.core.slots import memoryrequests, reviews
+from gpushare_operator.core.slots.slotclasses import Isolation, Offer
 
 NOW = datetime.datetime.now(datetime.UTC)
+MPS = Offer(20389, "nvidia.com/gpu", Isolation.MPS, "batch")
 
 
 def secret(*, encrypted: bool = False) -> dict[str, Any]:
@@ -43,42 +60,212 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def review(size: int) -> bytes:
+def client_context() -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def review(size: int = 0) -> bytes:
     """An AdmissionReview of a labelled pod whose JSON is ``size`` bytes or a little more."""
-    pod = {"metadata": {"name": "p", "annotations": {"blob": ""}}, "spec": {"containers": []}}
-    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}
-    body["request"] = {"uid": "u-1", "object": pod}
+    pod = {
+        "metadata": {
+            "name": "p",
+            "labels": {memoryrequests.REQUEST_LABEL: "10Gi"},
+            "annotations": {"blob": ""},
+        },
+        "spec": {"containers": [{"name": "main", "image": "x"}]},
+    }
+    body: dict[str, Any] = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}
+    body["request"] = {
+        "uid": "u-1",
+        "operation": "CREATE",
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "object": pod,
+    }
     pod["metadata"]["annotations"]["blob"] = "x" * max(0, size - len(orjson.dumps(body)))
     return orjson.dumps(body)
 
 
+class Served:
+    def __init__(self, tls: ServingTLS, port: int, counted: list[Any]) -> None:
+        self.tls, self.port, self.counted = tls, port, counted
+
+    def connection(self) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(
+            "127.0.0.1", self.port, context=client_context(), timeout=30
+        )
+
+
+@contextlib.asynccontextmanager
+async def serving(tls: ServingTLS | None = None) -> AsyncIterator[Served]:
+    if tls is None:
+        tls = ServingTLS()
+        tls.secret_changed(secret())
+    counted: list[Any] = []
+    offers = reviews.Offers(synced=True, offers=(MPS,), gpu_resources=frozenset())
+    handler = MemoryRequests(offers=lambda: offers, count=lambda *a: counted.append(a))
+    port = free_port()
+    server = AdmissionServer(port=port, tls=tls, handle=handler, host="127.0.0.1")
+    task = asyncio.create_task(server.run())
+    try:
+        assert await asyncio.to_thread(server.listening.wait, 30), "the server never listened"
+        yield Served(tls, port, counted)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def raw_exchange(port: int, sent: bytes) -> bytes:
+    """Send ``sent`` over TLS and read until the server closes."""
+    with (
+        socket.create_connection(("127.0.0.1", port)) as sock,
+        client_context().wrap_socket(sock) as tls,
+    ):
+        tls.sendall(sent)
+        received = b""
+        while chunk := tls.recv(65536):
+            received += chunk
+    return received
+
+
+def post(conn: http.client.HTTPSConnection, body: bytes, path: str = "/gpu-memory") -> Any:
+    conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    return response.status, response.read()
+
+
 async def test_a_review_up_to_the_limit_is_answered_and_a_larger_one_refused() -> None:
+    async with serving() as served:
+
+        def exchange() -> bytes:
+            with contextlib.closing(served.connection()) as conn:
+                # Over aiohttp's default of 1 MiB, within ours: answered.
+                status, answer = post(conn, review(MAX_REVIEW_BYTES - 4096))
+                assert status == 200, answer
+                assert orjson.loads(answer)["response"]["allowed"] is True
+            # Refused from its head alone, before a byte of the body is read.
+            head = b"POST /gpu-memory HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (
+                MAX_REVIEW_BYTES + 1
+            )
+            return raw_exchange(served.port, head)
+
+        answer = await asyncio.to_thread(exchange)
+        assert answer.startswith(b"HTTP/1.1 413 ")
+        assert f"{MAX_REVIEW_BYTES}".encode() in answer
+    assert served.counted == [(reviews.MUTATED, None)]
+
+
+async def test_one_connection_carries_request_after_request_and_bad_ones_say_why() -> None:
+    async with serving() as served:
+
+        def exchange() -> list[tuple[int, bytes]]:
+            with contextlib.closing(served.connection()) as conn:
+                got = [post(conn, review()) for _ in range(3)]  # kept alive: one connection
+                sock = conn.sock
+                got.append(post(conn, b"{not json"))
+                got.append(post(conn, review(), path="/elsewhere"))
+                assert conn.sock is sock  # still the same connection
+                conn.request("GET", "/gpu-memory")
+                response = conn.getresponse()
+                got.append((response.status, response.read()))
+            with contextlib.closing(served.connection()) as chunked:
+                chunked.request("POST", "/gpu-memory", body=iter([review()]), encode_chunked=True)
+                response = chunked.getresponse()
+                got.append((response.status, response.read()))
+            return got
+
+        got = await asyncio.to_thread(exchange)
+    assert [status for status, _ in got] == [200, 200, 200, 400, 404, 405, 411]
+    assert b"not JSON" in got[3][1] and b"/gpu-memory" in got[4][1]
+    assert served.counted == [(reviews.MUTATED, None)] * 3
+
+
+async def test_two_requests_sent_at_once_are_answered_in_order() -> None:
+    async with serving() as served:
+
+        def exchange() -> bytes:
+            one, two = review(), review().replace(b'"u-1"', b'"u-2"')
+            raw = b"".join(
+                b"POST /gpu-memory HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(body), body)
+                for body in (one, two)
+            )
+            with (
+                socket.create_connection(("127.0.0.1", served.port)) as sock,
+                client_context().wrap_socket(sock) as tls,
+            ):
+                tls.sendall(raw)
+                received = b""
+                while received.count(b'"uid":') < 2:
+                    chunk = tls.recv(65536)
+                    assert chunk, "closed before both answers"
+                    received += chunk
+            return received
+
+        received = await asyncio.to_thread(exchange)
+    assert received.index(b'"u-1"') < received.index(b'"u-2"')
+    assert received.count(b"HTTP/1.1 200 OK") == 2
+
+
+async def test_an_answer_does_not_wait_for_a_busy_main_loop() -> None:
+    """The main loop is kept busy in Python (as by a storm of node events) until a client on
+    another thread has its answer, for at most 20 s: a server on the main loop could not answer
+    before the loop came back, so the answer would come only after the deadline."""
+    async with serving() as served:
+        answered = threading.Event()
+        took: list[float] = []
+
+        def client() -> None:
+            started = time.monotonic()
+            with contextlib.closing(served.connection()) as conn:
+                status, _ = post(conn, review())
+            took.append(time.monotonic() - started)
+            if status == 200:
+                answered.set()
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        deadline = time.monotonic() + 20
+        spins = 0
+        while not answered.is_set() and time.monotonic() < deadline:  # holds the main loop
+            spins += 1
+        thread.join()
+    assert answered.is_set(), f"no answer while the main loop was busy (took {took})"
+    assert spins > 0 and took[0] < 20
+
+
+async def test_a_rotated_certificate_serves_new_connections_and_open_ones_go_on() -> None:
     tls = ServingTLS()
     tls.secret_changed(secret())
-    answered: list[int] = []
+    first = tls.fingerprint
+    async with serving(tls) as served:
 
-    async def fn(request: dict[str, Any], **_: Any) -> dict[str, Any]:
-        answered.append(len(orjson.dumps(request)))
-        return {"response": {"uid": request["request"]["uid"], "allowed": True}}
+        def peer(conn: http.client.HTTPSConnection) -> str:
+            assert conn.sock is not None
+            der = conn.sock.getpeercert(binary_form=True)
+            assert der is not None
+            return hashlib.sha256(der).hexdigest()
 
-    port = free_port()
-    serving = AdmissionServer(port=port, tls=tls)(fn)  # type: ignore[arg-type]
-    await anext(serving)
-    url = f"https://127.0.0.1:{port}/gpu-memory"
-    try:
-        async with aiohttp.ClientSession() as session:
-            # Over aiohttp's default of 1 MiB, within ours: answered.
-            big = review(MAX_REVIEW_BYTES - 4096)
-            async with session.post(url, data=io.BytesIO(big), ssl=False) as response:
-                assert response.status == 200, await response.text()
-                assert (await response.json())["response"]["allowed"] is True
-            too_big = io.BytesIO(review(MAX_REVIEW_BYTES + 1))
-            async with session.post(url, data=too_big, ssl=False) as response:
-                assert response.status == 413
-                assert f"{MAX_REVIEW_BYTES}" in await response.text()
-    finally:
-        await serving.aclose()
-    assert len(answered) == 1 and answered[0] > 1024 * 1024
+        def before() -> tuple[http.client.HTTPSConnection, str]:
+            conn = served.connection()
+            assert post(conn, review())[0] == 200
+            return conn, peer(conn)
+
+        old, old_peer = await asyncio.to_thread(before)
+        tls.secret_changed(secret())  # on the main loop, as the Secret's informer calls it
+        assert tls.fingerprint != first
+
+        def after() -> tuple[int, str]:
+            with contextlib.closing(old):
+                assert post(old, review())[0] == 200  # the open connection goes on
+            with contextlib.closing(served.connection()) as new:
+                return post(new, review())[0], peer(new)
+
+        status, new_peer = await asyncio.to_thread(after)
+    assert status == 200 and new_peer != old_peer
 
 
 def test_a_secret_it_cannot_read_leaves_the_server_as_it_was() -> None:
@@ -92,3 +279,24 @@ def test_a_secret_it_cannot_read_leaves_the_server_as_it_was() -> None:
     assert tls.ready.is_set() and loaded is not None
     tls.secret_changed(secret(encrypted=True))
     assert tls.fingerprint == loaded
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"BREW /gpu-memory HTTP/1.1\r\nContent-Length: 0", 405),
+        (b"POST /gpu-memory HTTP/2.0\r\nContent-Length: 0", 505),
+        (b"POST /gpu-memory HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1", 400),
+        (b"POST /gpu-memory HTTP/1.1\r\nX: " + b"y" * 20000, 431),
+        (b"POST /gpu-memory HTTP/1.1", 411),
+        (b"nonsense", 400),
+    ],
+)
+async def test_what_is_not_a_request_it_serves_is_refused_and_the_connection_closed(
+    head: bytes, status: int
+) -> None:
+    async with serving() as served:
+        sent = head + (b"" if status == 431 else b"\r\n\r\n")
+        received = await asyncio.to_thread(raw_exchange, served.port, sent)
+    assert received.startswith(b"HTTP/1.1 %d " % status), received
+    assert b"Connection: close" in received

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -488,7 +489,7 @@ def test_the_mutated_affinity_admits_exactly_the_nodes_both_admit(
             assert int(node["labels"][slotclasses.MEMORY_LABEL]) >= placement.request_mib
 
 
-# -- the view kopf diffs -------------------------------------------------------------------------
+# -- the JSON patch, against kopf's -----------------------------------------------------------
 
 ENV = st.lists(
     st.fixed_dictionaries(
@@ -543,10 +544,13 @@ def _decide(body: dict[str, Any]) -> Placement | str:
     memory=st.sampled_from(["1Gi", "10Gi", "20Gi", "40Gi"]),
     extra=st.booleans(),
 )
-def test_kopfs_patch_of_the_view_does_to_the_whole_pod_what_apply_does(
+def test_the_patch_built_from_the_placement_does_what_kopfs_diff_did(
     containers: list[dict[str, Any]], affinity: dict[str, Any] | None, memory: str, extra: bool
 ) -> None:
-    import jsonpatch  # kopf's own dependency: what it answers the API server with
+    """The old path: kopf deep-copied the pod, let ``apply`` change the copy and answered with
+    its diff of the two.  The new one names the changes from the placement alone; applied to
+    the pod, both give the same pod, and the one ``apply`` makes."""
+    import jsonpatch  # kopf's own dependency: what it answered the API server with
     from kopf._cogs.structs import bodies, patches
 
     body = pod(memory, containers=containers)
@@ -556,15 +560,44 @@ def test_kopfs_patch_of_the_view_does_to_the_whole_pod_what_apply_does(
         body["spec"]["volumes"] = [{"name": "v", "emptyDir": {}}]
         body["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
         body["status"] = {"phase": "Pending"}
-    view = memoryrequests.admission_view(body)
-    decided = [_decide(b) for b in (body, view)]
-    assert decided[0] == decided[1]  # the same placement, or the same refusal
-    placement = decided[0]
+    body = orjson.loads(orjson.dumps(body))  # as decoded from a review: no object shared
+    placement = _decide(body)
     if isinstance(placement, str):
         return
-    patch = patches.Patch(body=bodies.Body(view))
-    patch.fns.append(lambda raw: memoryrequests.apply(raw, placement))
-    answered = jsonpatch.apply_patch(body, patch.as_json_patch())
+    before = copy.deepcopy(body)
+    kopfs = patches.Patch(body=bodies.Body(body))
+    kopfs.fns.append(lambda raw: memoryrequests.apply(raw, placement))
+    by_kopf = jsonpatch.apply_patch(body, kopfs.as_json_patch())
+    ops, warnings = memoryrequests.patch(body, placement)
+    assert body == before  # built without changing the pod
+    by_placement = jsonpatch.apply_patch(body, ops)
     expected = copy.deepcopy(body)
-    memoryrequests.apply(expected, placement)
-    assert answered == expected
+    assert warnings == memoryrequests.apply(expected, placement)
+    assert by_placement == by_kopf == expected
+
+
+@pytest.mark.parametrize(
+    ("container", "paths"),
+    [
+        ({"name": "a"}, ["/spec/containers/0/resources", "/spec/containers/0/env"]),
+        (
+            {"name": "a", "resources": {"requests": {"cpu": "1"}}, "env": [{"name": "A"}]},
+            [
+                "/spec/containers/0/resources/requests/nvidia.com~1gpu",
+                "/spec/containers/0/resources/limits",
+                "/spec/containers/0/env/-",
+            ],
+        ),
+        (
+            {"name": "a", "resources": None, "env": []},
+            ["/spec/containers/0/resources", "/spec/containers/0/env"],
+        ),
+    ],
+)
+def test_the_patch_names_only_what_changes(container: dict[str, Any], paths: list[str]) -> None:
+    body = pod("10Gi", containers=[container])
+    ops, _ = memoryrequests.patch(
+        body, memoryrequests.place(body, offers=OFFERS, is_gpu_resource=known)
+    )
+    assert [op["path"] for op in ops] == [*paths, "/spec/affinity"]
+    assert {op["op"] for op in ops} == {"add"}

@@ -11,6 +11,7 @@ from typing import Any
 import kopf
 import structlog
 from prometheus_client import CollectorRegistry
+from prometheus_client.gc_collector import GCCollector
 
 from gpushare_operator.app import heap, metrics, serving
 from gpushare_operator.app.looplag import LoopLagMonitor
@@ -116,6 +117,9 @@ class Assembly:
         self.cache.mig_config_name = s.mig_parted_configmap
         self.cache.queue.cap = s.write_backoff_cap
         self.registry = CollectorRegistry()
+        # Collections per generation: a full one walks every object the caches hold (the
+        # webhook's budget is none during a run of admissions; docs/performance.md).
+        GCCollector(registry=self.registry)
         self.telemetry = metrics.PrometheusTelemetry(self.registry)
         self.registry.register(metrics.StateCollector(MetricsReadings(self)))
         self.loop_lag = LoopLagMonitor(registry=self.registry)
@@ -179,6 +183,8 @@ class Assembly:
             )
             tls = self.webhook.tls
             self.registry.register(metrics.WebhookCertificate(lambda: tls.validity))
+            # Run on the server's own loop, in its thread.
+            self.webhook.server.also_run = LoopLagMonitor(registry=self.registry, webhook=True).run
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._http: serving.Servers | None = None
         self._primed = False
@@ -262,6 +268,7 @@ class Assembly:
             for informer in self.webhook.informers:
                 self._spawn(f"informer-{informer.kind}", informer.run())
             self._spawn("webhook-certificate", self.webhook.rotator.run())
+            self._spawn("webhook-server", self.webhook.server.run())
         self._spawn("bootstrap", self._run())
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:

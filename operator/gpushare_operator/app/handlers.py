@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 import kopf
 
-from gpushare_operator.app import admission
 from gpushare_operator.app.assembly import Assembly
 from gpushare_operator.core.api import models
 
@@ -50,8 +49,6 @@ def build_registry(assembly: Assembly, *, stop: asyncio.Event) -> kopf.OperatorR
         else:
             assembly.cache.upsert_policy(obj)
 
-    if assembly.webhook is not None:
-        admission.register(registry, assembly.webhook.handler)
     return registry
 
 
@@ -67,10 +64,6 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
 async def run_kopf(*, assembly: Assembly, stop: asyncio.Event) -> None:
     settings = kopf.OperatorSettings()
     configure_kopf(settings)
-    if assembly.webhook is not None:
-        # kopf serves the admission reviews on our server; the chart owns the configuration.
-        settings.admission.server = assembly.webhook.server
-        settings.admission.managed = None
     await kopf.operator(
         registry=build_registry(assembly, stop=stop),
         settings=settings,

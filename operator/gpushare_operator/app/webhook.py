@@ -4,7 +4,9 @@
   to its name, so the RBAC can name it too);
 - the TLS context every replica serves with, reloaded from the Secret (``app.admission``);
 - the leader's certificate rotation (``kube.rotating``);
-- the kopf handler's logic over the cache (``app.admission.MemoryRequests``).
+- the server, on a thread of its own (``app.admission.AdmissionServer``), and what it answers
+  with: a snapshot of the offers (``core.slots.reviews.Offers``) made of parts the main loop
+  replaces whole and never changes in place.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from gpushare_operator.app.admission import AdmissionServer, MemoryRequests, Ser
 from gpushare_operator.app.settings import Settings
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.heldobject import HeldObject
+from gpushare_operator.core.slots import reviews
 from gpushare_operator.kube import reading, rotating
 from gpushare_operator.kube.connection import ApiHandle
 from gpushare_operator.kube.events import EventRecorder
@@ -53,8 +56,13 @@ class Webhook:
             may_write=may_write,
             recorder=recorder,
         )
-        self.server = AdmissionServer(port=s.webhook_port, tls=self.tls, observe=admission_took)
-        self.handler = MemoryRequests(cache=cache, synced=caches_synced, count=admitted)
+        self._cache = cache
+        self._caches_synced = caches_synced
+        self._synced = False  # once the caches are synced they stay so (a relist replaces)
+        self.handler = MemoryRequests(offers=self.offers, count=admitted)
+        self.server = AdmissionServer(
+            port=s.webhook_port, tls=self.tls, handle=self.handler, observe=admission_took
+        )
         read = [
             (
                 reading.Collection(
@@ -79,10 +87,23 @@ class Webhook:
             Informer(api=handle.api, collection=c, sink=k, telemetry=telemetry) for c, k in read
         ]
 
+    def offers(self) -> reviews.Offers:
+        """What an admission reads, from the server's thread: each part is an immutable
+        object the main loop replaces whole (``cache.slotoffers``, ``tracked_resources``)."""
+        if not self._synced:
+            self._synced = self._caches_synced()
+        cache = self._cache
+        return reviews.Offers(
+            synced=self._synced,
+            offers=cache.slot_offers.offers(),
+            gpu_resources=cache.tracked_resources,
+        )
+
     @property
     def ready(self) -> bool:
-        """Whether this replica can answer: it has a serving certificate loaded."""
-        return self.tls.ready.is_set()
+        """Whether this replica can answer: a serving certificate loaded, and its server
+        listening with it."""
+        return self.tls.ready.is_set() and self.server.listening.is_set()
 
     def _secret_changed(self, body: Mapping[str, Any] | None) -> None:
         self.tls.secret_changed(body)

@@ -110,6 +110,8 @@ class ClusterCache:
         self.budgets = BudgetCache()
         # The enforced slot classes the nodes' labels offer (the memory-request webhook's).
         self.slot_offers = SlotOffers()
+        # The resources pod records are kept for.  Replaced whole, never changed in place: the
+        # webhook's thread reads it (app.admission).
         self.tracked_resources: set[str] = set(ALWAYS_TRACKED)
         # Called when a policy advertises a resource no pod was kept for: the pod informer
         # re-lists, so that pods asking for it (skipped so far) are not missed.
@@ -410,7 +412,7 @@ class ClusterCache:
     def _track_resource(self, policy: CompiledPolicy) -> None:
         new = set(policy.resources) - self.tracked_resources
         if new:
-            self.tracked_resources |= new
+            self.tracked_resources = self.tracked_resources | new
             self.on_new_resource()
 
     # -- pods (informer sink) ------------------------------------------------------------------

@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, str] = {
     "ingest": "Nodes: ingest, heartbeats, label and selector changes",
     "pods": "Pods: ingest, memory, and usage per change at two cache sizes",
     "dra": "DRA: ResourceSlice and ResourceClaim ingest and memory",
+    "admission": "The memory-request webhook: time and memory per admission",
     "process": "Operator process: CPU per Node event over a real control plane",
 }
 

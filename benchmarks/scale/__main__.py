@@ -377,7 +377,7 @@ def webhook_admission(args: argparse.Namespace) -> dict[str, Any]:
         apiserver_args=APISERVER_ARGS,
         profile=args.webhook_profile,
     )
-    log(f"  [webhook] budget: {result['budget']}")
+    log(f"  [webhook] budgets: {result['budgets']}")
     return result
 
 

@@ -9,9 +9,10 @@ proven would report confident nonsense there, and nothing would fail.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
-from benchmarks.scale import webhook
+from benchmarks.scale import webhook, webhookbudgets
 
 from gpushare_testing import webhooks as wh
 
@@ -208,3 +209,100 @@ def test_ratios_and_latency_summaries() -> None:
     summary = webhook.latency_summary([0.010] * 99 + [0.110])
     assert summary["p50_ms"] == 10.0 and summary["max_ms"] == 110.0
     assert webhook.latency_summary([]) == {"p50_ms": None, "p99_ms": None, "max_ms": None}
+
+
+# -- the budgets (webhookbudgets) ----------------------------------------------------------------
+
+
+def cpu(gpushare: float, wall: float) -> dict[str, Any]:
+    return {"cpu_s": {"gpushare": gpushare}, "wall_s": wall}
+
+
+def test_cpu_per_admission_takes_the_idle_rate_out() -> None:
+    # 4.5 s over 60 s labelled, 1.2 s over 40 s idle (1.8 s over 60 s): 2.7 s for 6,000.
+    got = webhookbudgets.cpu_per_admission_ms(
+        labelled=cpu(4.5, 60), idle=cpu(1.2, 40), admissions=6000
+    )
+    assert got == pytest.approx(0.45)
+    assert (
+        webhookbudgets.cpu_per_admission_ms(labelled=cpu(1, 60), idle=cpu(1, 60), admissions=0)
+        is None
+    )
+    nan = webhookbudgets.cpu_per_admission_ms(
+        labelled=cpu(math.nan, 6), idle=cpu(1, 6), admissions=5
+    )
+    assert nan is None
+
+
+def own(*counts: float) -> dict[str, Any]:
+    """An operator histogram summary from per-bucket counts at 1, 2, 3 ms and +Inf."""
+    edges = (0.001, 0.002, 0.003, INF)
+    buckets, total = {}, 0.0
+    for edge, count in zip(edges, counts, strict=True):
+        total += count
+        buckets[edge] = total
+    return webhook.summarize(buckets)
+
+
+def test_the_own_p99_is_judged_by_the_share_at_or_under_its_edge() -> None:
+    assert webhookbudgets.own_p99_verdict(own(900, 95, 5, 0), 2.0)["verdict"] == "PASS"
+    failed = webhookbudgets.own_p99_verdict(own(900, 89, 11, 0), 2.0)
+    assert failed["verdict"] == "FAIL" and failed["share_within"] == pytest.approx(0.989)
+    assert webhookbudgets.own_p99_verdict(own(900, 89, 11, 0), 3.0)["verdict"] == "PASS"
+    # An edge the histogram does not have is no verdict at all.
+    assert webhookbudgets.own_p99_verdict(own(1, 0, 0, 0), 2.5)["verdict"] == "n/a"
+
+
+def window(*, gpushare: float, wall: float, shares: tuple[float, ...], gcs: int = 0) -> Any:
+    summary = own(*shares)
+    latencies = {"p50_ms": 5.0, "p99_ms": 9.0, "max_ms": 12.0}
+    return {
+        "cpu": cpu(gpushare, wall)
+        | {"machine_busy_share": 0.5, "others_share": 0.01}
+        | {"loadavg_start": [1.0], "loadavg_end": [1.0]},
+        "operator_admission": summary,
+        "admission": summary,
+        "full_collections": gcs,
+        "load": {
+            "failed": {},
+            "misplaced": 0,
+            "client_latency": latencies,
+            "achieved_per_s": 100.0,
+        },
+        "operator_loop_lag": {"max_ms": 3.0, "median_ms": 1.0, "samples": 5},
+        "webhook_loop_lag": {"max_ms": 1.0, "median_ms": 0.5, "samples": 5},
+        "heartbeats": None,
+        "operator_outcomes": {},
+        "operator_writes": {},
+    }
+
+
+def test_every_budget_is_judged_and_the_report_renders() -> None:
+    windows = {
+        "baseline": window(gpushare=1.2, wall=60, shares=(0, 0, 0, 0)),
+        "webhook": window(gpushare=4.2, wall=60, shares=(5990, 10, 0, 0)),
+        "storm": window(gpushare=9.0, wall=60, shares=(5000, 800, 100, 100), gcs=1),
+        "interleaved": window(gpushare=3.0, wall=60, shares=(3000, 0, 0, 0)),
+    }
+    windows["interleaved"]["interleaved"] = webhookbudgets.interleaved(
+        {"labelled": [0.010, 0.012], "unlabelled": [0.005, 0.006]}
+    )
+    judged = webhookbudgets.budgets(windows)
+    assert judged["cpu_per_admission_ms"]["value"] == pytest.approx(0.5)
+    assert judged["cpu_per_admission_ms"]["verdict"] == "PASS"
+    assert judged["own_p99"]["verdict"] == "PASS"
+    assert judged["own_p99_storm"]["verdict"] == "FAIL"  # 98.3% within 3 ms
+    assert judged["full_collections"] == {"value": 1, "limit": 0, "verdict": "FAIL"}
+    result = {
+        **windows,
+        "budgets": judged,
+        "budget": {"evidence": "interpolated"},
+        "budget_conditions": True,
+        "nodes": 5000,
+        "rate_per_s": 100.0,
+        "seconds": 60.0,
+        "cores": 2,
+    }
+    text = webhook.render(result)
+    assert "| operator CPU per admission" in text and "| full collections" in text
+    assert "x2 / x2" in text  # the interleaved ratios (10/5, 12/6)

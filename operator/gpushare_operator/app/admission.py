@@ -58,8 +58,9 @@ MAX_REVIEW_BYTES: Final = 7 * 1024 * 1024
 # How long a thread that holds the GIL may keep another that wants it waiting (CPython's
 # default is 5 ms).  The webhook's thread wants it only while it answers; the main loop, busy
 # with a storm of node events, gives it up within this.  It costs nothing while only one
-# thread wants the GIL.
-SWITCH_INTERVAL: Final = 0.0005
+# thread wants the GIL.  Measured here (a pure-Python busy main loop, the server's loop timing
+# a 10 ms timer): median lateness 5.2 ms at the default, 0.7 ms at 0.5 ms, 0.3 ms at 0.1 ms.
+SWITCH_INTERVAL: Final = 0.0001
 
 
 class ServingTLS:

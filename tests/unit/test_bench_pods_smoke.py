@@ -127,6 +127,7 @@ def test_make_bench_runs_each_benchmark_in_its_own_interpreter(
         [sys.executable, "-m", "benchmarks.ingest"],
         [sys.executable, "-m", "benchmarks.pods"],
         [sys.executable, "-m", "benchmarks.dra"],
+        [sys.executable, "-m", "benchmarks.admission"],
         [sys.executable, "-m", "benchmarks.process"],
     ]
     with pytest.raises(SystemExit):

@@ -59,7 +59,7 @@ async def test_ready_only_when_primed_and_every_cache_synced() -> None:
     assert operator.synced
 
 
-async def test_a_replica_serving_the_webhook_is_ready_once_it_has_a_certificate() -> None:
+async def test_a_replica_serving_the_webhook_is_ready_once_it_listens_with_a_certificate() -> None:
     operator = build()  # the webhook is on by default
     for informer in operator.informers:
         informer.synced.set()
@@ -72,6 +72,8 @@ async def test_a_replica_serving_the_webhook_is_ready_once_it_has_a_certificate(
     )
     assert made.data is not None
     operator.webhook.tls.secret_changed({"data": certificates.encoded(made.data)})
+    assert not operator.synced  # a certificate, but nothing listening with it yet
+    operator.webhook.server.listening.set()  # as the server's thread does once it listens
     assert operator.synced
 
 

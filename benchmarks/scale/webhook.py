@@ -118,6 +118,7 @@ SIZES: Final = ("8Gi", "10Gi", "20Gi", "32Gi", "64Gi")
 ADMISSION_METRIC: Final = "apiserver_admission_webhook_admission_duration_seconds"
 REQUEST_METRIC: Final = "apiserver_request_duration_seconds"
 OPERATOR_METRIC: Final = "gpushare_webhook_admission_seconds"
+RECEIVE_METRIC: Final = "gpushare_webhook_review_receive_seconds"
 # Nothing is audited: the operator's writes are counted from its own metrics, and a blocking
 # audit log of 12,000 pod creates would slow the API server being measured.
 AUDIT_POLICY: Final = {
@@ -592,6 +593,7 @@ async def _scrape(admin: RawClient, session: aiohttp.ClientSession, port: int) -
         ours,
         (
             OPERATOR_METRIC,
+            RECEIVE_METRIC,
             "gpushare_webhook_admissions",
             "gpushare_writes",
             "python_gc_collections_total",
@@ -614,6 +616,7 @@ def _window(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, An
     )
     label_sets = ("name", "type", "operation", "rejected")
     own = delta(histogram(ours0, OPERATOR_METRIC), histogram(ours1, OPERATOR_METRIC))
+    receive = delta(histogram(ours0, RECEIVE_METRIC), histogram(ours1, RECEIVE_METRIC))
 
     def counter(samples: Sequence[Any], name: str, keys: Sequence[str], webhook: bool) -> Any:
         return series(samples, name, keys, is_webhook if webhook else (lambda _: True))
@@ -642,6 +645,7 @@ def _window(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, An
             webhook=True,
         ),
         "operator_admission": summarize(own),
+        "operator_receive": summarize(receive),
         "operator_outcomes": changed(
             "gpushare_webhook_admissions_total", ("outcome",), side="operator"
         ),
@@ -1101,6 +1105,11 @@ def render(result: Mapping[str, Any]) -> str:
         f" {_fmt(admission['p50_ms'])} / {_fmt(admission['p99_ms'])} |",
         f"| operator's own p50 (ms): labelled; storm |"
         f" {_fmt(own['p50_ms'])}; {_fmt(storm['operator_admission']['p50_ms'])} |",
+        f"| a review's delivery, its first byte to its last as the operator reads them, p50 /"
+        f" p99 (ms): labelled; storm | {_fmt(hook['operator_receive']['p50_ms'])} /"
+        f" {_fmt(hook['operator_receive']['p99_ms'])};"
+        f" {_fmt(storm['operator_receive']['p50_ms'])} /"
+        f" {_fmt(storm['operator_receive']['p99_ms'])} |",
         f"| pod create p50 / p99, loader's timing (ms): unlabelled window → labelled window |"
         f" {_fmt(base['load']['client_latency']['p50_ms'])} /"
         f" {_fmt(base['load']['client_latency']['p99_ms'])} →"

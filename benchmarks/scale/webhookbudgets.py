@@ -8,9 +8,11 @@ coarse buckets alone (they start at 5 ms and mostly measure two shared cores):
   each created pod), less its rate over the unlabelled window of the same pods (the idle rate:
   heartbeats, the informers, the Lease), divided by the admissions it answered;
 - **its own p99** at most 2 ms (labelled window) and 3 ms while every node's heartbeat storms
-  (storm window), from ``gpushare_webhook_admission_seconds``, whose buckets have edges at 2 and
-  3 ms: judged by the share of admissions at or under the edge (99 % or more), so the verdict
-  never rests on an interpolation;
+  (storm window), from ``gpushare_webhook_admission_seconds`` (the review whole in hand to its
+  answer handed to the socket), whose buckets have edges at 2 and 3 ms: judged by the share of
+  admissions at or under the edge (99 % or more), so the verdict never rests on an
+  interpolation.  How long the review took to arrive, first byte to last, is the API server's
+  and the network's (``gpushare_webhook_review_receive_seconds``), reported beside it;
 - **no full collection** (``python_gc_collections_total{generation="2"}``) in any window.
 
 Reported beside them, not judged: pod creates with and without the label, interleaved in one

@@ -261,6 +261,7 @@ def window(*, gpushare: float, wall: float, shares: tuple[float, ...], gcs: int 
         | {"machine_busy_share": 0.5, "others_share": 0.01}
         | {"loadavg_start": [1.0], "loadavg_end": [1.0]},
         "operator_admission": summary,
+        "operator_receive": summary,
         "admission": summary,
         "full_collections": gcs,
         "load": {

@@ -168,9 +168,17 @@ class PrometheusTelemetry:
             self.refusals.labels(reason)
         self.admission_latency = Histogram(
             "gpushare_webhook_admission_seconds",
-            "Time from the first byte of an admission review to its answer, on the webhook"
-            " server's own thread (the API server's"
-            " apiserver_admission_webhook_admission_duration_seconds adds the network and TLS)",
+            "Time from having an admission review whole to handing its answer to the socket, on"
+            " the webhook server's own thread: the operator's own share (the API server's"
+            " apiserver_admission_webhook_admission_duration_seconds adds its side, the network"
+            " and TLS)",
+            buckets=_ADMISSION_BUCKETS,
+            registry=registry,
+        )
+        self.review_receive = Histogram(
+            "gpushare_webhook_review_receive_seconds",
+            "Time from an admission review's first byte to its last, as the webhook server"
+            " reads them: how long the API server and the network took to deliver it",
             buckets=_ADMISSION_BUCKETS,
             registry=registry,
         )
@@ -180,8 +188,9 @@ class PrometheusTelemetry:
         if reason is not None:
             self.refusals.labels(reason).inc()
 
-    def admission_took(self, seconds: float) -> None:
-        self.admission_latency.observe(seconds)
+    def admission_took(self, receiving: float, answering: float) -> None:
+        self.review_receive.observe(receiving)
+        self.admission_latency.observe(answering)
 
     def event_ingested(self, kind: str, seconds: float) -> None:
         self.ingested.add(kind, seconds)

@@ -49,8 +49,10 @@ class Reply:
 
 # (path without the query, body) -> the reply.  Runs on the server's loop: it must not block.
 Handler = Callable[[str, bytes], Reply]
-# Seconds from a request's first byte to its answer being handed to the transport.
-Observer = Callable[[float], None]
+# Of each answered request: seconds from its first byte to its last (what the client and the
+# network took to deliver it), then from its last byte to the answer handed to the transport
+# (what this server took).
+Observer = Callable[[float, float], None]
 
 
 class _Refused(Exception):
@@ -81,6 +83,8 @@ class ReviewProtocol(asyncio.Protocol):
         self._head: tuple[str, int, bool] | None = None
         # perf_counter() at the current request's first byte; None between requests.
         self._started: float | None = None
+        # perf_counter() once the current request's body is whole; None until then.
+        self._complete: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         # Every connection of the server that is open: this one from made to lost.
         self._open = open_connections
@@ -133,6 +137,7 @@ class ReviewProtocol(asyncio.Protocol):
         path, length, close = self._head
         if len(self._buffer) < length:
             return False
+        self._complete = time.perf_counter()
         body = bytes(self._buffer[:length])
         del self._buffer[:length]
         self._head = None
@@ -194,9 +199,9 @@ class ReviewProtocol(asyncio.Protocol):
                 reply.body,
             )
         )
-        if self._started is not None:
-            self._observe(time.perf_counter() - self._started)
-        self._started = None
+        if self._started is not None and self._complete is not None:
+            self._observe(self._complete - self._started, time.perf_counter() - self._complete)
+        self._started = self._complete = None
         if close:
             transport.close()
             self._transport = None

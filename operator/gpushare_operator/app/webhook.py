@@ -38,7 +38,7 @@ class Webhook:
         recorder: EventRecorder,
         caches_synced: Callable[[], bool],
         admitted: Callable[..., None],
-        admission_took: Callable[[float], None],
+        admission_took: Callable[[float, float], None],
     ) -> None:
         s = settings
         self.tls = ServingTLS()

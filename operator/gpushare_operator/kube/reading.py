@@ -87,7 +87,8 @@ class Collection:
     keep_managed_fields_of: Callable[[dict[str, Any]], bool] | None = None
     # A test on a listed object's raw JSON: False means the sink would keep nothing of it, so it
     # is not even decoded (most pods ask for no GPU: their bytes never mention a GPU resource).
-    # Streaming lists only: a page is one JSON document.
+    # Streaming lists here (a page is one JSON document); the plugin's paged pod list cuts its
+    # pages into objects first (kubectl/cluster.py, read_pages_into).
     worth_decoding: Callable[[bytes], bool] | None = None
 
 

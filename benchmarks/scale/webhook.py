@@ -654,6 +654,14 @@ def _window(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, An
             stats.metric_sum(ours1, "python_gc_collections_total", generation="2")
             - stats.metric_sum(ours0, "python_gc_collections_total", generation="2")
         ),
+        # Every generation's, reported: a young collection runs on whichever thread allocates.
+        "collections": {
+            generation: int(
+                stats.metric_sum(ours1, "python_gc_collections_total", generation=generation)
+                - stats.metric_sum(ours0, "python_gc_collections_total", generation=generation)
+            )
+            for generation in ("0", "1", "2")
+        },
     }
 
 

@@ -31,12 +31,12 @@ from typing import Any, Final
 
 import orjson
 
+from benchmarks import verdicts
 from gpushare_operator.app.admission import MemoryRequests
 from gpushare_operator.core.slots import memoryrequests, reviews
 from gpushare_operator.core.slots.slotclasses import Isolation, Offer
 from gpushare_testing import podbodies
 
-TIMES: Final = "\N{MULTIPLICATION SIGN}"
 ROUNDS: Final = 7
 PER_ROUND: Final = 2_000
 TRACED: Final = 1_000
@@ -186,7 +186,7 @@ def measure() -> dict[str, Any]:
 
 
 # (measure, key, unit, budget)
-BUDGETS: Final = (
+BUDGETS: Final[tuple[verdicts.Budget, ...]] = (
     ("answer ÷ orjson.loads of the review", "answer_over_orjson", "x", 4.0),
     ("memory allocated per admission (peak)", "peak_kib_max", "KiB", 32.0),
     ("memory left per admission", "left_bytes_per_admission", "B", 16.0),
@@ -195,18 +195,7 @@ BUDGETS: Final = (
 
 
 def table(report: dict[str, Any]) -> str:
-    rows = ["| Measure | gpushare | Budget | Result |", "|---|---|---|---|"]
-    for name, key, unit, budget in BUDGETS:
-        value = report[key]
-        if unit == "x":
-            shown, bound = f"{value:,.2f}{TIMES}", f"≤ {budget:g}{TIMES}"
-        elif unit == "KiB":
-            shown, bound = f"{value:,.1f} KiB", f"≤ {budget:g} KiB"
-        else:
-            shown = f"{value:,.0f} {unit}".rstrip()
-            bound = f"≤ {budget:g} {unit}".rstrip() if budget else "= 0"
-        verdict = "PASS" if value <= budget else "**MISS**"
-        rows.append(f"| {name} | {shown} | {bound} | {verdict} |")
+    rows = verdicts.budget_rows(report, BUDGETS)
     rows.append(
         f"\nPer admission (reported): {report['answer_us']:.1f} µs against"
         f" {report['orjson_loads_us']:.1f} µs for orjson.loads alone; a review of"

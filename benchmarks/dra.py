@@ -32,6 +32,7 @@ from typing import Any, Final, cast
 
 import orjson
 
+from benchmarks import verdicts
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import ClaimSink, SliceSink
 from gpushare_operator.kube.reading import Collection, Reader
@@ -40,7 +41,7 @@ from gpushare_testing.bodyparts import managed_entry
 from gpushare_testing.migtables import load_tables
 
 Handler = Callable[[bytes], object]
-TIMES: Final = "\N{MULTIPLICATION SIGN}"
+TIMES: Final = verdicts.TIMES
 H100: Final = "NVIDIA-H100-80GB-HBM3"
 GPUS: Final = 8
 NODES: Final = 500  # slices: one per node
@@ -241,7 +242,7 @@ def measure() -> dict[str, Any]:
 
 
 # (measure, key, unit, budget)
-BUDGETS: Final = (
+BUDGETS: Final[tuple[verdicts.Budget, ...]] = (
     ("slice line ÷ json.loads (8 GPUs)", "slice_over_json", "x", 1.0),
     ("MIG slice line ÷ json.loads (56 devices)", "mig_slice_over_json", "x", 1.0),
     ("claim line ÷ json.loads", "claim_over_json", "x", 1.0),
@@ -253,16 +254,7 @@ BUDGETS: Final = (
 
 
 def table(report: dict[str, Any]) -> str:
-    rows = ["| Measure | gpushare | Budget | Result |", "|---|---|---|---|"]
-    for measure_name, key, unit, budget in BUDGETS:
-        value = report[key]
-        if unit == "x":
-            shown, bound = f"{value:,.2f}{TIMES}", f"≤ {budget:g}{TIMES}"
-        else:
-            shown = f"{value:,.0f} {unit}".rstrip()
-            bound = f"≤ {budget:g} {unit}" if budget else "= 0"
-        verdict = "PASS" if value <= budget else "**MISS**"
-        rows.append(f"| {measure_name} | {shown} | {bound} | {verdict} |")
+    rows = verdicts.budget_rows(report, BUDGETS)
     rows.append(
         f"\nPer line over orjson.loads (reported, not judged): slice"
         f" {report['slice_over_orjson']:.2f}{TIMES}, MIG slice"

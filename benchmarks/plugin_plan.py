@@ -181,11 +181,7 @@ def run_plan(kubeconfig: Path, manifest: Path, *, fmt: str) -> dict[str, Any]:
         trace = errors.read().decode()
         if proc.returncode not in (0, 2):
             raise RuntimeError(f"plan exited {proc.returncode}: {trace}")
-    return {
-        "load_average_1m": round(os.getloadavg()[0], 2),
-        "wall_s": round(wall, 2),
-        "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
-        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+    return measured(wall, usage) | {
         "exit": proc.returncode,
         "trace": trace.splitlines(),
         "stdout": stdout.decode(),
@@ -207,6 +203,11 @@ def run_kubectl(kubectl: Path, kubeconfig: Path, cache_dir: Path) -> dict[str, A
         if code != 0:
             errors.seek(0)
             raise RuntimeError(f"kubectl exited {code}: {errors.read().decode()}")
+    return measured(wall, usage)
+
+
+def measured(wall: float, usage: Any) -> dict[str, Any]:
+    """A child's run: its wall time, and its own peak RSS and CPU (``os.wait4``'s usage)."""
     return {
         "load_average_1m": round(os.getloadavg()[0], 2),
         "wall_s": round(wall, 2),

@@ -300,3 +300,20 @@ async def test_what_is_not_a_request_it_serves_is_refused_and_the_connection_clo
         received = await asyncio.to_thread(raw_exchange, served.port, sent)
     assert received.startswith(b"HTTP/1.1 %d " % status), received
     assert b"Connection: close" in received
+
+
+async def test_a_request_left_unfinished_behind_a_pipelined_one_times_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second of two requests sent at once never gets its whole body: it is given the
+    request timeout, not the idle one, and answered 408."""
+    from gpushare_operator.app import reviewserver
+
+    monkeypatch.setattr(reviewserver, "REQUEST_TIMEOUT", 0.3)
+    async with serving() as served:
+        one = review()
+        sent = b"POST /gpu-memory HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(one), one)
+        sent += b"POST /gpu-memory HTTP/1.1\r\nContent-Length: 100\r\n\r\n{"
+        received = await asyncio.to_thread(raw_exchange, served.port, sent)
+    assert received.startswith(b"HTTP/1.1 200 OK")
+    assert b"HTTP/1.1 408 " in received and b"Connection: close" in received

@@ -142,8 +142,9 @@ class ReviewProtocol(asyncio.Protocol):
         del self._buffer[:length]
         self._head = None
         self._reply(self._handle(path, body), close=close)
-        if self._buffer:  # the next request came with this one
+        if self._buffer and self._transport is not None:  # the next request came with it
             self._started = time.perf_counter()
+            self._arm(REQUEST_TIMEOUT)
             return True
         return False
 

@@ -141,16 +141,30 @@ def _dry(verb: str, name: str) -> Permission:
     return Permission(verb=verb, resource=POLICIES, name=name, purpose=purpose)
 
 
+# How many times an update's dry run is tried when the policy changed between its read and
+# the dry run (409): the operator writes a policy's status as its nodes and pods change, so
+# a busy policy can change in between; each try reads it again.
+CONFLICT_TRIES = 5
+
+
 async def _dry_run_apply(api: reading.Api, document: Mapping[str, Any]) -> Planned:
     name = str(document["metadata"]["name"])
-    current = await read_one(api, POLICIES, name, purpose=f"whether {name} exists, and as what")
-    if current is None:
-        with needing(_dry("create", name)):
-            created = await dryrun.create(api, POLICIES, document)
-        return Planned(name, "create", None, created)
-    with needing(_dry("update", name)):
-        answer = await dryrun.replace(api, POLICIES, name, _replacement(document, current))
-    return Planned(name, "update", current, answer)
+    tries = CONFLICT_TRIES
+    while True:
+        current = await read_one(api, POLICIES, name, purpose=f"whether {name} exists, and as what")
+        if current is None:
+            with needing(_dry("create", name)):
+                created = await dryrun.create(api, POLICIES, document)
+            return Planned(name, "create", None, created)
+        try:
+            with needing(_dry("update", name)):
+                answer = await dryrun.replace(api, POLICIES, name, _replacement(document, current))
+        except http.ApiError as exc:
+            tries -= 1
+            if exc.status != 409 or tries == 0:
+                raise
+            continue  # changed since it was read: read it again
+        return Planned(name, "update", current, answer)
 
 
 async def _dry_run_delete(api: reading.Api, name: str) -> Planned:

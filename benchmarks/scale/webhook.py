@@ -498,8 +498,13 @@ def alternate(index: int) -> str | None:
 
 
 def _proc_cpu(pid: int) -> float:
+    """CPU seconds of the process and every process under it (the operator's webhook runs in
+    a process of its own)."""
     try:
-        return stats.parse_proc_stat_cpu(Path(f"/proc/{pid}/stat").read_text())
+        return sum(
+            stats.parse_proc_stat_cpu(Path(f"/proc/{each}/stat").read_text())
+            for each in stats.process_tree(pid)
+        )
     except (OSError, ValueError, IndexError):
         return math.nan
 
@@ -573,6 +578,26 @@ def profiled(pid: int, out: Path | None) -> Iterator[None]:
 # -- the phase ----------------------------------------------------------------------------------
 
 
+async def _reported(
+    admin: RawClient, session: aiohttp.ClientSession, port: int, *, timeout: float = 10.0
+) -> dict[str, Any]:
+    """A scrape once the webhook's process has reported every answer it gave: its reports
+    come every quarter second, so the operator's count of admissions is taken as whole once
+    it stays the same across a full second (or after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    scraped = await _scrape(admin, session, port)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
+        again = await _scrape(admin, session, port)
+        count = "gpushare_webhook_admissions_total"
+        if stats.metric_sum(again["operator"], count) == stats.metric_sum(
+            scraped["operator"], count
+        ):
+            return again
+        scraped = again
+    return scraped
+
+
 async def _scrape(admin: RawClient, session: aiohttp.ClientSession, port: int) -> dict[str, Any]:
     """The API server's and the operator's samples of interest, now."""
     status, text = await admin.get("/metrics")
@@ -597,6 +622,7 @@ async def _scrape(admin: RawClient, session: aiohttp.ClientSession, port: int) -
             "gpushare_webhook_admissions",
             "gpushare_writes",
             "python_gc_collections_total",
+            "gpushare_webhook_gc_collections_total",
         ),
     )
     return {"server": server, "operator": operator}
@@ -620,6 +646,12 @@ def _window(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, An
 
     def counter(samples: Sequence[Any], name: str, keys: Sequence[str], webhook: bool) -> Any:
         return series(samples, name, keys, is_webhook if webhook else (lambda _: True))
+
+    def collected(name: str, generation: str) -> int:
+        return int(
+            stats.metric_sum(ours1, name, generation=generation)
+            - stats.metric_sum(ours0, name, generation=generation)
+        )
 
     def changed(name: str, keys: Sequence[str], *, side: str, webhook: bool = False) -> Any:
         was = counter(before[side], name, keys, webhook)
@@ -650,21 +682,20 @@ def _window(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, An
             "gpushare_webhook_admissions_total", ("outcome",), side="operator"
         ),
         "operator_writes": changed("gpushare_writes_total", ("kind", "outcome"), side="operator"),
-        "full_collections": int(
-            stats.metric_sum(ours1, "python_gc_collections_total", generation="2")
-            - stats.metric_sum(ours0, "python_gc_collections_total", generation="2")
-        ),
-        # Every generation's, reported: a young collection runs on whichever thread allocates.
+        # The operator's process and the webhook's, each by generation; a full one in either
+        # counts against the budget.
+        "full_collections": sum(collected(name, "2") for name in COLLECTIONS.values()),
         "collections": {
-            generation: int(
-                stats.metric_sum(ours1, "python_gc_collections_total", generation=generation)
-                - stats.metric_sum(ours0, "python_gc_collections_total", generation=generation)
-            )
-            for generation in ("0", "1", "2")
+            where: {g: collected(name, g) for g in ("0", "1", "2")}
+            for where, name in COLLECTIONS.items()
         },
     }
 
 
+COLLECTIONS: Final = {
+    "operator": "python_gc_collections_total",
+    "webhook": "gpushare_webhook_gc_collections_total",
+}
 LOOPS: Final = {
     "main": "gpushare_event_loop_lag_seconds",
     "webhook": "gpushare_webhook_loop_lag_seconds",
@@ -679,8 +710,7 @@ async def sample_loop_lag(
     every: float = 2.0,
 ) -> None:
     """The operator's loop lags (the worst timer lateness of the last 10 s) every ``every``
-    seconds: its main loop's (informers, writes) and its webhook server's own (which waits for
-    the GIL while the main loop holds it)."""
+    seconds: its main loop's (informers, writes) and its webhook process's own."""
     while True:
         with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, ValueError):
             async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
@@ -921,7 +951,7 @@ async def measure(
                         else:
                             load, beats = await creates, None
                 used = cpu.result()
-                after = await _scrape(admin, session, metrics_port)
+                after = await _reported(admin, session, metrics_port)
                 windows[name] = {
                     "load": load.summary(),
                     "cpu": used,
@@ -933,6 +963,7 @@ async def measure(
                     windows[name]["interleaved"] = webhookbudgets.interleaved(load.by_kind)
                 log(f"  [webhook] {name}: {_brief(windows[name])}")
             peak_rss = _peak_rss_mib(proc.pid)
+            webhook_rss = [_peak_rss_mib(pid) for pid in stats.process_tree(proc.pid)[1:]]
     return {
         "nodes": nodes,
         "rate_per_s": rate,
@@ -949,6 +980,7 @@ async def measure(
         "setup": timings | {"responder_writes": responder_writes},
         "cold_start": cold | {"writes": cold_writes},
         "operator_peak_rss_mib": peak_rss,
+        "webhook_process_peak_rss_mib": webhook_rss,
         **windows,
         "ratios": ratios(windows["baseline"], windows["webhook"]),
         "budget": windows["webhook"]["admission"]["budget"],

@@ -168,13 +168,22 @@ class PrometheusTelemetry:
             self.refusals.labels(reason)
         self.admission_latency = Histogram(
             "gpushare_webhook_admission_seconds",
-            "Time from having an admission review whole to handing its answer to the socket, on"
-            " the webhook server's own thread: the operator's own share (the API server's"
+            "Time from having an admission review whole to handing its answer to the socket, in"
+            " the webhook's own process: the operator's own share (the API server's"
             " apiserver_admission_webhook_admission_duration_seconds adds its side, the network"
             " and TLS)",
             buckets=_ADMISSION_BUCKETS,
             registry=registry,
         )
+        self.webhook_collections = Counter(
+            "gpushare_webhook_gc_collections",
+            "Collections by Python's collector in the webhook's own process, by generation"
+            " (the operator's own are python_gc_collections_total; a full one is generation 2)",
+            ["generation"],
+            registry=registry,
+        )
+        for generation in ("0", "1", "2"):
+            self.webhook_collections.labels(generation)
         self.review_receive = Histogram(
             "gpushare_webhook_review_receive_seconds",
             "Time from an admission review's first byte to its last, as the webhook server"
@@ -191,6 +200,9 @@ class PrometheusTelemetry:
     def admission_took(self, receiving: float, answering: float) -> None:
         self.review_receive.observe(receiving)
         self.admission_latency.observe(answering)
+
+    def webhook_collected(self, generation: int, count: int) -> None:
+        self.webhook_collections.labels(str(generation)).inc(count)
 
     def event_ingested(self, kind: str, seconds: float) -> None:
         self.ingested.add(kind, seconds)

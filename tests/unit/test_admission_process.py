@@ -12,6 +12,8 @@ import hashlib
 import http.client
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,7 +23,7 @@ import orjson
 
 from gpushare_operator.app import admissionwire
 from gpushare_operator.app.admission import ServingTLS
-from gpushare_operator.app.admissionprocess import AdmissionProcess
+from gpushare_operator.app.admissionprocess import CHILD_MODULE, AdmissionProcess
 from gpushare_operator.app.admissionwire import Report
 from gpushare_operator.core.slots import reviews
 from gpushare_operator.core.slots.slotclasses import Isolation, Offer
@@ -203,6 +205,21 @@ async def test_a_process_that_stops_reporting_makes_the_replica_unready() -> Non
             os.kill(pid, signal.SIGCONT)
         await until(lambda: operator.process.listening)
         assert operator.process.pid == pid
+
+
+def test_the_process_loads_none_of_the_operator_s_heavy_parts() -> None:
+    """What its imports load, as Python loads them (import-linter's contract also counts the
+    imports made for the type checker only): no kopf, no API client, no metrics library, no
+    API models (pydantic alone is 20 MiB of the process's memory)."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", f"import sys, {CHILD_MODULE}; print(*sorted(sys.modules))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    heavy = ("kopf", "kubernetes_asyncio", "aiohttp", "prometheus_client", "pydantic")
+    assert [m for m in loaded if m.split(".")[0] in heavy] == []
+    assert CHILD_MODULE in loaded
 
 
 def test_the_wire_carries_offers_and_reports_unchanged() -> None:

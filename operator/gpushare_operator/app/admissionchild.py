@@ -32,7 +32,7 @@ import structlog
 from gpushare_operator.app import admissionwire, logs
 from gpushare_operator.app.admission import AdmissionServer, MemoryRequests, ServingTLS
 from gpushare_operator.app.admissionwire import Report
-from gpushare_operator.app.looplag import Lateness
+from gpushare_operator.app.lateness import Lateness
 from gpushare_operator.app.loops import loop_factory
 from gpushare_operator.core.slots import reviews
 

@@ -4,43 +4,15 @@ Everything but the Lease elector shares the main event loop: a step that keeps i
 (decoding a re-list page, planning a big rollout) delays every watch, write and health check
 behind it.  A timer every ``interval`` seconds that notes how late it fires measures exactly
 that, for the cost of ten wake-ups a second.  The webhook's process measures its own loop the
-same way (``Lateness``) and reports it (``gpushare_webhook_loop_lag_*``): its lateness is its
+same way (``app.lateness``) and reports it (``gpushare_webhook_loop_lag_*``): its lateness is its
 own work, and the machine's, since it shares nothing else with the operator.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
-
 from prometheus_client import CollectorRegistry, Gauge
 
-WINDOW = 10.0  # seconds over which the recent worst lag is kept
-
-
-class Lateness:
-    """A timer's lateness on the running loop: the worst over the last ``WINDOW`` seconds
-    (``recent``) and since start (``worst``), each told after every tick."""
-
-    def __init__(self, *, interval: float = 0.1) -> None:
-        self.interval = interval
-        self.recent = 0.0
-        self.worst = 0.0
-
-    async def run(self, *, tell: Callable[[float, float], None] = lambda *_: None) -> None:
-        window_start = time.monotonic()
-        self.recent = 0.0
-        while True:
-            before = time.monotonic()
-            await asyncio.sleep(self.interval)
-            now = time.monotonic()
-            lag = max(0.0, now - before - self.interval)
-            if now - window_start > WINDOW:
-                window_start, self.recent = now, 0.0
-            self.recent = max(self.recent, lag)
-            self.worst = max(self.worst, lag)
-            tell(self.recent, self.worst)
+from gpushare_operator.app.lateness import WINDOW, Lateness
 
 
 class LoopLagMonitor:

@@ -119,6 +119,7 @@ ADMISSION_METRIC: Final = "apiserver_admission_webhook_admission_duration_second
 REQUEST_METRIC: Final = "apiserver_request_duration_seconds"
 OPERATOR_METRIC: Final = "gpushare_webhook_admission_seconds"
 RECEIVE_METRIC: Final = "gpushare_webhook_review_receive_seconds"
+WAIT_METRIC: Final = "gpushare_webhook_write_wait_seconds"
 # Nothing is audited: the operator's writes are counted from its own metrics, and a blocking
 # audit log of 12,000 pod creates would slow the API server being measured.
 AUDIT_POLICY: Final = {
@@ -323,6 +324,13 @@ def fractions(buckets: Mapping[float, float]) -> list[tuple[float, float]]:
 def share_within(buckets: Mapping[float, float], edge: float) -> float:
     """The share of observations at or under ``edge`` (a bucket bound), NaN if it is none."""
     return next((share for bound, share in fractions(buckets) if bound == edge), math.nan)
+
+
+def _wait(window: Mapping[str, Any]) -> str:
+    waited = window.get("operator_write_wait") or {}
+    under = dict(waited.get("under_ms", []))
+    over = f"{100 * (1 - under[0.5]):.1f}%" if 0.5 in under else "—"
+    return f"{_fmt(waited.get('p99_ms'))}, {over}"
 
 
 def summarize(buckets: Mapping[float, float]) -> dict[str, Any]:
@@ -624,6 +632,7 @@ async def _scrape(admin: RawClient, session: aiohttp.ClientSession, port: int) -
         (
             OPERATOR_METRIC,
             RECEIVE_METRIC,
+            WAIT_METRIC,
             "gpushare_webhook_admissions",
             "gpushare_writes",
             "python_gc_collections_total",
@@ -648,6 +657,7 @@ def _window(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, An
     label_sets = ("name", "type", "operation", "rejected")
     own = delta(histogram(ours0, OPERATOR_METRIC), histogram(ours1, OPERATOR_METRIC))
     receive = delta(histogram(ours0, RECEIVE_METRIC), histogram(ours1, RECEIVE_METRIC))
+    wait = delta(histogram(ours0, WAIT_METRIC), histogram(ours1, WAIT_METRIC))
 
     def counter(samples: Sequence[Any], name: str, keys: Sequence[str], webhook: bool) -> Any:
         return series(samples, name, keys, is_webhook if webhook else (lambda _: True))
@@ -683,6 +693,7 @@ def _window(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, An
         ),
         "operator_admission": summarize(own),
         "operator_receive": summarize(receive),
+        "operator_write_wait": summarize(wait),
         "operator_outcomes": changed(
             "gpushare_webhook_admissions_total", ("outcome",), side="operator"
         ),
@@ -1155,6 +1166,9 @@ def render(result: Mapping[str, Any]) -> str:
         f" {_fmt(hook['operator_receive']['p99_ms'])};"
         f" {_fmt(storm['operator_receive']['p50_ms'])} /"
         f" {_fmt(storm['operator_receive']['p99_ms'])} |",
+        f"| the wait for the core an answer's write caused, beyond the write's own CPU (the"
+        f" answer was the API server's by then), p99 (ms) and share over 0.5 ms: labelled;"
+        f" storm; interleaved | {_wait(hook)}; {_wait(storm)}; {_wait(result['interleaved'])} |",
         f"| pod create p50 / p99, loader's timing (ms): unlabelled window → labelled window |"
         f" {_fmt(base['load']['client_latency']['p50_ms'])} /"
         f" {_fmt(base['load']['client_latency']['p99_ms'])} →"

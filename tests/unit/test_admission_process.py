@@ -234,7 +234,7 @@ def test_the_wire_carries_offers_and_reports_unchanged() -> None:
     report = Report(
         listening=True,
         serving="ab",
-        answers=[(0.001, 0.0002)],
+        answers=[(0.001, 0.0002, 0.0)],
         outcomes=[("refused", "too-large"), ("mutated", None)],
         lag=(0.003, 0.01),
         collections=(5, 1, 0),

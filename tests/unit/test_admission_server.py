@@ -225,3 +225,59 @@ async def test_a_request_left_unfinished_behind_a_pipelined_one_times_out(
         received = await asyncio.to_thread(raw_exchange, served.port, sent)
     assert received.startswith(b"HTTP/1.1 200 OK")
     assert b"HTTP/1.1 408 " in received and b"Connection: close" in received
+
+
+class _Clocks:
+    """perf_counter and thread_time, moved by hand: a write that takes 1 s of wall time and
+    10 ms of CPU, as when the kernel runs the reader the write woke on this server's core."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = 100.0, 5.0
+
+    def perf_counter(self) -> float:
+        return self.wall
+
+    def thread_time(self) -> float:
+        return self.cpu
+
+
+class _SlowWrite(asyncio.Transport):
+    def __init__(self, clocks: _Clocks) -> None:
+        super().__init__()
+        self.clocks, self.written = clocks, b""
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += bytes(data)
+        self.clocks.wall += 1.0
+        self.clocks.cpu += 0.01
+
+
+async def test_the_wait_for_the_core_after_a_write_is_kept_apart_from_the_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The answer's own time is the wall time to the write plus the write's CPU time; the rest
+    of the write's wall time is reported as the wait it caused."""
+    from gpushare_operator.app import reviewserver
+
+    clocks = _Clocks()
+    monkeypatch.setattr(reviewserver, "time", clocks)
+    observed: list[tuple[float, float, float]] = []
+    offers = reviews.Offers(synced=True, offers=(MPS,), gpu_resources=frozenset())
+    protocol = reviewserver.ReviewProtocol(
+        handle=MemoryRequests(offers=lambda: offers),
+        observe=lambda *took: observed.append(took),
+        max_body=MAX_REVIEW_BYTES,
+        open_connections=set(),
+    )
+    transport = _SlowWrite(clocks)
+    protocol.connection_made(transport)
+    one = review()
+    protocol.data_received(b"POST /gpu-memory HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(one))
+    clocks.wall += 0.002  # the body arrives 2 ms after the head
+    protocol.data_received(one)
+    protocol.connection_lost(None)
+    assert transport.written.startswith(b"HTTP/1.1 200 OK")
+    [(receiving, answering, waiting)] = observed
+    assert receiving == pytest.approx(0.002)
+    assert answering == pytest.approx(0.01)
+    assert waiting == pytest.approx(0.99)

@@ -165,7 +165,7 @@ class AdmissionServer:
         port: int,
         tls: ServingTLS,
         handle: Callable[[str, bytes], Reply],
-        observe: Callable[[float, float], None] = lambda *_: None,
+        observe: Callable[[float, float, float], None] = lambda *_: None,
         host: str = "0.0.0.0",  # all interfaces: the Service routes to the pod IP
     ) -> None:
         self._port = port

@@ -52,8 +52,8 @@ class Served:
     def count(self, outcome: str, reason: str | None = None) -> None:
         self.report.outcomes.append((outcome, reason))
 
-    def observe(self, receiving: float, answering: float) -> None:
-        self.report.answers.append((receiving, answering))
+    def observe(self, receiving: float, answering: float, waiting: float) -> None:
+        self.report.answers.append((receiving, answering, waiting))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logs.configure_logging(log_format=args.log_format)
+    # Its lines go to the operator's own output: each says it is the webhook's process's.
+    structlog.contextvars.bind_contextvars(process="webhook")
     channel = socket.socket(fileno=args.channel)
     # What the imports made lives as long as the process: out of the collector's way, so
     # a young collection walks only what an answer left.

@@ -69,8 +69,10 @@ class Report:
 
     listening: bool = False
     serving: str | None = None  # the fingerprint of the certificate it serves with
-    # (first byte to last, last byte to answer) in seconds, of each answer.
-    answers: list[tuple[float, float]] = field(default_factory=list)
+    # Of each answer, in seconds: its review's first byte to its last, its last byte to the
+    # answer handed to the kernel, and the wait for the core the write caused beyond that
+    # (``app.reviewserver.Observer``).
+    answers: list[tuple[float, float, float]] = field(default_factory=list)
     # (outcome, refusal reason) of each counted answer.
     outcomes: list[tuple[str, str | None]] = field(default_factory=list)
     lag: tuple[float, float] = (0.0, 0.0)  # its loop's lateness: recent worst, worst
@@ -97,7 +99,7 @@ def report_of(line: bytes) -> Report:
     return Report(
         listening=bool(sent["listening"]),
         serving=sent["serving"],
-        answers=[(float(a), float(b)) for a, b in sent["answers"]],
+        answers=[(float(a), float(b), float(c)) for a, b, c in sent["answers"]],
         outcomes=[(str(o), None if r is None else str(r)) for o, r in sent["outcomes"]],
         lag=(float(sent["lag"][0]), float(sent["lag"][1])),
         collections=tuple(int(n) for n in sent["collections"]),

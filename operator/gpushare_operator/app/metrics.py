@@ -168,8 +168,9 @@ class PrometheusTelemetry:
             self.refusals.labels(reason)
         self.admission_latency = Histogram(
             "gpushare_webhook_admission_seconds",
-            "Time from having an admission review whole to handing its answer to the socket, in"
-            " the webhook's own process: the operator's own share (the API server's"
+            "Time from having an admission review whole to handing its answer to the kernel, in"
+            " the webhook's own process (the wall time to the write, plus the write's own CPU"
+            " time): the operator's own share (the API server's"
             " apiserver_admission_webhook_admission_duration_seconds adds its side, the network"
             " and TLS)",
             buckets=_ADMISSION_BUCKETS,
@@ -184,6 +185,14 @@ class PrometheusTelemetry:
         )
         for generation in ("0", "1", "2"):
             self.webhook_collections.labels(generation)
+        self.write_wait = Histogram(
+            "gpushare_webhook_write_wait_seconds",
+            "How long an answer's write kept the webhook's process off its core beyond the"
+            " write's own CPU time: on loopback the send wakes the API server's reader, which"
+            " the kernel may run on this core first; the answer is the API server's by then",
+            buckets=_ADMISSION_BUCKETS,
+            registry=registry,
+        )
         self.review_receive = Histogram(
             "gpushare_webhook_review_receive_seconds",
             "Time from an admission review's first byte to its last, as the webhook server"
@@ -197,9 +206,10 @@ class PrometheusTelemetry:
         if reason is not None:
             self.refusals.labels(reason).inc()
 
-    def admission_took(self, receiving: float, answering: float) -> None:
+    def admission_took(self, receiving: float, answering: float, waiting: float) -> None:
         self.review_receive.observe(receiving)
         self.admission_latency.observe(answering)
+        self.write_wait.observe(waiting)
 
     def webhook_collected(self, generation: int, count: int) -> None:
         self.webhook_collections.labels(str(generation)).inc(count)

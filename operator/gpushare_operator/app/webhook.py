@@ -136,8 +136,8 @@ class WebhookReports:
     def take(self, report: Report, pid: int | None) -> None:
         """One report of the process ``pid``."""
         t = self._telemetry
-        for receiving, answering in report.answers:
-            t.admission_took(receiving, answering)
+        for receiving, answering, waiting in report.answers:
+            t.admission_took(receiving, answering, waiting)
         for outcome, reason in report.outcomes:
             t.admitted(outcome, reason)
         recent, worst = report.lag

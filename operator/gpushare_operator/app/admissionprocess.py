@@ -39,7 +39,8 @@ from gpushare_operator.core.slots import reviews
 log = structlog.get_logger(__name__)
 
 SYNC_POLL: Final = 0.05
-REPORT_STALE: Final = 8 * admissionwire.REPORT_INTERVAL
+# 5 s: a main loop held up for a moment (a large re-list) does not make a live process stale.
+REPORT_STALE: Final = 20 * admissionwire.REPORT_INTERVAL
 RESTART_MIN: Final = 0.5
 RESTART_MAX: Final = 30.0
 STABLE: Final = 60.0  # a process that lived this long starts the backoff again from its least

@@ -533,11 +533,17 @@ class CpuWindow:
     trees: tuple[str, ...] = ("gpushare",)  # those counted with every process under them
     started: float = field(default_factory=time.monotonic)
     cpu0: dict[str, float] = field(default_factory=dict)
+    children0: dict[str, float] = field(default_factory=dict)
     busy0: float = 0.0
     load0: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def __post_init__(self) -> None:
         self.cpu0 = {name: self._cpu(name, pid) for name, pid in self.pids.items()}
+        self.children0 = {
+            name: _proc_cpu(self.pids[name], tree=True) - _proc_cpu(self.pids[name])
+            for name in self.trees
+            if name in self.pids
+        }
         self.busy0 = machine_busy()
         self.load0 = os.getloadavg()
 
@@ -550,9 +556,18 @@ class CpuWindow:
         spent = {name: self._cpu(name, pid) - self.cpu0[name] for name, pid in self.pids.items()}
         busy = machine_busy() - self.busy0
         ours = sum(v for v in spent.values() if not math.isnan(v))
+        # The processes under each tree (the operator's webhook process), apart.
+        under = {
+            f"{name} (children)": _proc_cpu(self.pids[name], tree=True)
+            - _proc_cpu(self.pids[name])
+            - self.children0[name]
+            for name in self.trees
+            if name in self.pids
+        }
         return {
             "wall_s": round(wall, 1),
             "cpu_s": {name: round(v, 2) for name, v in spent.items()},
+            "cpu_s_under": {name: round(v, 2) for name, v in under.items()},
             "machine_busy_share": round(stats.cpu_share(busy, wall, cores=cores), 3),
             # What processes outside this phase (other tests, builds) took of both cores.
             "others_share": round(stats.cpu_share(max(0.0, busy - ours), wall, cores=cores), 3),
@@ -564,8 +579,8 @@ class CpuWindow:
 @contextlib.contextmanager
 def profiled(pid: int, out: Path | None) -> Iterator[None]:
     """py-spy over the block, if asked, with native frames (CPython's garbage collector, TLS,
-    the loop): it pauses the operator for each sample, so a profiled run's latencies are not
-    the ones to quote."""
+    the loop), the operator and its webhook process both (``--subprocesses``): it pauses them
+    for each sample, so a profiled run's latencies are not the ones to quote."""
     if out is None:
         yield
         return
@@ -573,7 +588,7 @@ def profiled(pid: int, out: Path | None) -> Iterator[None]:
     spy_bin = str(beside) if beside.exists() else "py-spy"
     command = [spy_bin, "record", "--pid", str(pid), "--rate", "100", "--format", "raw"]
     spy = subprocess.Popen(
-        [*command, "--native", "--output", str(out)],
+        [*command, "--native", "--subprocesses", "--output", str(out)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -5,8 +5,9 @@ coarse buckets alone (they start at 5 ms and mostly measure two shared cores):
 
 - **CPU per admission** at most 0.5 ms: the CPU of the operator's process and its webhook
   process over the labelled window (from ``/proc``, everything included: TLS, HTTP, the
-  answer, its report to the operator, and the pod informer taking in each created pod), less its rate over the unlabelled window of the same pods (the idle rate:
-  heartbeats, the informers, the Lease), divided by the admissions it answered;
+  answer, its report to the operator, and the pod informer taking in each created pod), less
+  its rate over the unlabelled window of the same pods (the idle rate: heartbeats, the
+  informers, the Lease), divided by the admissions it answered;
 - **its own p99** at most 2 ms (labelled window) and 3 ms while every node's heartbeat storms
   (storm window), from ``gpushare_webhook_admission_seconds`` (the review whole in hand to its
   answer handed to the kernel: the wall time to the write plus the write's CPU), whose buckets

@@ -1,4 +1,4 @@
-"""``make bench`` (``admission``): what one memory-request admission costs the webhook's process.
+"""``make bench`` (``admission``): what one memory-request admission costs the webhook's thread.
 
 The answer to a pod's AdmissionReview (``app.admission.MemoryRequests`` over
 ``core.slots.reviews``: decode the review, decide, build the JSON patch from the placement,

@@ -11,7 +11,6 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 MIB = 1024 * 1024
@@ -56,26 +55,6 @@ def parse_proc_stat_cpu(text: str, *, ticks: int = CLK_TCK) -> float:
     fields = text[text.rindex(")") + 2 :].split()
     # After the name: state is field 3, so utime (14) and stime (15) are at 11 and 12 here.
     return (int(fields[11]) + int(fields[12])) / ticks
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and every process descended from it, from each process's parent in
-    ``/proc/<pid>/stat`` (field 4); a process that ends while it is read is left out."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(text[text.rindex(")") + 2 :].split()[1])
-        parents.setdefault(parent, []).append(int(entry.name))
-    tree, frontier = [pid], [pid]
-    while frontier:
-        frontier = [child for p in frontier for child in parents.get(p, ())]
-        tree.extend(frontier)
-    return tree
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")

@@ -505,15 +505,9 @@ def alternate(index: int) -> str | None:
 # -- processes, CPU and the machine -------------------------------------------------------------
 
 
-def _proc_cpu(pid: int, *, tree: bool = False) -> float:
-    """CPU seconds of the process, and (``tree``) of every process under it: the operator's
-    webhook runs in a process of its own, but this benchmark's own process (the loader) is the
-    control plane's parent, which is not its CPU."""
+def _proc_cpu(pid: int) -> float:
     try:
-        return sum(
-            stats.parse_proc_stat_cpu(Path(f"/proc/{each}/stat").read_text())
-            for each in (stats.process_tree(pid) if tree else [pid])
-        )
+        return stats.parse_proc_stat_cpu(Path(f"/proc/{pid}/stat").read_text())
     except (OSError, ValueError, IndexError):
         return math.nan
 
@@ -530,44 +524,25 @@ class CpuWindow:
     """CPU of some processes and of the whole machine over one window."""
 
     pids: dict[str, int]
-    trees: tuple[str, ...] = ("gpushare",)  # those counted with every process under them
     started: float = field(default_factory=time.monotonic)
     cpu0: dict[str, float] = field(default_factory=dict)
-    children0: dict[str, float] = field(default_factory=dict)
     busy0: float = 0.0
     load0: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def __post_init__(self) -> None:
-        self.cpu0 = {name: self._cpu(name, pid) for name, pid in self.pids.items()}
-        self.children0 = {
-            name: _proc_cpu(self.pids[name], tree=True) - _proc_cpu(self.pids[name])
-            for name in self.trees
-            if name in self.pids
-        }
+        self.cpu0 = {name: _proc_cpu(pid) for name, pid in self.pids.items()}
         self.busy0 = machine_busy()
         self.load0 = os.getloadavg()
-
-    def _cpu(self, name: str, pid: int) -> float:
-        return _proc_cpu(pid, tree=name in self.trees)
 
     def result(self) -> dict[str, Any]:
         wall = time.monotonic() - self.started
         cores = os.cpu_count() or 1
-        spent = {name: self._cpu(name, pid) - self.cpu0[name] for name, pid in self.pids.items()}
+        spent = {name: _proc_cpu(pid) - self.cpu0[name] for name, pid in self.pids.items()}
         busy = machine_busy() - self.busy0
         ours = sum(v for v in spent.values() if not math.isnan(v))
-        # The processes under each tree (the operator's webhook process), apart.
-        under = {
-            f"{name} (children)": _proc_cpu(self.pids[name], tree=True)
-            - _proc_cpu(self.pids[name])
-            - self.children0[name]
-            for name in self.trees
-            if name in self.pids
-        }
         return {
             "wall_s": round(wall, 1),
             "cpu_s": {name: round(v, 2) for name, v in spent.items()},
-            "cpu_s_under": {name: round(v, 2) for name, v in under.items()},
             "machine_busy_share": round(stats.cpu_share(busy, wall, cores=cores), 3),
             # What processes outside this phase (other tests, builds) took of both cores.
             "others_share": round(stats.cpu_share(max(0.0, busy - ours), wall, cores=cores), 3),
@@ -579,8 +554,8 @@ class CpuWindow:
 @contextlib.contextmanager
 def profiled(pid: int, out: Path | None) -> Iterator[None]:
     """py-spy over the block, if asked, with native frames (CPython's garbage collector, TLS,
-    the loop), the operator and its webhook process both (``--subprocesses``): it pauses them
-    for each sample, so a profiled run's latencies are not the ones to quote."""
+    the loop): it pauses the operator for each sample, so a profiled run's latencies are not
+    the ones to quote."""
     if out is None:
         yield
         return
@@ -588,7 +563,7 @@ def profiled(pid: int, out: Path | None) -> Iterator[None]:
     spy_bin = str(beside) if beside.exists() else "py-spy"
     command = [spy_bin, "record", "--pid", str(pid), "--rate", "100", "--format", "raw"]
     spy = subprocess.Popen(
-        [*command, "--native", "--subprocesses", "--output", str(out)],
+        [*command, "--native", "--output", str(out)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -604,26 +579,6 @@ def profiled(pid: int, out: Path | None) -> Iterator[None]:
 
 
 # -- the phase ----------------------------------------------------------------------------------
-
-
-async def _reported(
-    admin: RawClient, session: aiohttp.ClientSession, port: int, *, timeout: float = 10.0
-) -> dict[str, Any]:
-    """A scrape once the webhook's process has reported every answer it gave: its reports
-    come every quarter second, so the operator's count of admissions is taken as whole once
-    it stays the same across a full second (or after ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    scraped = await _scrape(admin, session, port)
-    while time.monotonic() < deadline:
-        await asyncio.sleep(1.0)
-        again = await _scrape(admin, session, port)
-        count = "gpushare_webhook_admissions_total"
-        if stats.metric_sum(again["operator"], count) == stats.metric_sum(
-            scraped["operator"], count
-        ):
-            return again
-        scraped = again
-    return scraped
 
 
 async def _scrape(admin: RawClient, session: aiohttp.ClientSession, port: int) -> dict[str, Any]:
@@ -651,7 +606,6 @@ async def _scrape(admin: RawClient, session: aiohttp.ClientSession, port: int) -
             "gpushare_webhook_admissions",
             "gpushare_writes",
             "python_gc_collections_total",
-            "gpushare_webhook_gc_collections_total",
         ),
     )
     return {"server": server, "operator": operator}
@@ -676,12 +630,6 @@ def _window(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, An
 
     def counter(samples: Sequence[Any], name: str, keys: Sequence[str], webhook: bool) -> Any:
         return series(samples, name, keys, is_webhook if webhook else (lambda _: True))
-
-    def collected(name: str, generation: str) -> int:
-        return int(
-            stats.metric_sum(ours1, name, generation=generation)
-            - stats.metric_sum(ours0, name, generation=generation)
-        )
 
     def changed(name: str, keys: Sequence[str], *, side: str, webhook: bool = False) -> Any:
         was = counter(before[side], name, keys, webhook)
@@ -713,20 +661,21 @@ def _window(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, An
             "gpushare_webhook_admissions_total", ("outcome",), side="operator"
         ),
         "operator_writes": changed("gpushare_writes_total", ("kind", "outcome"), side="operator"),
-        # The operator's process and the webhook's, each by generation; a full one in either
-        # counts against the budget.
-        "full_collections": sum(collected(name, "2") for name in COLLECTIONS.values()),
+        "full_collections": int(
+            stats.metric_sum(ours1, "python_gc_collections_total", generation="2")
+            - stats.metric_sum(ours0, "python_gc_collections_total", generation="2")
+        ),
+        # Every generation's, reported: a young collection runs on whichever thread allocates.
         "collections": {
-            where: {g: collected(name, g) for g in ("0", "1", "2")}
-            for where, name in COLLECTIONS.items()
+            generation: int(
+                stats.metric_sum(ours1, "python_gc_collections_total", generation=generation)
+                - stats.metric_sum(ours0, "python_gc_collections_total", generation=generation)
+            )
+            for generation in ("0", "1", "2")
         },
     }
 
 
-COLLECTIONS: Final = {
-    "operator": "python_gc_collections_total",
-    "webhook": "gpushare_webhook_gc_collections_total",
-}
 LOOPS: Final = {
     "main": "gpushare_event_loop_lag_seconds",
     "webhook": "gpushare_webhook_loop_lag_seconds",
@@ -741,7 +690,8 @@ async def sample_loop_lag(
     every: float = 2.0,
 ) -> None:
     """The operator's loop lags (the worst timer lateness of the last 10 s) every ``every``
-    seconds: its main loop's (informers, writes) and its webhook process's own."""
+    seconds: its main loop's (informers, writes) and its webhook server's own (which waits for
+    the GIL while the main loop holds it)."""
     while True:
         with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, ValueError):
             async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
@@ -982,7 +932,7 @@ async def measure(
                         else:
                             load, beats = await creates, None
                 used = cpu.result()
-                after = await _reported(admin, session, metrics_port)
+                after = await _scrape(admin, session, metrics_port)
                 windows[name] = {
                     "load": load.summary(),
                     "cpu": used,
@@ -994,7 +944,6 @@ async def measure(
                     windows[name]["interleaved"] = webhookbudgets.interleaved(load.by_kind)
                 log(f"  [webhook] {name}: {_brief(windows[name])}")
             peak_rss = _peak_rss_mib(proc.pid)
-            webhook_rss = [_peak_rss_mib(pid) for pid in stats.process_tree(proc.pid)[1:]]
     return {
         "nodes": nodes,
         "rate_per_s": rate,
@@ -1011,7 +960,6 @@ async def measure(
         "setup": timings | {"responder_writes": responder_writes},
         "cold_start": cold | {"writes": cold_writes},
         "operator_peak_rss_mib": peak_rss,
-        "webhook_process_peak_rss_mib": webhook_rss,
         **windows,
         "ratios": ratios(windows["baseline"], windows["webhook"]),
         "budget": windows["webhook"]["admission"]["budget"],

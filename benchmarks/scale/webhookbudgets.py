@@ -3,22 +3,20 @@
 Each budget is the operator's own share or a ratio within one run, never the API server's
 coarse buckets alone (they start at 5 ms and mostly measure two shared cores):
 
-- **CPU per admission** at most 0.5 ms: the CPU of the operator's process and its webhook
-  process over the labelled window (from ``/proc``, everything included: TLS, HTTP, the
-  answer, its report to the operator, and the pod informer taking in each created pod), less
-  its rate over the unlabelled window of the same pods (the idle rate: heartbeats, the
-  informers, the Lease), divided by the admissions it answered;
+- **CPU per admission** at most 0.5 ms: the operator process's CPU over the labelled window
+  (from ``/proc``, everything included: TLS, HTTP, the answer, and the pod informer taking in
+  each created pod), less its rate over the unlabelled window of the same pods (the idle rate:
+  heartbeats, the informers, the Lease), divided by the admissions it answered;
 - **its own p99** at most 2 ms (labelled window) and 3 ms while every node's heartbeat storms
   (storm window), from ``gpushare_webhook_admission_seconds`` (the review whole in hand to its
   answer handed to the kernel: the wall time to the write plus the write's CPU), whose buckets
   have edges at 2 and 3 ms: judged by the share of admissions at or under the edge (99 % or
   more), so the verdict never rests on an interpolation.  How long the review took to arrive,
   first byte to last, is the API server's and the network's
-  (``gpushare_webhook_review_receive_seconds``), and how long the write kept the process off
-  its core once the API server had the answer is the machine's
+  (``gpushare_webhook_review_receive_seconds``), and how long the write kept the thread off its
+  core once the API server had the answer is the machine's
   (``gpushare_webhook_write_wait_seconds``): both reported beside it;
-- **no full collection** (``generation="2"`` of ``python_gc_collections_total`` and of
-  ``gpushare_webhook_gc_collections_total``) in any window.
+- **no full collection** (``python_gc_collections_total{generation="2"}``) in any window.
 
 Reported beside them, not judged: pod creates with and without the label, interleaved in one
 window (the loader's own timing), and the API server's share of admissions within 5 and 25 ms.

@@ -1,20 +1,25 @@
 """The webhook's HTTPS server (app.admission, app.reviewserver): a real server on 127.0.0.1 on
-the test's loop, real TLS, no API server.  How large a review it takes, how it frames HTTP/1.1,
-what a Secret it cannot use does to it, and a certificate rotated under open connections.  The
-server in its own process, as the operator runs it: test_admission_process.py."""
+its own thread, real TLS, no API server.  How large a review it takes, how it frames HTTP/1.1,
+what a Secret it cannot use does to it, a certificate rotated under open connections, and an
+answer while the main event loop is kept busy."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import hashlib
 import http.client
 import socket
+import ssl
+import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from gpushare_operator.app.admission import (
     MAX_REVIEW_BYTES,
@@ -22,11 +27,65 @@ from gpushare_operator.app.admission import (
     MemoryRequests,
     ServingTLS,
 )
-from gpushare_operator.core.slots import reviews
+from gpushare_operator.core import certificates
+from gpushare_operator.core.slots import memoryrequests, reviews
 from gpushare_operator.core.slots.slotclasses import Isolation, Offer
-from gpushare_testing.webhookclient import client_context, free_port, post, review, secret
 
+NOW = datetime.datetime.now(datetime.UTC)
 MPS = Offer(20389, "nvidia.com/gpu", Isolation.MPS, "batch")
+
+
+def secret(*, encrypted: bool = False) -> dict[str, Any]:
+    made = certificates.plan(
+        data=None, published=None, hosts=["127.0.0.1"], now=NOW, validity=datetime.timedelta(days=1)
+    )
+    assert made.data is not None
+    data = dict(made.data)
+    if encrypted:
+        pair = certificates.read_pair(
+            data["tls.crt"], data["tls.key"], names=("tls.crt", "tls.key")
+        )
+        assert isinstance(pair, certificates.Pair)
+        data["tls.key"] = pair.key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        ).decode()
+    return {"data": certificates.encoded(data)}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def client_context() -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def review(size: int = 0) -> bytes:
+    """An AdmissionReview of a labelled pod whose JSON is ``size`` bytes or a little more."""
+    pod = {
+        "metadata": {
+            "name": "p",
+            "labels": {memoryrequests.REQUEST_LABEL: "10Gi"},
+            "annotations": {"blob": ""},
+        },
+        "spec": {"containers": [{"name": "main", "image": "x"}]},
+    }
+    body: dict[str, Any] = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}
+    body["request"] = {
+        "uid": "u-1",
+        "operation": "CREATE",
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "object": pod,
+    }
+    pod["metadata"]["annotations"]["blob"] = "x" * max(0, size - len(orjson.dumps(body)))
+    return orjson.dumps(body)
 
 
 class Served:
@@ -51,7 +110,7 @@ async def serving(tls: ServingTLS | None = None) -> AsyncIterator[Served]:
     server = AdmissionServer(port=port, tls=tls, handle=handler, host="127.0.0.1")
     task = asyncio.create_task(server.run())
     try:
-        await asyncio.wait_for(server.listening.wait(), 30)
+        assert await asyncio.to_thread(server.listening.wait, 30), "the server never listened"
         yield Served(tls, port, counted)
     finally:
         task.cancel()
@@ -70,6 +129,12 @@ def raw_exchange(port: int, sent: bytes) -> bytes:
         while chunk := tls.recv(65536):
             received += chunk
     return received
+
+
+def post(conn: http.client.HTTPSConnection, body: bytes, path: str = "/gpu-memory") -> Any:
+    conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    return response.status, response.read()
 
 
 async def test_a_review_up_to_the_limit_is_answered_and_a_larger_one_refused() -> None:
@@ -143,6 +208,33 @@ async def test_two_requests_sent_at_once_are_answered_in_order() -> None:
         received = await asyncio.to_thread(exchange)
     assert received.index(b'"u-1"') < received.index(b'"u-2"')
     assert received.count(b"HTTP/1.1 200 OK") == 2
+
+
+async def test_an_answer_does_not_wait_for_a_busy_main_loop() -> None:
+    """The main loop is kept busy in Python (as by a storm of node events) until a client on
+    another thread has its answer, for at most 20 s: a server on the main loop could not answer
+    before the loop came back, so the answer would come only after the deadline."""
+    async with serving() as served:
+        answered = threading.Event()
+        took: list[float] = []
+
+        def client() -> None:
+            started = time.monotonic()
+            with contextlib.closing(served.connection()) as conn:
+                status, _ = post(conn, review())
+            took.append(time.monotonic() - started)
+            if status == 200:
+                answered.set()
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        deadline = time.monotonic() + 20
+        spins = 0
+        while not answered.is_set() and time.monotonic() < deadline:  # holds the main loop
+            spins += 1
+        thread.join()
+    assert answered.is_set(), f"no answer while the main loop was busy (took {took})"
+    assert spins > 0 and took[0] < 20
 
 
 async def test_a_rotated_certificate_serves_new_connections_and_open_ones_go_on() -> None:

@@ -254,7 +254,6 @@ def test_the_whole_exposition_passes_promtool_check_metrics(promtool: Path) -> N
     telemetry.reconciled("Node", 0.001)
     telemetry.informer_failed("Pod", "connection")
     telemetry.admission_took(0.0004, 0.002, 0.001)
-    telemetry.webhook_collected(0, 3)
     text = generate_latest(operator.registry).decode()
     assert "gpushare_metrics_access_total" in text and "gpushare_webhook_certificate" in text
     done = subprocess.run(

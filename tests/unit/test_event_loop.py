@@ -8,7 +8,7 @@ import sys
 import pytest
 import uvloop
 
-from gpushare_operator.app.loops import loop_factory
+from gpushare_operator.app.cli import loop_factory
 
 
 def test_uvloop_is_the_default() -> None:

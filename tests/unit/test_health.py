@@ -16,7 +16,6 @@ from gpushare_operator.app.assembly import Assembly
 from gpushare_operator.app.settings import parse_settings
 from gpushare_operator.core import certificates
 from gpushare_operator.kube.connection import ApiHandle
-from gpushare_testing.webhookclient import free_port
 
 
 def build(args: list[str] | None = None) -> Assembly:
@@ -61,9 +60,7 @@ async def test_ready_only_when_primed_and_every_cache_synced() -> None:
 
 
 async def test_a_replica_serving_the_webhook_is_ready_once_it_listens_with_a_certificate() -> None:
-    """Its own process started, the replica is ready once the process reports it listens with
-    the certificate; not before, and not once it stopped."""
-    operator = build(["--webhook-port", str(free_port())])  # the webhook is on by default
+    operator = build()  # the webhook is on by default
     for informer in operator.informers:
         informer.synced.set()
     operator._primed = True
@@ -76,16 +73,8 @@ async def test_a_replica_serving_the_webhook_is_ready_once_it_listens_with_a_cer
     assert made.data is not None
     operator.webhook.tls.secret_changed({"data": certificates.encoded(made.data)})
     assert not operator.synced  # a certificate, but nothing listening with it yet
-    process = asyncio.create_task(operator.webhook.process.run())
-    try:
-        deadline = time.monotonic() + 30
-        while not operator.synced:
-            assert time.monotonic() < deadline, "the webhook's process never listened"
-            await asyncio.sleep(0.02)
-    finally:
-        process.cancel()
-        await asyncio.gather(process, return_exceptions=True)
-    assert not operator.synced
+    operator.webhook.server.listening.set()  # as the server's thread does once it listens
+    assert operator.synced
 
 
 class ScriptedHealth:

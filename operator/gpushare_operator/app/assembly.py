@@ -16,7 +16,7 @@ from prometheus_client.gc_collector import GCCollector
 from gpushare_operator.app import heap, metrics, serving
 from gpushare_operator.app.looplag import LoopLagMonitor
 from gpushare_operator.app.settings import Settings
-from gpushare_operator.app.webhook import Webhook, WebhookReports
+from gpushare_operator.app.webhook import Webhook
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.sinks import (
     BudgetSink,
@@ -178,13 +178,13 @@ class Assembly:
                 may_write=lambda: self.writer.may_write(),
                 recorder=self.recorder,
                 caches_synced=lambda: self.caches_synced,
-                reports=WebhookReports(
-                    telemetry=self.telemetry,
-                    lag=LoopLagMonitor(registry=self.registry, webhook=True),
-                ).take,
+                admitted=self.telemetry.admitted,
+                admission_took=self.telemetry.admission_took,
             )
             tls = self.webhook.tls
             self.registry.register(metrics.WebhookCertificate(lambda: tls.validity))
+            # Run on the server's own loop, in its thread.
+            self.webhook.server.also_run = LoopLagMonitor(registry=self.registry, webhook=True).run
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._http: serving.Servers | None = None
         self._primed = False
@@ -268,7 +268,7 @@ class Assembly:
             for informer in self.webhook.informers:
                 self._spawn(f"informer-{informer.kind}", informer.run())
             self._spawn("webhook-certificate", self.webhook.rotator.run())
-            self._spawn("webhook-process", self.webhook.process.run())
+            self._spawn("webhook-server", self.webhook.server.run())
         self._spawn("bootstrap", self._run())
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:

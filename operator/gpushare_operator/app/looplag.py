@@ -1,31 +1,33 @@
-"""How late an event loop runs a timer: the longest step that ran in between.
+"""How late the event loop runs a timer: the longest step that ran in between.
 
-Everything but the Lease elector shares the main event loop: a step that keeps it busy
-(decoding a re-list page, planning a big rollout) delays every watch, write and health check
-behind it.  A timer every ``interval`` seconds that notes how late it fires measures exactly
-that, for the cost of ten wake-ups a second.  The webhook's process measures its own loop the
-same way (``app.lateness``) and reports it (``gpushare_webhook_loop_lag_*``): its lateness is its
-own work, and the machine's, since it shares nothing else with the operator.
+Everything but the Lease elector and the webhook's server shares one event loop: a step that
+keeps it busy (decoding a re-list page, planning a big rollout) delays every watch, write and
+health check behind it.  A timer every ``interval`` seconds that notes how late it fires
+measures exactly that, for the cost of ten wake-ups a second.  The webhook's server, on a
+thread and loop of its own, has a monitor of its own (``gpushare_webhook_loop_lag_*``): its
+lateness is its own work plus any wait for the GIL while the main loop holds it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from prometheus_client import CollectorRegistry, Gauge
 
-from gpushare_operator.app.lateness import WINDOW, Lateness
+WINDOW = 10.0  # seconds over which the recent worst lag is kept
 
 
 class LoopLagMonitor:
     def __init__(
         self, *, registry: CollectorRegistry, interval: float = 0.1, webhook: bool = False
     ) -> None:
-        """The main loop's monitor, or (``webhook``) the gauges the webhook's process reports
-        its own loop's lateness to (``tell``)."""
-        self._lateness = Lateness(interval=interval)
+        """The main loop's monitor, or (``webhook``) the webhook server's."""
+        self._interval = interval
         recent = f"Worst lateness of a {interval:g}-s timer over the last {WINDOW:g} s"
         worst = f"Worst lateness of a {interval:g}-s timer since start"
         if webhook:
-            where = ", on the webhook's own process (its work and the machine's)"
+            where = ", on the webhook server's own loop (its work and any wait for the GIL)"
             self.recent = Gauge(
                 "gpushare_webhook_loop_lag_seconds", recent + where, registry=registry
             )
@@ -40,14 +42,18 @@ class LoopLagMonitor:
             self.worst = Gauge(
                 "gpushare_event_loop_lag_max_seconds", worst + where, registry=registry
             )
-
-    @property
-    def worst_seen(self) -> float:
-        return self._lateness.worst
-
-    def tell(self, recent: float, worst: float) -> None:
-        self.recent.set(recent)
-        self.worst.set(worst)
+        self.worst_seen = 0.0
 
     async def run(self) -> None:
-        await self._lateness.run(tell=self.tell)
+        window_start, window_worst = time.monotonic(), 0.0
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(self._interval)
+            now = time.monotonic()
+            lag = max(0.0, now - before - self._interval)
+            if now - window_start > WINDOW:
+                window_start, window_worst = now, 0.0
+            window_worst = max(window_worst, lag)
+            self.worst_seen = max(self.worst_seen, lag)
+            self.recent.set(window_worst)
+            self.worst.set(self.worst_seen)

@@ -168,26 +168,17 @@ class PrometheusTelemetry:
             self.refusals.labels(reason)
         self.admission_latency = Histogram(
             "gpushare_webhook_admission_seconds",
-            "Time from having an admission review whole to handing its answer to the kernel, in"
-            " the webhook's own process (the wall time to the write, plus the write's own CPU"
-            " time): the operator's own share (the API server's"
+            "Time from having an admission review whole to handing its answer to the kernel, on"
+            " the webhook server's own thread (the wall time to the write, plus the write's own"
+            " CPU time): the operator's own share (the API server's"
             " apiserver_admission_webhook_admission_duration_seconds adds its side, the network"
             " and TLS)",
             buckets=_ADMISSION_BUCKETS,
             registry=registry,
         )
-        self.webhook_collections = Counter(
-            "gpushare_webhook_gc_collections",
-            "Collections by Python's collector in the webhook's own process, by generation"
-            " (the operator's own are python_gc_collections_total; a full one is generation 2)",
-            ["generation"],
-            registry=registry,
-        )
-        for generation in ("0", "1", "2"):
-            self.webhook_collections.labels(generation)
         self.write_wait = Histogram(
             "gpushare_webhook_write_wait_seconds",
-            "How long an answer's write kept the webhook's process off its core beyond the"
+            "How long an answer's write kept the webhook server's thread off its core beyond the"
             " write's own CPU time: on loopback the send wakes the API server's reader, which"
             " the kernel may run on this core first; the answer is the API server's by then",
             buckets=_ADMISSION_BUCKETS,
@@ -210,9 +201,6 @@ class PrometheusTelemetry:
         self.review_receive.observe(receiving)
         self.admission_latency.observe(answering)
         self.write_wait.observe(waiting)
-
-    def webhook_collected(self, generation: int, count: int) -> None:
-        self.webhook_collections.labels(str(generation)).inc(count)
 
     def event_ingested(self, kind: str, seconds: float) -> None:
         self.ingested.add(kind, seconds)

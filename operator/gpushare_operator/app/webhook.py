@@ -4,10 +4,9 @@
   to its name, so the RBAC can name it too);
 - the TLS context every replica serves with, reloaded from the Secret (``app.admission``);
 - the leader's certificate rotation (``kube.rotating``);
-- the server's own process (``app.admissionprocess``), what it answers with (a snapshot of
-  the offers, ``core.slots.reviews.Offers``, made of parts the main loop replaces whole and
-  never changes in place, sent again whenever one is replaced) and what it reports (counts,
-  timings, its loop's lateness and its collections, into the operator's metrics).
+- the server, on a thread of its own (``app.admission.AdmissionServer``), and what it answers
+  with: a snapshot of the offers (``core.slots.reviews.Offers``) made of parts the main loop
+  replaces whole and never changes in place.
 """
 
 from __future__ import annotations
@@ -15,11 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpushare_operator.app.admission import ServingTLS
-from gpushare_operator.app.admissionprocess import AdmissionProcess
-from gpushare_operator.app.admissionwire import Report
-from gpushare_operator.app.looplag import LoopLagMonitor
-from gpushare_operator.app.metrics import PrometheusTelemetry
+from gpushare_operator.app.admission import AdmissionServer, MemoryRequests, ServingTLS
 from gpushare_operator.app.settings import Settings
 from gpushare_operator.cache.cluster import ClusterCache
 from gpushare_operator.cache.heldobject import HeldObject
@@ -42,7 +37,8 @@ class Webhook:
         may_write: Callable[[], bool],
         recorder: EventRecorder,
         caches_synced: Callable[[], bool],
-        reports: Callable[[Report, int | None], None],
+        admitted: Callable[..., None],
+        admission_took: Callable[[float, float, float], None],
     ) -> None:
         s = settings
         self.tls = ServingTLS()
@@ -63,15 +59,10 @@ class Webhook:
         self._cache = cache
         self._caches_synced = caches_synced
         self._synced = False  # once the caches are synced they stay so (a relist replaces)
-        self.process = AdmissionProcess(
-            port=s.webhook_port,
-            tls=self.tls,
-            offers=self.offers,
-            take=reports,
-            log_format=s.log_format,
+        self.handler = MemoryRequests(offers=self.offers, count=admitted)
+        self.server = AdmissionServer(
+            port=s.webhook_port, tls=self.tls, handle=self.handler, observe=admission_took
         )
-        self.tls.on_loaded = self.process.changed
-        cache.on_offers_changed = self.process.changed
         read = [
             (
                 reading.Collection(
@@ -97,8 +88,8 @@ class Webhook:
         ]
 
     def offers(self) -> reviews.Offers:
-        """What an admission reads: each part an object the main loop replaces whole
-        (``cache.slotoffers``, ``tracked_resources``), sent to the webhook's process."""
+        """What an admission reads, from the server's thread: each part is an immutable
+        object the main loop replaces whole (``cache.slotoffers``, ``tracked_resources``)."""
         if not self._synced:
             self._synced = self._caches_synced()
         cache = self._cache
@@ -110,9 +101,9 @@ class Webhook:
 
     @property
     def ready(self) -> bool:
-        """Whether this replica can answer: a serving certificate loaded, and the webhook's
-        process listening (and reporting)."""
-        return self.tls.ready.is_set() and self.process.listening
+        """Whether this replica can answer: a serving certificate loaded, and its server
+        listening with it."""
+        return self.tls.ready.is_set() and self.server.listening.is_set()
 
     def _secret_changed(self, body: Mapping[str, Any] | None) -> None:
         self.tls.secret_changed(body)
@@ -120,33 +111,3 @@ class Webhook:
 
     def _configuration_changed(self, _: Mapping[str, Any] | None) -> None:
         self.rotator.changed()
-
-
-class WebhookReports:
-    """The webhook process's reports, into the operator's metrics.  Its counts of collections
-    start again with each process; the operator's counters go on from where they were."""
-
-    def __init__(self, *, telemetry: PrometheusTelemetry, lag: LoopLagMonitor) -> None:
-        self._telemetry = telemetry
-        self._lag = lag
-        self._worst = 0.0  # the worst lateness any of the processes reported
-        self._pid: int | None = None
-        self._collections: tuple[int, ...] = ()  # as the running process last reported them
-
-    def take(self, report: Report, pid: int | None) -> None:
-        """One report of the process ``pid``."""
-        t = self._telemetry
-        for receiving, answering, waiting in report.answers:
-            t.admission_took(receiving, answering, waiting)
-        for outcome, reason in report.outcomes:
-            t.admitted(outcome, reason)
-        recent, worst = report.lag
-        self._worst = max(self._worst, worst)
-        self._lag.tell(recent, self._worst)
-        if pid != self._pid:  # a new process counts from nothing
-            self._pid, self._collections = pid, ()
-        for generation, count in enumerate(report.collections):
-            before = self._collections[generation] if generation < len(self._collections) else 0
-            if count > before:
-                t.webhook_collected(generation, count - before)
-        self._collections = report.collections

@@ -108,14 +108,10 @@ class ClusterCache:
         # PodDisruptionBudgets, for the victims podPolicy Evict chooses; they say which pod
         # labels the pod records keep.
         self.budgets = BudgetCache()
-        # Called when what the memory-request webhook answers with changes: the classes on
-        # offer, or the resources pod records are kept for (app.webhook forwards both to the
-        # webhook's process).
-        self.on_offers_changed: Callable[[], None] = lambda: None
         # The enforced slot classes the nodes' labels offer (the memory-request webhook's).
-        self.slot_offers = SlotOffers(on_change=lambda: self.on_offers_changed())
-        # The resources pod records are kept for.  Replaced whole, never changed in place, and
-        # each replacement told (``on_offers_changed``).
+        self.slot_offers = SlotOffers()
+        # The resources pod records are kept for.  Replaced whole, never changed in place: the
+        # webhook's thread reads it (app.admission).
         self.tracked_resources: set[str] = set(ALWAYS_TRACKED)
         # Called when a policy advertises a resource no pod was kept for: the pod informer
         # re-lists, so that pods asking for it (skipped so far) are not missed.
@@ -397,7 +393,6 @@ class ClusterCache:
         if tracked == self.tracked_resources:
             return
         self.tracked_resources = tracked
-        self.on_offers_changed()
         for uid, record in list(self.usage.pods.items()):
             kept = tuple(
                 (r, n)
@@ -418,7 +413,6 @@ class ClusterCache:
         new = set(policy.resources) - self.tracked_resources
         if new:
             self.tracked_resources = self.tracked_resources | new
-            self.on_offers_changed()
             self.on_new_resource()
 
     # -- pods (informer sink) ------------------------------------------------------------------

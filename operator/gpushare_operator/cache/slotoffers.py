@@ -5,14 +5,14 @@ Verified), not from the leader's own decisions: every replica's node informer se
 labels, so a follower answers an admission exactly as the leader would, through a failover too.
 Kept incrementally, one node's labels at a time; the sorted tuple is rebuilt only when a class
 gains its first node or loses its last, so an admission reads a tuple and nothing more.  The
-webhook answers in a process of its own (``app.admissionchild``): each new tuple is told
-(``on_change``) and forwarded there whole; it is never changed in place.
+webhook answers on a thread of its own (``app.admission``): the tuple it reads is replaced
+whole, on the main loop, and never changed in place.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from gpushare_operator.core.records.nodes import POLICY_LABEL
 from gpushare_operator.core.slots import slotclasses
@@ -20,8 +20,7 @@ from gpushare_operator.core.slots.slotclasses import Offer
 
 
 class SlotOffers:
-    def __init__(self, *, on_change: Callable[[], None] = lambda: None) -> None:
-        self._on_change = on_change  # called after each new tuple
+    def __init__(self) -> None:
         # node -> the offer its labels make; only nodes that make one.
         self._by_node: dict[str, Offer] = {}
         # offer -> nodes making it; no zero counts.
@@ -49,7 +48,6 @@ class SlotOffers:
             self._nodes[new] += 1
         if classes_changed:
             self._sorted = tuple(sorted(self._nodes))
-            self._on_change()
 
     def offers(self) -> tuple[Offer, ...]:
         """Every class some node offers, smallest memory first (then by resource name)."""

@@ -6,8 +6,8 @@ skips every other field without making an object of it, so a 3.6 KB review costs
 not the 53 KiB that decoding it whole takes), the decision (``memoryrequests.place``: a pure
 function of the pod and the offers, which are an immutable tuple), a JSON patch built straight
 from the placement (``memoryrequests.patch``: nothing is copied or diffed), and one
-``orjson.dumps``.  Nothing here reads anything that changes while it runs, so it answers in
-the webhook's own process (``app.admissionchild``) from the offers the operator last sent.
+``orjson.dumps``.  Nothing here reads anything that changes while it runs, so it can answer on
+a thread of its own while the informers and the writer work on the main loop.
 
 What is kept is plain dicts and lists, in the pod's own order and length (containers, their
 env entries), so the patch's paths index the pod the API server holds: a container keeps its

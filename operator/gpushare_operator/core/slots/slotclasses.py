@@ -23,18 +23,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from gpushare_operator.core.deviceplugin import devconfigs
 from gpushare_operator.core.hardware import miggeometry
 from gpushare_operator.core.labelling.labels import label_value_error
-
-if TYPE_CHECKING:
-    # Annotations only: the webhook's own process imports this module, and the records pull
-    # in the API models (pydantic), 20 MiB of a process that never makes one.
-    from gpushare_operator.core.mig.migconfigs import MigLayout
-    from gpushare_operator.core.records.nodes import NodeRecord
-    from gpushare_operator.core.records.policies import CompiledPolicy
+from gpushare_operator.core.mig.migconfigs import MigLayout
+from gpushare_operator.core.records.nodes import NodeRecord
+from gpushare_operator.core.records.policies import CompiledPolicy
 
 # The labels a Verified node carries about its slots (written with our other labels).
 MEMORY_LABEL: Final = "gpushare.dev/slot-memory-mib"

@@ -327,10 +327,11 @@ def share_within(buckets: Mapping[float, float], edge: float) -> float:
 
 
 def _wait(window: Mapping[str, Any]) -> str:
-    waited = window.get("operator_write_wait") or {}
-    under = dict(waited.get("under_ms", []))
-    over = f"{100 * (1 - under[0.5]):.1f}%" if 0.5 in under else "—"
-    return f"{_fmt(waited.get('p99_ms'))}, {over}"
+    """The write's wait for the core: its p99 and the share of writes over 0.5 ms."""
+    waited = window.get("operator_write_wait") or {"p99_ms": None, "under_ms": []}
+    within = webhookbudgets.share_within(waited, 0.5)
+    over = "—" if within is None else f"{100 * (1 - within):.1f}%"
+    return f"{_fmt(waited['p99_ms'])}, {over}"
 
 
 def summarize(buckets: Mapping[float, float]) -> dict[str, Any]:

@@ -91,6 +91,22 @@ class Collection:
     # pages into objects first (kubectl/cluster.py, read_pages_into).
     worth_decoding: Callable[[bytes], bool] | None = None
 
+    def query(self, **extra: str) -> list[tuple[str, str]]:
+        """A request's query: ``extra``, then the selectors."""
+        query = list(extra.items())
+        if self.field_selector:
+            query.append(("fieldSelector", self.field_selector))
+        if self.label_selector:
+            query.append(("labelSelector", self.label_selector))
+        return query
+
+    def delivered(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """The object as a sink is handed it: without managedFields, unless kept."""
+        keep = self.keep_managed_fields_of
+        if self.keep_managed_fields or (keep is not None and keep(obj)):
+            return obj
+        return drop_managed_fields(obj)
+
 
 class Gone(http.ApiError):
     """410: the resourceVersion we watch from has been compacted away; list again."""
@@ -220,7 +236,7 @@ class Reader:
     async def _page(self, token: str) -> tuple[str, str]:
         """One page into the sink: the next page's token ("" after the last) and the list's
         version.  A function of its own so that the page is freed before the next is asked."""
-        query = self._query(limit=str(self._collection.page_size))
+        query = self._collection.query(limit=str(self._collection.page_size))
         if token:
             query.append(("continue", token))
         page = await http.request(
@@ -234,27 +250,19 @@ class Reader:
 
     # -- watching -------------------------------------------------------------------------------
 
-    def _query(self, **extra: str) -> list[tuple[str, str]]:
-        query = list(extra.items())
-        if self._collection.field_selector:
-            query.append(("fieldSelector", self._collection.field_selector))
-        if self._collection.label_selector:
-            query.append(("labelSelector", self._collection.label_selector))
-        return query
-
     def _watch_query(self, *, initial_events: bool) -> list[tuple[str, str]]:
         timeout = str(self._collection.watch_timeout)
         if initial_events:
             # No resourceVersion: a consistent start (never older than anything we have seen),
             # served from the watch cache once that has caught up with etcd.
-            return self._query(
+            return self._collection.query(
                 watch="1",
                 sendInitialEvents="true",
                 resourceVersionMatch="NotOlderThan",
                 allowWatchBookmarks="true",
                 timeoutSeconds=timeout,
             )
-        return self._query(
+        return self._collection.query(
             watch="1",
             allowWatchBookmarks="true",
             resourceVersion=self.resource_version or "",
@@ -336,10 +344,7 @@ class Reader:
 
     def _deliver(self, kind: str, obj: dict[str, Any]) -> None:
         """Hand one object to the sink; a failure names the object."""
-        collection = self._collection
-        keep = collection.keep_managed_fields_of
-        if not collection.keep_managed_fields and not (keep is not None and keep(obj)):
-            obj = drop_managed_fields(obj)
+        obj = self._collection.delivered(obj)
         try:
             if kind == "LISTED":
                 self._sink.relist_item(obj)

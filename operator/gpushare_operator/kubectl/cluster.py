@@ -53,7 +53,6 @@ from gpushare_operator.core.dra import driver as dra
 from gpushare_operator.core.records.nodes import carries_mig_config
 from gpushare_operator.kube import connection, http, objectpaths, reading
 from gpushare_operator.kube.objectpaths import Resource
-from gpushare_operator.kube.streams import drop_managed_fields
 from gpushare_operator.kubectl.permissions import Permission, needing
 
 API = f"/apis/{models.GROUP}/{models.VERSION}"
@@ -216,7 +215,7 @@ async def read_pages_into(
                     raw = head + await response.read()
                 metadata, items = paged_items(raw, collection.worth_decoding)
                 for item in items:
-                    sink.relist_item(_delivered(collection, item))
+                    sink.relist_item(collection.delivered(item))
                 token = str(metadata.get("continue") or "")
                 if not token:
                     sink.end_relist()
@@ -241,13 +240,8 @@ async def _open_page(api: reading.Api, collection: reading.Collection, token: st
     """Ask for one page and read its first bytes, up to where its items begin (a built-in
     type's list has its metadata, and so its continue token, before them); the response, to
     read the rest from.  ApiError on any other status than 200."""
-    query = [("limit", str(collection.page_size))]
-    if token:
-        query.append(("continue", token))
-    if collection.field_selector:
-        query.append(("fieldSelector", collection.field_selector))
-    if collection.label_selector:
-        query.append(("labelSelector", collection.label_selector))
+    extra = {"limit": str(collection.page_size)} | ({"continue": token} if token else {})
+    query = collection.query(**extra)
     response = await http.open_request(
         api, method="GET", path=collection.path, query=query, timeout=_PAGE_TIMEOUT
     )
@@ -287,14 +281,6 @@ def _discard(opening: asyncio.Future[_Opened]) -> None:
         opening.cancel()
     elif not opening.cancelled() and opening.exception() is None:
         opening.result()[0].close()
-
-
-def _delivered(collection: reading.Collection, obj: dict[str, Any]) -> dict[str, Any]:
-    """As kube/reading.py hands objects to a sink: without managedFields, unless kept."""
-    keep = collection.keep_managed_fields_of
-    if collection.keep_managed_fields or (keep is not None and keep(obj)):
-        return obj
-    return drop_managed_fields(obj)
 
 
 # How the API server writes a built-in type's list: ``{"kind":..,"apiVersion":..,"metadata":
